@@ -1,0 +1,253 @@
+"""Arrow schemas of every table verbatim-batch writes, and the id functions.
+
+These are the contracts between stages: every stage reads and writes tables
+with exactly these schemas. Each schema carries ``SCHEMA_VERSION`` and its
+table name in its metadata, and the metadata travels into every Parquet file.
+
+Offsets are Python ``str`` indices (Unicode code points) into the paper text
+as stored in the papers table; ``byte_start``/``byte_end`` give the same
+positions in its UTF-8 encoding for readers in other languages.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pyarrow as pa
+
+SCHEMA_VERSION = "1.0"
+OFFSET_UNIT = "codepoint"
+_META_VERSION = b"verbatim_batch.schema_version"
+_META_TABLE = b"verbatim_batch.table"
+_META_OFFSETS = b"verbatim_batch.offset_unit"
+
+
+def _schema(name: str, fields: list[pa.Field]) -> pa.Schema:
+    return pa.schema(
+        fields,
+        metadata={
+            _META_VERSION: SCHEMA_VERSION.encode(),
+            _META_TABLE: name.encode(),
+            _META_OFFSETS: OFFSET_UNIT.encode(),
+        },
+    )
+
+
+PAPERS = _schema(
+    "papers",
+    [
+        pa.field("paper_id", pa.string(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("sha256", pa.string(), nullable=False),  # of the text below, UTF-8
+        pa.field("n_bytes", pa.int64(), nullable=False),
+        pa.field("n_chars", pa.int64(), nullable=False),
+        pa.field("n_chunks", pa.int32(), nullable=False),
+        pa.field("title", pa.string()),
+        pa.field("authors", pa.list_(pa.string())),
+        pa.field("year", pa.int32()),
+        pa.field("venue", pa.string()),
+        pa.field("url", pa.string()),
+        pa.field("language", pa.string()),
+        pa.field("normalization", pa.string(), nullable=False),
+        pa.field("flags", pa.list_(pa.string()), nullable=False),
+        pa.field("chunker_config_hash", pa.string(), nullable=False),
+        pa.field("markdown", pa.large_string()),  # the text all offsets refer to
+    ],
+)
+
+CHUNKS = _schema(
+    "chunks",
+    [
+        pa.field("chunk_id", pa.string(), nullable=False),
+        pa.field("paper_id", pa.string(), nullable=False),
+        pa.field("chunk_index", pa.int32(), nullable=False),
+        pa.field("start", pa.int64(), nullable=False),
+        pa.field("end", pa.int64(), nullable=False),
+        pa.field("byte_start", pa.int64(), nullable=False),
+        pa.field("byte_end", pa.int64(), nullable=False),
+        pa.field("text", pa.large_string(), nullable=False),
+        pa.field("context", pa.string(), nullable=False),
+        pa.field("heading_path", pa.list_(pa.string()), nullable=False),
+        pa.field("n_chars", pa.int32(), nullable=False),
+        pa.field("flags", pa.list_(pa.string()), nullable=False),
+        pa.field("paper_sha256", pa.string(), nullable=False),
+        pa.field("normalization", pa.string(), nullable=False),
+        pa.field("chunker_config_hash", pa.string(), nullable=False),
+    ],
+)
+
+QUARANTINE = _schema(
+    "quarantine",
+    [
+        pa.field("paper_id", pa.string()),  # null when the id itself is missing
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("stage", pa.string(), nullable=False),
+        pa.field("reason", pa.string(), nullable=False),  # a QuarantineReason value
+        pa.field("detail", pa.string(), nullable=False),
+        pa.field("n_bytes", pa.int64()),
+        pa.field("raw_sha256", pa.string()),
+    ],
+)
+
+# Run manifests are written as manifest.json; this schema is their contract and
+# lets a set of manifests be loaded as one table (see runs.load_manifests).
+MANIFEST = _schema(
+    "manifest",
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("command", pa.string(), nullable=False),
+        pa.field("schema_version", pa.string(), nullable=False),
+        pa.field("status", pa.string(), nullable=False),
+        pa.field("created_at", pa.string(), nullable=False),
+        pa.field("config", pa.string(), nullable=False),  # JSON
+        pa.field("config_hash", pa.string(), nullable=False),
+        pa.field("inputs", pa.list_(pa.string()), nullable=False),
+        pa.field(
+            "tables",
+            pa.map_(pa.string(), pa.struct([("rows", pa.int64()), ("files", pa.int32())])),
+            nullable=False,
+        ),
+        pa.field("counts", pa.map_(pa.string(), pa.int64()), nullable=False),
+        pa.field("timings_s", pa.map_(pa.string(), pa.float64()), nullable=False),
+        pa.field("versions", pa.map_(pa.string(), pa.string()), nullable=False),
+    ],
+)
+
+
+def embeddings_schema(dim: int, dtype: pa.DataType = pa.float32()) -> pa.Schema:
+    """Embeddings table: one fixed-size vector per chunk (filled by the embed stage)."""
+    return _schema(
+        "embeddings",
+        [
+            pa.field("chunk_id", pa.string(), nullable=False),
+            pa.field("paper_id", pa.string(), nullable=False),
+            pa.field("vector", pa.list_(dtype, dim), nullable=False),
+            pa.field("model_id", pa.string(), nullable=False),
+            pa.field("dim", pa.int32(), nullable=False),
+        ],
+    )
+
+
+RETRIEVAL = _schema(
+    "retrieval",
+    [
+        pa.field("query_id", pa.string(), nullable=False),
+        pa.field("rank", pa.int32(), nullable=False),
+        pa.field("chunk_id", pa.string(), nullable=False),
+        pa.field("paper_id", pa.string(), nullable=False),
+        pa.field("score", pa.float32(), nullable=False),
+        pa.field("dense_rank", pa.int32()),
+        pa.field("bm25_rank", pa.int32()),
+        pa.field("method", pa.string(), nullable=False),
+    ],
+)
+
+SPANS = _schema(
+    "spans",
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("query_id", pa.string(), nullable=False),
+        pa.field("query", pa.string(), nullable=False),
+        pa.field("paper_id", pa.string()),
+        pa.field("chunk_id", pa.string()),
+        pa.field("chunk_index", pa.int32()),
+        pa.field("start", pa.int64(), nullable=False),
+        pa.field("end", pa.int64(), nullable=False),
+        pa.field("paper_start", pa.int64()),
+        pa.field("paper_end", pa.int64()),
+        pa.field("text", pa.large_string(), nullable=False),
+        pa.field("score", pa.float32()),
+        pa.field("extractor", pa.string(), nullable=False),
+        pa.field("model_id", pa.string()),
+        pa.field("model_revision", pa.string()),
+        pa.field("config_hash", pa.string(), nullable=False),
+    ],
+)
+
+SCHEMAS: dict[str, pa.Schema] = {
+    "papers": PAPERS,
+    "chunks": CHUNKS,
+    "quarantine": QUARANTINE,
+    "manifest": MANIFEST,
+    "retrieval": RETRIEVAL,
+    "spans": SPANS,
+}
+
+
+class QuarantineReason:
+    """Closed vocabulary of reasons a paper is set aside instead of processed."""
+
+    EMPTY = "empty"
+    INVALID_UTF8 = "invalid_utf8"
+    NUL_BYTES = "nul_bytes"
+    BINARY = "binary"
+    TOO_LARGE = "too_large"
+    DUPLICATE_ID = "duplicate_id"
+    MISSING_ID = "missing_id"
+    MISSING_TEXT = "missing_text"
+    INVALID_RECORD = "invalid_record"
+    READ_ERROR = "read_error"
+    CHUNKER_ERROR = "chunker_error"
+
+    ALL = frozenset(
+        {
+            EMPTY, INVALID_UTF8, NUL_BYTES, BINARY, TOO_LARGE, DUPLICATE_ID,
+            MISSING_ID, MISSING_TEXT, INVALID_RECORD, READ_ERROR, CHUNKER_ERROR,
+        }
+    )
+
+
+def schema_version_of(schema: pa.Schema) -> str | None:
+    """The schema version recorded in a schema's (or Parquet file's) metadata."""
+    meta = schema.metadata or {}
+    value = meta.get(_META_VERSION)
+    return value.decode() if value is not None else None
+
+
+def table_name_of(schema: pa.Schema) -> str | None:
+    meta = schema.metadata or {}
+    value = meta.get(_META_TABLE)
+    return value.decode() if value is not None else None
+
+
+def to_table(rows: Iterable[Mapping[str, Any]], schema: pa.Schema) -> pa.Table:
+    """Build a table with exactly ``schema`` from row dicts (extra keys are an error)."""
+    rows = list(rows)
+    names = set(schema.names)
+    for row in rows:
+        extra = set(row) - names
+        if extra:
+            raise ValueError(f"{table_name_of(schema)}: unknown columns {sorted(extra)}")
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+def empty_table(schema: pa.Schema) -> pa.Table:
+    return schema.empty_table()
+
+
+def stable_hash(*parts: str | bytes, size: int = 16) -> str:
+    """Hex blake2b over length-prefixed parts: stable across runs, machines and Python versions."""
+    h = hashlib.blake2b(digest_size=size)
+    for part in parts:
+        data = part.encode("utf-8") if isinstance(part, str) else part
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    return h.hexdigest()
+
+
+def config_hash(config: Mapping[str, Any]) -> str:
+    """Hash of a JSON-serialisable config, independent of key order."""
+    return stable_hash(json.dumps(config, sort_keys=True, separators=(",", ":")), size=8)
+
+
+def chunk_id(paper_id: str, text: str, chunker_config_hash: str, occurrence: int = 0) -> str:
+    """Deterministic chunk id: paper id + chunk content + chunker config.
+
+    ``occurrence`` separates chunks of one paper whose text is identical (0 for the
+    first copy), so ids stay unique without depending on offsets: an edit earlier
+    in a paper does not change the ids of later, unchanged chunks.
+    """
+    return stable_hash(paper_id, text, chunker_config_hash, str(occurrence))
