@@ -92,6 +92,18 @@ QUARANTINE = _schema(
     ],
 )
 
+# Raw records: what corpus readers hand to the ingest stage (internal, not persisted).
+RAW_RECORDS = _schema(
+    "raw_records",
+    [
+        pa.field("paper_id", pa.string()),
+        pa.field("source", pa.string(), nullable=False),  # path, path#row=N or path#line=N
+        pa.field("raw", pa.large_binary()),  # the paper's bytes as stored; null if not read
+        pa.field("n_bytes", pa.int64()),
+        pa.field("error", pa.string()),  # "reason: detail" when the reader already failed
+    ],
+)
+
 # Run manifests are written as manifest.json; this schema is their contract and
 # lets a set of manifests be loaded as one table (see runs.load_manifests).
 MANIFEST = _schema(
@@ -172,6 +184,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     "chunks": CHUNKS,
     "quarantine": QUARANTINE,
     "manifest": MANIFEST,
+    "raw_records": RAW_RECORDS,
     "retrieval": RETRIEVAL,
     "spans": SPANS,
 }
