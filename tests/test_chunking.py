@@ -44,7 +44,7 @@ def table(draw):
     cols = draw(st.integers(1, 4))
     rows = draw(st.integers(1, 12))
     lines = ["| " + " | ".join(f"h{c}" for c in range(cols)) + " |", "|" + "---|" * cols]
-    for r in range(rows):
+    for _ in range(rows):
         lines.append("| " + " | ".join(draw(WORDS).replace("|", "/") for _ in range(cols)) + " |")
     body = "\n".join(lines)
     where = draw(st.sampled_from(["before", "after", "none"]))

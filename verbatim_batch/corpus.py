@@ -333,23 +333,26 @@ def _load_metadata_cached(uri: str) -> tuple[tuple[str, tuple], ...]:
         raise ValueError(f"metadata must be .parquet, .jsonl or .csv: {uri}")
     id_col = _pick(table.column_names, (*ID_COLUMNS, "id"), "id", uri)
     venue_col = next((c for c in _VENUE_ALIASES if c in table.column_names), None)
-    cols = {name: table.column(name).to_pylist() if name in table.column_names else None for name in META_FIELDS}
-    venues = table.column(venue_col).to_pylist() if venue_col else None
+    n = table.num_rows
+    cols = {
+        name: table.column(name).to_pylist() if name in table.column_names else [None] * n
+        for name in META_FIELDS
+    }
+    venues = table.column(venue_col).to_pylist() if venue_col else [None] * n
     out = []
     for k, pid in enumerate(table.column(id_col).to_pylist()):
         if pid is None:
             continue
-        get = lambda name: cols[name][k] if cols[name] is not None else None  # noqa: E731
         out.append(
             (
                 str(pid),
                 (
-                    _str_or_none(get("title")),
-                    _authors(get("authors")),
-                    _year(get("year")),
-                    _str_or_none(venues[k] if venues else None),
-                    _str_or_none(get("url")),
-                    _str_or_none(get("language")),
+                    _str_or_none(cols["title"][k]),
+                    _authors(cols["authors"][k]),
+                    _year(cols["year"][k]),
+                    _str_or_none(venues[k]),
+                    _str_or_none(cols["url"][k]),
+                    _str_or_none(cols["language"][k]),
                 ),
             )
         )

@@ -189,7 +189,9 @@ class MultiTableSink(Datasink):
             for name, table in unpack_tables(BlockAccessor.for_block(block).to_arrow()):
                 parts[name].append(table)
         tables = {name: pa.concat_tables(ts).sort_by(SORT_KEYS[name]) for name, ts in parts.items()}
-        sources = sorted(s for name in ("papers", "quarantine") if name in tables for s in tables[name]["source"].to_pylist())
+        sources = sorted(
+            s for name in ("papers", "quarantine") if name in tables for s in tables[name]["source"].to_pylist()
+        )
         key = stable_hash(*sources, size=10)
         out: dict[str, Any] = {"rows": {}, "files": {}, "counts": _counts(tables)}
         for name, table in tables.items():

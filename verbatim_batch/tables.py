@@ -129,8 +129,9 @@ MANIFEST = _schema(
 )
 
 
-def embeddings_schema(dim: int, dtype: pa.DataType = pa.float32()) -> pa.Schema:
+def embeddings_schema(dim: int, dtype: pa.DataType | None = None) -> pa.Schema:
     """Embeddings table: one fixed-size vector per chunk (filled by the embed stage)."""
+    dtype = dtype or pa.float32()
     return _schema(
         "embeddings",
         [
