@@ -274,6 +274,9 @@ def run_chunk(job: ChunkJob) -> tuple[str, dict[str, Any]]:
     try:
         init_ray(job.address, job.num_cpus)
         fs, files = corpus.list_sources(job.input, fmt)
+        if job.metadata:  # a metadata file inside the input folder is not a paper
+            meta_path = corpus.resolve(job.metadata)[1]
+            files = [f for f in files if f.path != meta_path]
         duplicates, n_records = find_duplicates(fs, files, fmt, job.max_paper_bytes)
         t_scan = time.perf_counter()
         stage = IngestStage(
