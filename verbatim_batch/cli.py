@@ -108,7 +108,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     path, manifest = run_chunk(job)
     _report(path, manifest)
     print("\nLoad the chunk table with:")
-    print(f"  python -c \"import pyarrow.parquet as pq; print(pq.read_table('{path}/chunks').to_pandas().head())\"")
+    print(f"  {sys.executable} -c \"import pyarrow.parquet as pq; print(pq.read_table('{path}/chunks').to_pandas().head())\"")
     return 0
 
 
