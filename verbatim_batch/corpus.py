@@ -243,6 +243,8 @@ READERS = {"md": read_md_files, "parquet": read_parquet_file, "jsonl": read_json
 
 NORMALIZATIONS = ("crlf", "html_unescape", "collapse_whitespace", "nfc")
 _CTRL_RE = re.compile("[\x01-\x08\x0e-\x1f\x7f]")
+_CTRL_BYTES = bytes([*range(1, 9), *range(14, 32), 127])
+_NOT_CTRL_BYTES = bytes(b for b in range(256) if b not in _CTRL_BYTES)
 _HSPACE_RE = re.compile(r"[ \t]+")
 _TRAILING_RE = re.compile(r"[ \t]+\n")
 _BLANKS_RE = re.compile(r"\n{3,}")
@@ -252,7 +254,7 @@ def decode_paper(raw: bytes | None, max_control_ratio: float = 0.001) -> tuple[s
     """``(text, None)`` for a usable paper, else ``(None, "reason: detail")``."""
     if raw is None:
         return None, f"{QuarantineReason.MISSING_TEXT}: no text"
-    if not raw.strip():
+    if not raw or raw.isspace():
         return None, f"{QuarantineReason.EMPTY}: {len(raw)} bytes, no visible text"
     nul = raw.find(b"\x00")
     if nul >= 0:
@@ -265,11 +267,10 @@ def decode_paper(raw: bytes | None, max_control_ratio: float = 0.001) -> tuple[s
         if _looks_binary(raw):
             kind = QuarantineReason.BINARY
         return None, f"{kind}: {exc.reason} at byte {exc.start}"
-    ctrl = _CTRL_RE.search(text)
-    if ctrl is not None:
-        n_ctrl = len(_CTRL_RE.findall(text))
-        if n_ctrl > max(2, max_control_ratio * len(text)):
-            return None, f"{QuarantineReason.BINARY}: {n_ctrl} control characters, first at char {ctrl.start()}"
+    n_ctrl = len(raw.translate(None, _NOT_CTRL_BYTES))  # C speed; UTF-8 never uses these bytes otherwise
+    if n_ctrl > max(2, max_control_ratio * len(text)):
+        first = _CTRL_RE.search(text).start()
+        return None, f"{QuarantineReason.BINARY}: {n_ctrl} control characters, first at char {first}"
     return text, None
 
 

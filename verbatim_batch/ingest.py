@@ -101,24 +101,45 @@ class IngestStage:
 
     @staticmethod
     def _add_chunks(out, pid, text, paper_chunks, title, sha, label, cfg_hash) -> None:
-        seen: dict[str, int] = {}
-        ascii_text = text.isascii()
-        byte_pos, char_pos = 0, 0
-        for c in paper_chunks:
-            if ascii_text:
-                b_start, b_end = c.start, c.end
-            else:
+        n = len(paper_chunks)
+        texts = [c.text for c in paper_chunks]
+        starts = [c.start for c in paper_chunks]
+        ends = [c.end for c in paper_chunks]
+        if text.isascii():
+            encoded = texts
+            b_starts, b_ends = starts, ends
+        else:  # UTF-8 positions: walk the gaps and chunks once
+            encoded = [t.encode("utf-8") for t in texts]
+            b_starts, b_ends = [], []
+            byte_pos, char_pos = 0, 0
+            for c, enc in zip(paper_chunks, encoded, strict=True):
                 byte_pos += len(text[char_pos : c.start].encode("utf-8"))
-                b_start = byte_pos
-                byte_pos += len(c.text.encode("utf-8"))
-                b_end, char_pos = byte_pos, c.end
-            occurrence = seen.get(c.text, 0)
-            seen[c.text] = occurrence + 1
-            for key, value in (
-                ("chunk_id", chunk_id(pid, c.text, cfg_hash, occurrence)), ("paper_id", pid),
-                ("chunk_index", c.index), ("start", c.start), ("end", c.end), ("byte_start", b_start),
-                ("byte_end", b_end), ("text", c.text), ("context", build_context(title, c.heading_path)),
-                ("heading_path", list(c.heading_path)), ("n_chars", len(c.text)), ("flags", list(c.flags)),
-                ("paper_sha256", sha), ("normalization", label), ("chunker_config_hash", cfg_hash),
-            ):
-                out[key].append(value)
+                b_starts.append(byte_pos)
+                byte_pos += len(enc)
+                b_ends.append(byte_pos)
+                char_pos = c.end
+        seen: dict[str, int] = {}
+        ids = []
+        for t, enc in zip(texts, encoded, strict=True):
+            occurrence = seen.get(t, 0)
+            seen[t] = occurrence + 1
+            ids.append(chunk_id(pid, enc, cfg_hash, occurrence))
+        contexts: dict[tuple[str, ...], str] = {}
+        for c in paper_chunks:
+            if c.heading_path not in contexts:
+                contexts[c.heading_path] = build_context(title, c.heading_path)
+        out["chunk_id"] += ids
+        out["paper_id"] += [pid] * n
+        out["chunk_index"] += range(n)
+        out["start"] += starts
+        out["end"] += ends
+        out["byte_start"] += b_starts
+        out["byte_end"] += b_ends
+        out["text"] += texts
+        out["context"] += [contexts[c.heading_path] for c in paper_chunks]
+        out["heading_path"] += [list(c.heading_path) for c in paper_chunks]
+        out["n_chars"] += [len(t) for t in texts]
+        out["flags"] += [list(c.flags) for c in paper_chunks]
+        out["paper_sha256"] += [sha] * n
+        out["normalization"] += [label] * n
+        out["chunker_config_hash"] += [cfg_hash] * n

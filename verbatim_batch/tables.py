@@ -140,6 +140,8 @@ def embeddings_schema(dim: int, dtype: pa.DataType | None = None) -> pa.Schema:
             pa.field("vector", pa.list_(dtype, dim), nullable=False),
             pa.field("model_id", pa.string(), nullable=False),
             pa.field("dim", pa.int32(), nullable=False),
+            pa.field("n_tokens", pa.int32(), nullable=False),  # after truncation
+            pa.field("truncated", pa.bool_(), nullable=False),
         ],
     )
 
@@ -257,7 +259,7 @@ def config_hash(config: Mapping[str, Any]) -> str:
     return stable_hash(json.dumps(config, sort_keys=True, separators=(",", ":")), size=8)
 
 
-def chunk_id(paper_id: str, text: str, chunker_config_hash: str, occurrence: int = 0) -> str:
+def chunk_id(paper_id: str, text: str | bytes, chunker_config_hash: str, occurrence: int = 0) -> str:
     """Deterministic chunk id: paper id + chunk content + chunker config.
 
     ``occurrence`` separates chunks of one paper whose text is identical (0 for the
