@@ -62,6 +62,47 @@ def build_parser() -> argparse.ArgumentParser:
     _add_chunk_args(p)
     _add_ray_args(p)
 
+    p = sub.add_parser("embed", help="embed the chunks of a chunk run")
+    p.add_argument("--chunks", required=True, help="a committed chunk run folder")
+    p.add_argument("--output", required=True, help="embeddings run folder to create")
+    p.add_argument("--model", help="hub id or local path (default: the bundled offline all-MiniLM-L6-v2)")
+    p.add_argument("--revision", help="model revision (hub)")
+    p.add_argument("--max-length", type=int, help="truncate inputs to this many tokens (default: the model's)")
+    p.add_argument("--token-budget", type=int, help="padded tokens per forward pass")
+    p.add_argument("--output-dtype", choices=["float32", "float16"], default="float32")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow model code from the hub (off by default)")
+    p.add_argument("--batch-rows", type=int, default=1024, help="rows per actor call (sorted and packed inside)")
+    p.add_argument("--concurrency", type=int, help="model actors (default: one per GPU, else 1)")
+    p.add_argument("--threads", type=int, help="torch threads per CPU actor")
+    p.add_argument("--overwrite", action="store_true")
+    _add_ray_args(p)
+
+    p = sub.add_parser("index", help="build FAISS + BM25 indexes from an embeddings run")
+    p.add_argument("--embeddings", required=True, help="a committed embed run folder")
+    p.add_argument("--chunks", required=True, help="the chunk run the embeddings came from")
+    p.add_argument("--output", required=True, help="index folder to create")
+    p.add_argument("--kind", choices=["auto", "flat", "ivf_flat", "ivf_pq"], default="auto",
+                   help="auto: exact Flat below 1M vectors, IVF-Flat up to 20M, IVF-PQ above")
+    p.add_argument("--nlist", type=int)
+    p.add_argument("--nprobe", type=int)
+    p.add_argument("--pq-m", type=int)
+    p.add_argument("--no-bm25", action="store_true", help="skip the full-text index")
+    p.add_argument("--overwrite", action="store_true")
+    _add_ray_args(p)
+
+    p = sub.add_parser("retrieve", help="top-k chunks per query: dense, BM25 and hybrid")
+    p.add_argument("--index", required=True, help="an index folder from `verbatim-batch index`")
+    p.add_argument("--queries", required=True, help="JSONL or Parquet with query (and query_id)")
+    p.add_argument("--output", required=True, help="retrieval run folder to create")
+    p.add_argument("--k", type=int, default=10)
+    p.add_argument("--methods", default="dense,bm25,hybrid", help="any of dense,bm25,hybrid")
+    p.add_argument("--weights", default="dense=1,bm25=1", help="hybrid RRF weights")
+    p.add_argument("--rrf-k", type=int, default=60)
+    p.add_argument("--nprobe", type=int, help="IVF lists to probe (default: the index's)")
+    p.add_argument("--concurrency", type=int)
+    p.add_argument("--overwrite", action="store_true")
+    _add_ray_args(p)
+
     p = sub.add_parser("demo", help="run the pipeline on the bundled example corpus (offline, CPU)")
     p.add_argument("--output", default="verbatim-demo", help="folder for the demo's runs")
     _add_ray_args(p)
@@ -95,33 +136,128 @@ def cmd_chunk(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
-    from .pipeline import ChunkJob, run_chunk
+def cmd_embed(args: argparse.Namespace) -> int:
+    from .embedding import EmbedderConfig
+    from .pipeline import EmbedJob, run_embed
 
-    corpus_dir = str(EXAMPLES / "corpus")
-    out = os.path.abspath(args.output)
-    job = ChunkJob(
-        input=corpus_dir, output=os.path.join(out, "chunks"), format="md",
-        metadata=os.path.join(corpus_dir, "metadata.jsonl"), overwrite=True,
-        address=args.address, num_cpus=args.num_cpus,
+    fields = {"output_dtype": args.output_dtype, "trust_remote_code": args.trust_remote_code}
+    for name in ("model", "revision", "max_length", "token_budget"):
+        if getattr(args, name) is not None:
+            fields[name] = getattr(args, name)
+    job = EmbedJob(
+        chunks=args.chunks, output=args.output, embedder=EmbedderConfig(**fields), batch_rows=args.batch_rows,
+        concurrency=args.concurrency, threads=args.threads, overwrite=args.overwrite, address=args.address,
+        num_cpus=args.num_cpus,
     )
-    path, manifest = run_chunk(job)
+    path, manifest = run_embed(job)
     _report(path, manifest)
-    print("\nLoad the chunk table with:")
-    print(f"  {sys.executable} -c \"import pyarrow.parquet as pq; print(pq.read_table('{path}/chunks').to_pandas().head())\"")
+    return 0
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    from .index import DenseSpec
+    from .pipeline import IndexJob, run_index
+
+    spec = DenseSpec(kind=args.kind, nlist=args.nlist, nprobe=args.nprobe, pq_m=args.pq_m)
+    job = IndexJob(
+        embeddings=args.embeddings, chunks=args.chunks, output=args.output, dense=spec, bm25=not args.no_bm25,
+        overwrite=args.overwrite, address=args.address, num_cpus=args.num_cpus,
+    )
+    path, manifest = run_index(job)
+    _report(path, manifest)
+    return 0
+
+
+def _weights(value: str) -> dict[str, float]:
+    out = {}
+    for part in value.split(","):
+        name, _, weight = part.partition("=")
+        try:
+            out[name.strip()] = float(weight)
+        except ValueError:
+            raise ValueError(f"--weights expects name=number pairs like dense=1,bm25=0.5, got {value!r}") from None
+    return out
+
+
+def cmd_retrieve(args: argparse.Namespace) -> int:
+    from .pipeline import RetrieveJob, run_retrieve
+    from .retrieval import RetrieverConfig
+
+    cfg = RetrieverConfig(
+        index_dir=args.index, k=args.k, methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
+        weights=_weights(args.weights), rrf_k=args.rrf_k, nprobe=args.nprobe,
+    )
+    job = RetrieveJob(
+        index=args.index, queries=args.queries, output=args.output, retriever=cfg, concurrency=args.concurrency,
+        overwrite=args.overwrite, address=args.address, num_cpus=args.num_cpus,
+    )
+    path, manifest = run_retrieve(job)
+    _report(path, manifest)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """chunk -> embed -> index -> retrieve on the bundled corpus and queries, offline on CPU."""
+    from .pipeline import (
+        ChunkJob,
+        EmbedJob,
+        IndexJob,
+        RetrieveJob,
+        read_rows,
+        run_chunk,
+        run_embed,
+        run_index,
+        run_retrieve,
+    )
+    from .retrieval import recall_at
+    from .runs import read_table
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    corpus_dir = str(EXAMPLES / "corpus")
+    queries = str(EXAMPLES / "queries.jsonl")
+    out = os.path.abspath(args.output)
+    ray_args = {"address": args.address, "num_cpus": args.num_cpus}
+    steps = [
+        ("chunk", lambda: run_chunk(ChunkJob(
+            input=corpus_dir, output=os.path.join(out, "chunks"), format="md",
+            metadata=os.path.join(corpus_dir, "metadata.jsonl"), overwrite=True, **ray_args))),
+        ("embed", lambda: run_embed(EmbedJob(
+            chunks=os.path.join(out, "chunks"), output=os.path.join(out, "embeddings"), overwrite=True, **ray_args))),
+        ("index", lambda: run_index(IndexJob(
+            embeddings=os.path.join(out, "embeddings"), chunks=os.path.join(out, "chunks"),
+            output=os.path.join(out, "index"), overwrite=True, **ray_args))),
+        ("retrieve", lambda: run_retrieve(RetrieveJob(
+            index=os.path.join(out, "index"), queries=queries, output=os.path.join(out, "retrieval"),
+            overwrite=True, **ray_args))),
+    ]
+    for name, step in steps:
+        print(f"\n== {name} ==")
+        path, manifest = step()
+        _report(path, manifest)
+    labels = read_rows(queries).select(["query_id", "chunk_id"]).to_pylist()
+    recall = recall_at(read_table(os.path.join(out, "retrieval"), "retrieval"),
+                       {r["query_id"]: r["chunk_id"] for r in labels}, k=5)
+    print(f"\nrecall@5 on the {len(labels)} bundled labelled queries: "
+          + ", ".join(f"{m} {v:.2f}" for m, v in recall.items()))
+    print(f"\nOutputs under {out}. Load a table with:")
+    print(f"  {sys.executable} -c \"import pyarrow.parquet as pq; "
+          f"print(pq.read_table('{out}/retrieval/retrieval').to_pandas().head())\"")
     return 0
 
 
 def _report(path: str, manifest: dict) -> None:
     counts = manifest["counts"]
-    print(f"\nrun {manifest['run_id']} committed to {path}")
-    for name in ("papers", "chunks", "quarantine"):
-        print(f"  {name:<11} {manifest['tables'][name]['rows']:>9} rows  {os.path.join(path, name)}")
+    print(f"run {manifest['run_id']} committed to {path}")
+    for name, info in manifest["tables"].items():
+        print(f"  {name:<11} {info['rows']:>9} rows  {os.path.join(path, name)}")
     print(f"  manifest    {os.path.join(path, 'manifest.json')}")
     reasons = {k.split(".", 1)[1]: v for k, v in counts.items() if k.startswith("quarantine.")}
     if reasons:
         print(f"  quarantined by reason: {json.dumps(reasons, sort_keys=True)}")
-    print(f"  {counts.get('papers_bytes', 0) / 1e6:.1f} MB of papers in {manifest['timings_s']['total']:.1f} s")
+    if "papers_bytes" in counts:
+        print(f"  {counts['papers_bytes'] / 1e6:.1f} MB of papers in {manifest['timings_s']['total']:.1f} s")
+    if "truncated" in counts:
+        print(f"  {counts.get('tokens', 0)} tokens, {counts['truncated']} chunks truncated to the model's length")
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -138,7 +274,10 @@ def main(argv: list[str] | None = None) -> int:
         from .synth import main as synth_main
 
         return synth_main(args.args)
-    handlers = {"chunk": cmd_chunk, "demo": cmd_demo, "verify": cmd_verify}
+    handlers = {
+        "chunk": cmd_chunk, "embed": cmd_embed, "index": cmd_index, "retrieve": cmd_retrieve,
+        "demo": cmd_demo, "verify": cmd_verify,
+    }
     try:
         return handlers[args.command](args)
     except (FileNotFoundError, FileExistsError, ValueError, NotImplementedError) as exc:

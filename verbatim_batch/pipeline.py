@@ -9,6 +9,8 @@ with a manifest.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import os
 import time
@@ -28,8 +30,8 @@ from ray.data.block import BlockAccessor, BlockMetadata
 from . import corpus
 from .chunking import FORCED_SPLIT, OVERSIZED_BLOCK, UNDERSIZED, ChunkerConfig
 from .ingest import DEFAULT_MAX_PAPER_BYTES, IngestStage
-from .runs import RunDir, build_manifest, new_run_id
-from .tables import CHUNKS, PAPERS, QUARANTINE, stable_hash
+from .runs import RunDir, build_manifest, new_run_id, read_manifest
+from .tables import CHUNKS, PAPERS, QUARANTINE, RETRIEVAL, stable_hash
 
 log = logging.getLogger(__name__)
 
@@ -169,23 +171,31 @@ class StageTableSink(Datasink):
     same file names, and rows keep their input order.
     """
 
-    def __init__(self, stage: Callable[[pa.Table], dict[str, pa.Table]], staging: str,
-                 schemas: dict[str, pa.Schema]) -> None:
+    def __init__(
+        self,
+        stage: Callable[[pa.Table], dict[str, pa.Table]],
+        staging: str,
+        schemas: dict[str, pa.Schema],
+        key_columns: dict[str, str] | None = None,
+    ) -> None:
         self.stage, self.staging, self.schemas = stage, staging, schemas
+        self.key_columns = key_columns or {"papers": "source", "quarantine": "source"}
         self.result = TableSinkResult()
+
+    def _keys(self, output: dict[str, pa.Table]) -> list[str]:
+        return [
+            str(v) for name, col in self.key_columns.items() if name in output for v in output[name][col].to_pylist()
+        ]
 
     def write(self, blocks: Iterable, ctx) -> dict[str, Any]:
         outputs = [self.stage(BlockAccessor.for_block(block).to_arrow()) for block in blocks]
         outputs = [o for o in outputs if any(t.num_rows for t in o.values())]
-        outputs.sort(key=_first_source)  # deterministic whatever order the blocks came in
-        sources = sorted(
-            s for o in outputs for name in ("papers", "quarantine") for s in o[name]["source"].to_pylist()
-        )
-        key = stable_hash(*sources, size=10)
+        outputs.sort(key=lambda o: min(self._keys(o), default=""))  # same order whatever order blocks came in
+        key = stable_hash(*sorted(k for o in outputs for k in self._keys(o)), size=10)
         out: dict[str, Any] = {"rows": {}, "files": {}, "counts": {}}
         counts: Counter = Counter()
         for name, schema in self.schemas.items():
-            parts = [o[name] for o in outputs if o[name].num_rows]
+            parts = [o[name] for o in outputs if name in o and o[name].num_rows]
             if not parts:
                 continue
             table = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
@@ -213,11 +223,6 @@ class StageTableSink(Datasink):
                 self.result.files[name].append(os.path.join(name, "part-empty.parquet"))
 
 
-def _first_source(tables: dict[str, pa.Table]) -> str:
-    firsts = [t["source"][0].as_py() for name, t in tables.items() if name != "chunks" and t.num_rows]
-    return min(firsts) if firsts else ""
-
-
 def _counts(name: str, table: pa.Table) -> dict[str, int]:
     counts: Counter = Counter()
     if name == "papers":
@@ -230,6 +235,11 @@ def _counts(name: str, table: pa.Table) -> dict[str, int]:
             counts.update(f"chunks_flag.{f}" for f in flags if f in (OVERSIZED_BLOCK, FORCED_SPLIT, UNDERSIZED))
     elif name == "quarantine":
         counts.update(f"quarantine.{r}" for r in table["reason"].to_pylist())
+    elif name == "embeddings":
+        counts["tokens"] += pa.compute.sum(table["n_tokens"]).as_py() or 0
+        counts["truncated"] += pa.compute.sum(table["truncated"].cast(pa.int64())).as_py() or 0
+    elif name == "retrieval":
+        counts.update(f"rows.{m}" for m in table["method"].to_pylist())
     return dict(counts)
 
 
@@ -317,3 +327,279 @@ def run_chunk(job: ChunkJob) -> tuple[str, dict[str, Any]]:
     except BaseException:
         run.abort()
         raise
+
+
+# --- embed, index, retrieve -------------------------------------------------------------
+
+
+def _committed_table_dir(run_dir: str, table: str) -> str:
+    """``RUN_DIR/<table>`` of a committed run (raises if the run has no manifest)."""
+    read_manifest(run_dir)
+    path = os.path.join(os.path.abspath(run_dir), table)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"{run_dir} has no {table}/ table")
+    return path
+
+
+def _gpus() -> int:
+    return int(ray.cluster_resources().get("GPU", 0))
+
+
+def _model_actor_args(concurrency: int | None, batch_rows: int) -> dict[str, Any]:
+    """One model per GPU when the cluster has GPUs, else CPU actors."""
+    gpus = _gpus()
+    if gpus:
+        return {"concurrency": concurrency or gpus, "num_gpus": 1, "batch_size": batch_rows}
+    return {"concurrency": concurrency or 1, "num_cpus": 1, "batch_size": batch_rows}
+
+
+class _EmbedActor:
+    """One Embedder per actor (per GPU); torch threads sized to the node on CPU."""
+
+    def __init__(self, config, threads: int | None = None) -> None:
+        import torch
+
+        from .embedding import Embedder
+
+        if threads:
+            torch.set_num_threads(threads)
+        self.embedder = Embedder(config)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        return self.embedder(batch)
+
+
+def _as_table(name: str):
+    def wrap(table: pa.Table) -> dict[str, pa.Table]:
+        return {name: table}
+
+    return wrap
+
+
+@dataclass
+class EmbedJob:
+    chunks: str  # a committed chunk run folder
+    output: str
+    embedder: Any = None  # EmbedderConfig; None: the offline default
+    batch_rows: int = 1024
+    concurrency: int | None = None
+    threads: int | None = None
+    overwrite: bool = False
+    address: str | None = None
+    num_cpus: int | None = None
+
+
+def run_embed(job: EmbedJob) -> tuple[str, dict[str, Any]]:
+    """Embed every chunk of a chunk run into an embeddings table."""
+    from transformers import AutoConfig
+
+    from .embedding import EmbedderConfig
+    from .tables import embeddings_schema
+
+    t0 = time.perf_counter()
+    cfg = job.embedder or EmbedderConfig()
+    chunks_dir = _committed_table_dir(job.chunks, "chunks")
+    run = RunDir(job.output, overwrite=job.overwrite)
+    try:
+        init_ray(job.address, job.num_cpus)
+        model_cfg = AutoConfig.from_pretrained(
+            cfg.model, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code
+        )
+        dim = int(model_cfg.hidden_size)
+        schema = embeddings_schema(dim, pa.float16() if cfg.output_dtype == "float16" else pa.float32())
+        ds = ray.data.read_parquet(chunks_dir, columns=["chunk_id", "paper_id", "context", "text"])
+        actor = _model_actor_args(job.concurrency, job.batch_rows)
+        threads = job.threads or (None if _gpus() else max(1, int(ray.cluster_resources().get("CPU", 1))))
+        ds = ds.map_batches(
+            _EmbedActor, fn_constructor_kwargs={"config": cfg, "threads": threads}, batch_format="pyarrow", **actor
+        )
+        sink = StageTableSink(_as_table("embeddings"), run.staging, {"embeddings": schema},
+                              key_columns={"embeddings": "chunk_id"})
+        ds.write_datasink(sink)
+        result = sink.result
+        config = {"chunks": job.chunks, "embedder": cfg.to_dict(), "embedder_hash": cfg.hash, "dim": dim}
+        manifest = build_manifest(
+            run_id=new_run_id("embed", config), command="embed", config=config, inputs=[job.chunks],
+            tables={"embeddings": {"rows": result.rows["embeddings"], "files": len(result.files["embeddings"])}},
+            counts={"chunks_in": result.rows["embeddings"], **result.counts},
+            timings_s={"total": time.perf_counter() - t0},
+        )
+        return run.commit(manifest), manifest
+    except BaseException:
+        run.abort()
+        raise
+
+
+@dataclass
+class IndexJob:
+    embeddings: str  # a committed embed run folder
+    chunks: str  # the chunk run it came from (for BM25 text and paper ids)
+    output: str
+    dense: Any = None  # index.DenseSpec; None: auto by size
+    bm25: bool = True
+    overwrite: bool = False
+    address: str | None = None
+    num_cpus: int | None = None
+
+
+def build_index_files(embeddings_dir: str, chunks_dir: str, folder: str, spec, bm25: bool) -> dict[str, Any]:
+    """Build FAISS (+ BM25) into ``folder``: ``dense/``, ``bm25/``, ``ids.parquet`` (row -> chunk)."""
+    import numpy as np
+
+    from .index import Bm25Index, build_dense, save_dense
+
+    files = sorted(os.path.join(embeddings_dir, f) for f in os.listdir(embeddings_dir) if f.endswith(".parquet"))
+    metas = [pq.ParquetFile(f) for f in files]
+    n = sum(m.metadata.num_rows for m in metas)
+    if n == 0:
+        raise ValueError(f"{embeddings_dir} holds no embeddings")
+    dim = metas[0].schema_arrow.field("vector").type.list_size
+
+    def batches():
+        for f in files:
+            for rb in pq.ParquetFile(f).iter_batches(columns=["vector"], batch_size=65_536):
+                col = rb.column(0)
+                flat = col.values.to_numpy(zero_copy_only=False)
+                yield np.ascontiguousarray(flat.reshape(len(col), col.type.list_size), dtype=np.float32)
+
+    t0 = time.perf_counter()
+    index, resolved = build_dense(batches, n, dim, spec)
+    t_dense = time.perf_counter() - t0
+    save_dense(index, os.path.join(folder, "dense"))
+    ids = pa.concat_tables(pq.read_table(f, columns=["chunk_id", "paper_id"]) for f in files)
+    ids = ids.append_column("row", pa.array(range(n), pa.int64()))
+    if len(set(ids["chunk_id"].to_pylist())) != n:
+        raise ValueError("duplicate chunk ids in the embeddings table")
+    pq.write_table(ids, os.path.join(folder, "ids.parquet"))
+    timings = {"dense_build": t_dense}
+    if bm25:
+        t0 = time.perf_counter()
+        texts = pq.read_table(chunks_dir, columns=["chunk_id", "text"])
+        joined = ids.select(["chunk_id", "row"]).join(texts, "chunk_id", join_type="left outer").sort_by("row")
+        missing = joined["text"].null_count
+        if missing:
+            raise ValueError(f"{missing} embedded chunks are missing from {chunks_dir}")
+        Bm25Index.build(joined["text"].to_pylist()).save(os.path.join(folder, "bm25"))
+        timings["bm25_build"] = time.perf_counter() - t0
+    return {"n": n, "dim": dim, "spec": dataclasses.asdict(resolved), "timings": timings}
+
+
+def run_index(job: IndexJob) -> tuple[str, dict[str, Any]]:
+    """Build the dense and full-text indexes of an embed run (on a GPU node when there is one)."""
+    from .index import DenseSpec
+
+    t0 = time.perf_counter()
+    emb_dir = _committed_table_dir(job.embeddings, "embeddings")
+    chunks_dir = _committed_table_dir(job.chunks, "chunks")
+    embed_manifest = read_manifest(job.embeddings)
+    run = RunDir(job.output, overwrite=job.overwrite)
+    try:
+        init_ray(job.address, job.num_cpus)
+        task = ray.remote(num_cpus=1, num_gpus=1 if _gpus() else 0)(build_index_files)
+        stats = ray.get(task.remote(emb_dir, chunks_dir, run.staging, job.dense or DenseSpec(), job.bm25))
+        config = {
+            "embeddings": job.embeddings, "chunks": job.chunks, "dense": stats["spec"], "bm25": job.bm25,
+            "embedder": json.loads(embed_manifest["config"])["embedder"],
+        }
+        manifest = build_manifest(
+            run_id=new_run_id("index", config), command="index", config=config,
+            inputs=[job.embeddings, job.chunks], tables={"ids": {"rows": stats["n"], "files": 1}},
+            counts={"vectors": stats["n"], "dim": stats["dim"]},
+            timings_s={**stats["timings"], "total": time.perf_counter() - t0},
+        )
+        return run.commit(manifest), manifest
+    except BaseException:
+        run.abort()
+        raise
+
+
+class _RetrieveActor:
+    def __init__(self, config) -> None:
+        from .retrieval import Retriever
+
+        self.retriever = Retriever(config)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        return self.retriever(batch)
+
+
+@dataclass
+class RetrieveJob:
+    index: str
+    queries: str  # JSONL/Parquet with query (and query_id)
+    output: str
+    retriever: Any = None  # RetrieverConfig fields other than index_dir
+    batch_rows: int = 256
+    concurrency: int | None = None
+    overwrite: bool = False
+    address: str | None = None
+    num_cpus: int | None = None
+
+
+def read_queries(path: str) -> tuple[pa.Table, int]:
+    """``(query_id, query)`` rows of a query file, and how many rows were rejected (empty query)."""
+    from .retrieval import query_id_for
+
+    table = read_rows(path)
+    if "query" not in table.column_names:
+        raise ValueError(f"{path}: a query table needs a 'query' column, found {table.column_names}")
+    queries = table["query"].to_pylist()
+    qids = table["query_id"].to_pylist() if "query_id" in table.column_names else [None] * len(queries)
+    keep = [(str(i) if i is not None else query_id_for(q), q) for i, q in zip(qids, queries, strict=True)
+            if isinstance(q, str) and q.strip()]
+    ids = [i for i, _ in keep]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{path}: duplicate query_id values")
+    out = pa.table({"query_id": pa.array(ids, pa.string()), "query": pa.array([q for _, q in keep], pa.string())})
+    return out, len(queries) - len(keep)
+
+
+def read_rows(path: str) -> pa.Table:
+    """A small table from Parquet or JSONL (query files, pair files, labels)."""
+    import pyarrow.json as pajson
+
+    if path.endswith(".parquet") or os.path.isdir(path):
+        return pq.read_table(path)
+    return pajson.read_json(path)
+
+
+def run_retrieve(job: RetrieveJob) -> tuple[str, dict[str, Any]]:
+    """Top-k chunks per query for dense, BM25 and hybrid search."""
+    from .retrieval import RetrieverConfig
+
+    t0 = time.perf_counter()
+    cfg = job.retriever or RetrieverConfig(index_dir=job.index)
+    cfg = dataclasses.replace(cfg, index_dir=os.path.abspath(job.index))
+    read_manifest(job.index)
+    queries, rejected = read_queries(job.queries)
+    run = RunDir(job.output, overwrite=job.overwrite)
+    try:
+        init_ray(job.address, job.num_cpus)
+        blocks = [queries.slice(i, job.batch_rows) for i in range(0, max(1, queries.num_rows), job.batch_rows)]
+        ds = ray.data.from_arrow(blocks)
+        actor = _model_actor_args(job.concurrency, job.batch_rows)
+        ds = ds.map_batches(_RetrieveActor, fn_constructor_kwargs={"config": cfg}, batch_format="pyarrow", **actor)
+        sink = StageTableSink(_as_table("retrieval"), run.staging, {"retrieval": RETRIEVAL},
+                              key_columns={"retrieval": "query_id"})
+        ds.write_datasink(sink)
+        result = sink.result
+        config = {"index": job.index, "queries": job.queries, "retriever": _jsonable(dataclasses.asdict(cfg))}
+        manifest = build_manifest(
+            run_id=new_run_id("retrieve", config), command="retrieve", config=config,
+            inputs=[job.index, job.queries],
+            tables={"retrieval": {"rows": result.rows["retrieval"], "files": len(result.files["retrieval"])}},
+            counts={"queries": queries.num_rows, "rejected_empty_query": rejected, **result.counts},
+            timings_s={"total": time.perf_counter() - t0},
+        )
+        return run.commit(manifest), manifest
+    except BaseException:
+        run.abort()
+        raise
+
+
+def _jsonable(value):
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value

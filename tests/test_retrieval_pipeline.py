@@ -1,0 +1,132 @@
+"""chunk -> embed -> index -> retrieve on a real local Ray with the bundled offline MiniLM."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from verbatim_batch import synth
+from verbatim_batch.index import DenseSpec
+from verbatim_batch.labelled import make_labelled_queries
+from verbatim_batch.pipeline import (
+    ChunkJob,
+    EmbedJob,
+    IndexJob,
+    RetrieveJob,
+    run_chunk,
+    run_embed,
+    run_index,
+    run_retrieve,
+)
+from verbatim_batch.retrieval import RetrieverConfig, recall_at
+from verbatim_batch.runs import MANIFEST_FILE, build_manifest, read_manifest, read_table
+from verbatim_batch.tables import RETRIEVAL, embeddings_schema
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="module")
+def built(ray_local, tmp_path_factory):
+    root = tmp_path_factory.mktemp("retr")
+    synth.write_corpus(root / "corpus", n=30, seed=5, fmt="md")
+    chunks, _ = run_chunk(ChunkJob(input=str(root / "corpus"), output=str(root / "chunks"),
+                                   metadata=str(root / "corpus" / "metadata.jsonl")))
+    emb, emb_manifest = run_embed(EmbedJob(chunks=chunks, output=str(root / "emb")))
+    index, _ = run_index(IndexJob(embeddings=emb, chunks=chunks, output=str(root / "index")))
+    table = read_table(chunks, "chunks")
+    queries = make_labelled_queries(table, 20, seed=3, style="sentence")
+    qfile = root / "queries.jsonl"
+    rows = queries.to_pylist() + [{"query_id": "empty", "query": "   "}]
+    qfile.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return {"root": root, "chunks": chunks, "emb": emb, "emb_manifest": emb_manifest, "index": index,
+            "queries": queries, "qfile": qfile}
+
+
+def test_embeddings_table(built):
+    emb = read_table(built["emb"], "embeddings")
+    chunks = read_table(built["chunks"], "chunks")
+    assert emb.schema.remove_metadata() == embeddings_schema(384).remove_metadata()
+    assert sorted(emb["chunk_id"].to_pylist()) == sorted(chunks["chunk_id"].to_pylist())
+    vectors = np.stack(emb["vector"].to_numpy(zero_copy_only=False))
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-3)
+    counts = built["emb_manifest"]["counts"]
+    assert counts["truncated"] == sum(emb["truncated"].to_pylist()) and counts["tokens"] > 0
+
+
+def test_sentence_queries_find_their_chunk_and_rerun_is_identical(built, tmp_path):
+    runs = [run_retrieve(RetrieveJob(index=built["index"], queries=str(built["qfile"]),
+                                     output=str(tmp_path / f"r{i}")))[0] for i in (0, 1)]
+    a, b = (read_table(r, "retrieval").sort_by([("query_id", "ascending"), ("method", "ascending"),
+                                                ("rank", "ascending")]) for r in runs)
+    assert a.schema.remove_metadata() == RETRIEVAL.remove_metadata()
+    assert a.equals(b)
+    assert read_manifest(runs[0])["counts"]["rejected_empty_query"] == 1
+    labels = dict(zip(built["queries"]["query_id"].to_pylist(), built["queries"]["chunk_id"].to_pylist(),
+                      strict=True))
+    recall = recall_at(a, labels, k=5)
+    assert recall["dense"] >= 0.8 and recall["bm25"] >= 0.8 and recall["hybrid"] >= 0.8, recall
+    rows = a.to_pylist()
+    for q in labels:
+        for method in ("dense", "bm25", "hybrid"):
+            ranks = [r["rank"] for r in rows if r["query_id"] == q and r["method"] == method]
+            assert ranks == list(range(1, 11))
+    dense = [r for r in rows if r["method"] == "dense"]
+    assert all(r["dense_rank"] == r["rank"] for r in dense)
+    hybrid = [r for r in rows if r["method"] == "hybrid"]
+    for r in hybrid:  # the fused score is the weighted RRF of the per-method ranks
+        expect = sum(1.0 / (60 + rank) for rank in (r["dense_rank"], r["bm25_rank"]) if rank is not None)
+        assert r["score"] == pytest.approx(expect, rel=1e-5)
+
+
+def test_methods_and_weights_are_honoured(built, tmp_path):
+    cfg = RetrieverConfig(index_dir=built["index"], k=3, methods=("hybrid",), weights={"dense": 0.0, "bm25": 1.0})
+    out, _ = run_retrieve(RetrieveJob(index=built["index"], queries=str(built["qfile"]), output=str(tmp_path / "r"),
+                                      retriever=cfg))
+    rows = read_table(out, "retrieval").to_pylist()
+    assert {r["method"] for r in rows} == {"hybrid"} and max(r["rank"] for r in rows) == 3
+    with pytest.raises(ValueError):
+        RetrieverConfig(index_dir="x", weights={"dense": -1.0, "bm25": 1.0})
+
+
+def test_ivf_index_agrees_with_flat(built, tmp_path):
+    ivf, manifest = run_index(IndexJob(embeddings=built["emb"], chunks=built["chunks"], output=str(tmp_path / "ivf"),
+                                       dense=DenseSpec(kind="ivf_flat", nlist=4, nprobe=4), bm25=False))
+    assert json.loads(manifest["config"])["dense"]["kind"] == "ivf_flat"
+    cfg = RetrieverConfig(index_dir=ivf, methods=("dense",))
+    out_ivf, _ = run_retrieve(RetrieveJob(index=ivf, queries=str(built["qfile"]), output=str(tmp_path / "ri"),
+                                          retriever=cfg))
+    cfg = RetrieverConfig(index_dir=built["index"], methods=("dense",))
+    out_flat, _ = run_retrieve(RetrieveJob(index=built["index"], queries=str(built["qfile"]),
+                                           output=str(tmp_path / "rf"), retriever=cfg))
+    key = [("query_id", "ascending"), ("rank", "ascending")]
+    a = read_table(out_ivf, "retrieval").sort_by(key).select(["query_id", "rank", "chunk_id"])
+    b = read_table(out_flat, "retrieval").sort_by(key).select(["query_id", "rank", "chunk_id"])
+    assert a.equals(b)  # nprobe == nlist: IVF is exhaustive, so identical to Flat
+
+
+def test_bad_vectors_fail_the_index_job_cleanly(built, tmp_path):
+    """NaN vectors are a clear error, and the index folder is never half-written."""
+    emb = read_table(built["emb"], "embeddings")
+    vectors = np.stack(emb["vector"].to_numpy(zero_copy_only=False)).astype(np.float32)
+    vectors[3, 5] = np.nan
+    bad = tmp_path / "bad_emb"
+    (bad / "embeddings").mkdir(parents=True)
+    schema = embeddings_schema(vectors.shape[1])
+    table = emb.set_column(emb.schema.get_field_index("vector"), "vector",
+                           pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), vectors.shape[1]))
+    pq.write_table(table.cast(schema), bad / "embeddings" / "part-0.parquet")
+    manifest = read_manifest(built["emb"])
+    (bad / MANIFEST_FILE).write_text(json.dumps(build_manifest(
+        run_id="x", command="embed", config=json.loads(manifest["config"]), inputs=[], tables={}, counts={},
+        timings_s={})))
+    out = tmp_path / "idx"
+    with pytest.raises(Exception, match="(?i)nan|finite"):
+        run_index(IndexJob(embeddings=str(bad), chunks=built["chunks"], output=str(out)))
+    assert not out.exists()
+    assert not [p for p in Path(tmp_path).iterdir() if ".staging-" in p.name]

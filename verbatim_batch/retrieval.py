@@ -1,0 +1,146 @@
+"""Batch retrieval: dense, BM25 and hybrid (weighted RRF) top-k for a table of queries.
+
+``Retriever`` is a callable over Arrow batches of ``(query_id, query)``; it loads an
+index folder written by the index job once (FAISS memory-mapped when large, BM25,
+the row -> chunk map, and the embedding model recorded in the index manifest) and
+returns rows of ``tables.RETRIEVAL``. Each method fetches ``2k`` candidates, so the
+fused list and the per-method ranks come from the same candidate pools.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .tables import RETRIEVAL, stable_hash
+
+METHODS = ("dense", "bm25", "hybrid")
+
+
+@dataclass(frozen=True)
+class RetrieverConfig:
+    index_dir: str
+    k: int = 10
+    methods: tuple[str, ...] = METHODS
+    weights: dict[str, float] = field(default_factory=lambda: {"dense": 1.0, "bm25": 1.0})
+    rrf_k: int = 60
+    nprobe: int | None = None
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        bad = set(self.methods) - set(METHODS)
+        if bad or not self.methods:
+            raise ValueError(f"methods must be a non-empty subset of {METHODS}, got {self.methods}")
+        if self.k < 1:
+            raise ValueError("k must be >= 1")
+        unknown = set(self.weights) - {"dense", "bm25"}
+        if unknown or any(w < 0 for w in self.weights.values()) or not any(self.weights.values()):
+            raise ValueError(f"weights must be non-negative for dense/bm25 with one > 0, got {self.weights}")
+
+
+def read_index_manifest(index_dir: str) -> dict:
+    path = os.path.join(index_dir, "manifest.json")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{index_dir} is not a committed index (no manifest.json)")
+    with open(path, encoding="utf-8") as fh:
+        manifest = json.load(fh)
+    manifest["config"] = json.loads(manifest["config"]) if isinstance(manifest["config"], str) else manifest["config"]
+    return manifest
+
+
+def query_id_for(query: str) -> str:
+    return "q-" + stable_hash(query, size=6)
+
+
+class Retriever:
+    """Loads an index folder once; maps query batches to retrieval rows."""
+
+    def __init__(self, config: RetrieverConfig) -> None:
+        from .embedding import Embedder, EmbedderConfig
+        from .index import Bm25Index, load_dense
+
+        self.config = config
+        manifest = read_index_manifest(config.index_dir)
+        ids = pq.read_table(os.path.join(config.index_dir, "ids.parquet"), columns=["chunk_id", "paper_id"])
+        self.chunk_ids = ids["chunk_id"].to_pylist()
+        self.paper_ids = ids["paper_id"].to_pylist()
+        self.dense = self.bm25 = self.embedder = None
+        need_dense = "dense" in config.methods or ("hybrid" in config.methods and config.weights.get("dense", 0))
+        need_bm25 = "bm25" in config.methods or ("hybrid" in config.methods and config.weights.get("bm25", 0))
+        if need_dense:
+            self.dense = load_dense(os.path.join(config.index_dir, "dense"), nprobe=config.nprobe)
+            embed_cfg = dict(manifest["config"]["embedder"])
+            embed_cfg["device"] = config.device
+            self.embedder = Embedder(EmbedderConfig(**_known_fields(EmbedderConfig, embed_cfg)))
+        if need_bm25:
+            bm25_dir = os.path.join(config.index_dir, "bm25")
+            if not os.path.exists(bm25_dir):
+                raise FileNotFoundError(f"{config.index_dir} was built without a BM25 index")
+            self.bm25 = Bm25Index.load(bm25_dir, mmap=True)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        from .index import rrf, search_dense
+
+        cfg = self.config
+        depth = 2 * cfg.k
+        queries = [q or "" for q in batch["query"].to_pylist()]
+        qids = batch["query_id"].to_pylist() if "query_id" in batch.column_names else [None] * len(queries)
+        qids = [qid or query_id_for(q) for qid, q in zip(qids, queries, strict=True)]
+        pools: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        if self.dense is not None:
+            vectors, _, _ = self.embedder.embed(queries, is_query=True)
+            pools["dense"] = search_dense(self.dense, vectors, depth)
+        if self.bm25 is not None:
+            pools["bm25"] = self.bm25.search(queries, depth)
+        ranked = {m: [[int(r) for r in row if r >= 0] for row in rows] for m, (_, rows) in pools.items()}
+        fused = None
+        if "hybrid" in cfg.methods:
+            weights = {m: w for m, w in cfg.weights.items() if m in ranked}
+            fused = rrf({m: ranked[m] for m in weights}, weights=weights, k=cfg.k, rrf_k=cfg.rrf_k)
+        out: dict[str, list] = {name: [] for name in RETRIEVAL.names}
+
+        def emit(qid, rank, row, score, ranks, method):
+            for key, value in (
+                ("query_id", qid), ("rank", rank), ("chunk_id", self.chunk_ids[row]),
+                ("paper_id", self.paper_ids[row]), ("score", float(score)), ("dense_rank", ranks.get("dense")),
+                ("bm25_rank", ranks.get("bm25")), ("method", method),
+            ):
+                out[key].append(value)
+
+        for q, qid in enumerate(qids):
+            positions = {m: {row: i + 1 for i, row in enumerate(ranked[m][q])} for m in ranked}
+            for method in ("dense", "bm25"):
+                if method not in cfg.methods:
+                    continue
+                scores, rows = pools[method]
+                for i in range(min(cfg.k, len(ranked[method][q]))):
+                    row = int(rows[q, i])
+                    emit(qid, i + 1, row, scores[q, i], {m: positions[m].get(row) for m in positions}, method)
+            if fused is not None:
+                for i, (row, score, _) in enumerate(fused[q]):
+                    emit(qid, i + 1, row, score, {m: positions[m].get(row) for m in positions}, "hybrid")
+        return pa.Table.from_pydict(out, schema=RETRIEVAL)
+
+
+def _known_fields(cls, values: dict) -> dict:
+    names = set(cls.__dataclass_fields__)
+    out = {k: v for k, v in values.items() if k in names}
+    for k, v in out.items():
+        if isinstance(v, list):
+            out[k] = tuple(v)
+    return out
+
+
+def recall_at(retrieval: pa.Table, labels: dict[str, str], k: int) -> dict[str, float]:
+    """Per method: share of labelled queries whose source chunk is in the top ``k``."""
+    hits: dict[str, set[str]] = {}
+    methods = set(retrieval["method"].to_pylist())
+    for row in retrieval.to_pylist():
+        if row["rank"] <= k and labels.get(row["query_id"]) == row["chunk_id"]:
+            hits.setdefault(row["method"], set()).add(row["query_id"])
+    return {m: len(hits.get(m, ())) / max(1, len(labels)) for m in sorted(methods)}
