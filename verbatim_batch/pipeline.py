@@ -407,7 +407,7 @@ def run_embed(job: EmbedJob) -> tuple[str, dict[str, Any]]:
         )
         dim = int(model_cfg.hidden_size)
         schema = embeddings_schema(dim, pa.float16() if cfg.output_dtype == "float16" else pa.float32())
-        ds = ray.data.read_parquet(chunks_dir, columns=["chunk_id", "paper_id", "context", "text"])
+        ds = ray.data.read_parquet(chunks_dir).select_columns(["chunk_id", "paper_id", "context", "text"])
         actor = _model_actor_args(job.concurrency, job.batch_rows)
         threads = job.threads or (None if _gpus() else max(1, int(ray.cluster_resources().get("CPU", 1))))
         ds = ds.map_batches(
