@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_embedding.py --n 5000
     .venv/bin/python benchmarks/bench_embedding.py --n 1000 --max-length 512 --json emb512.json
+    .venv/bin/python benchmarks/bench_embedding.py --n 1000 --random-modernbert   # no truncation
 
 Builds ``--n`` realistic chunks (``chunk_markdown`` over ``synth.generate_paper(0, i)`` papers,
 in order, with their context line: the embedding text is ``context + "\\n\\n" + text``) and
@@ -19,6 +20,11 @@ after truncation; identical for both) / best wall time = tokens/s. The padding f
 sentence-transformers' batches is computed from its own ordering (by characters, batch_size
 rows) and the true token lengths. The tokenize vs forward split is measured for both (ST's
 ``preprocess`` is wrapped with a timer). The vectors are checked against each other (cosine).
+
+``--random-modernbert`` swaps the model for a MiniLM-sized ModernBERT with random weights
+(6 layers, hidden 384, sliding-window attention every layer but each third, 8192 positions,
+the MiniLM tokenizer) saved as safetensors in a temp dir and loaded by both sides: it shows
+the long-context case (like granite-embedding-english-r2, where chunks are not truncated).
 
 Prints JSON; ``--json PATH`` also writes it.
 """
@@ -58,6 +64,22 @@ def build_texts(n: int, seed: int = 0) -> list[str]:
     return texts[:n]
 
 
+def make_random_modernbert(path: Path) -> str:
+    """A MiniLM-sized ModernBERT (random weights, 8192 positions) with the MiniLM tokenizer."""
+    from transformers import AutoTokenizer, ModernBertConfig, ModernBertModel
+
+    torch.manual_seed(0)
+    cfg = ModernBertConfig(vocab_size=30522, hidden_size=384, intermediate_size=576, num_hidden_layers=6,
+                           num_attention_heads=6, max_position_embeddings=8192, global_attn_every_n_layers=3,
+                           local_attention=128, pad_token_id=0, cls_token_id=101, sep_token_id=102,
+                           bos_token_id=101, eos_token_id=102)
+    ModernBertModel(cfg).save_pretrained(str(path))
+    tok = AutoTokenizer.from_pretrained(DEFAULT_MODEL)
+    tok.model_max_length = 8192
+    tok.save_pretrained(str(path))
+    return str(path)
+
+
 def st_padding(texts: list[str], lengths: np.ndarray, batch_size: int) -> float:
     """Padding fraction of sentence-transformers' batches: sorted by -len(text), batch_size rows each."""
     order = np.argsort([-len(t) for t in texts], kind="stable")
@@ -89,11 +111,16 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's default)")
     ap.add_argument("--model", default=DEFAULT_MODEL)
+    ap.add_argument("--random-modernbert", action="store_true", help="a random-weight ModernBERT, no truncation")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
     from sentence_transformers import SentenceTransformer
 
+    if args.random_modernbert:
+        import tempfile
+
+        args.model = make_random_modernbert(Path(tempfile.mkdtemp(prefix="bench-modernbert-")))
     if args.threads:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
@@ -181,7 +208,7 @@ def main(argv=None) -> int:
                     "torch_threads": threads, "load_avg_at_end": list(os.getloadavg())},
         "versions": {"torch": torch.__version__, "transformers": _version("transformers"),
                      "sentence_transformers": _version("sentence_transformers"), "python": platform.python_version()},
-        "model": first.model_id,
+        "model": "random-weight ModernBERT (6 x 384, 8192 positions)" if args.random_modernbert else first.model_id,
         "model_revision": first.model_revision,
         "dtype": "float32",
         "max_length": max_length,
