@@ -24,7 +24,9 @@ How a batch is embedded:
 
 On CUDA, long batches are processed in waves and the next wave is tokenized in a
 background thread while the GPU runs the current one (the Rust tokenizer and CUDA
-waits both release the GIL). ``Embedder.stats`` counts rows, real and padded tokens,
+waits both release the GIL). Alternatively, ``EmbedTokenizer`` (the same config; no
+weights) tokenizes in a separate CPU stage, and the Embedder then only runs the model
+on batches that carry ``input_ids``. ``Embedder.stats`` counts rows, real and padded tokens,
 truncated and empty rows, forward passes, and the time spent tokenizing vs in the
 forward passes, so the lead can put them in a run manifest.
 """
@@ -37,7 +39,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -64,6 +66,8 @@ _HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*
 _FULL_HASH_BYTES = 1 << 30
 # On CUDA, a call with more rows than this is processed in waves (tokenize ahead).
 _WAVE_ROWS = 2048
+# Columns EmbedTokenizer adds (and Embedder reads instead of tokenizing).
+PRETOKENIZED_COLUMN = "input_ids"
 
 
 def default_model_path() -> str | None:
@@ -237,20 +241,14 @@ class Embedder:
         paper_ids = batch.column("paper_id").to_pylist()
         if any(c is None for c in chunk_ids) or any(p is None for p in paper_ids):
             raise ValueError("embed: chunk_id and paper_id must not be null")
-        text_col = batch.column("text").to_pylist()
-        ctx_col = batch.column("context").to_pylist() if "context" in batch.column_names else [None] * n
-        texts, empty = [], 0
-        for text, ctx in zip(text_col, ctx_col, strict=True):
-            text, ctx = text or "", ctx or ""
-            if not text.strip():
-                empty += 1
-                texts.append(ctx)
-            else:
-                texts.append(f"{ctx}\n\n{text}" if ctx else text)
-        if self.document_prompt:
-            texts = [self.document_prompt + t for t in texts]
         try:
-            vectors, n_tokens, truncated = self._embed(texts)
+            if PRETOKENIZED_COLUMN in batch.column_names:  # tokenized upstream by EmbedTokenizer
+                tok, empty = self._from_pretokenized(batch)
+                vectors, n_tokens, truncated = self._run(n, iter([(0, n, tok)]))
+            else:
+                texts, empty_mask = embedding_texts(batch, self.document_prompt)
+                empty = int(empty_mask.sum())
+                vectors, n_tokens, truncated = self._embed(texts)
         except NonFiniteEmbeddingError as exc:
             bad = [chunk_ids[i] for i in exc.indices]
             raise NonFiniteEmbeddingError(
@@ -278,26 +276,32 @@ class Embedder:
     # --- internals ----------------------------------------------------------------
 
     def _embed(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self._run(len(texts), self._waves(texts))
+
+    def _waves(self, texts: list[str]) -> Iterator[tuple[int, int, _Tokenized]]:
+        """(start, end, tokens) per wave; on CUDA the next wave is tokenized while the model runs."""
         n = len(texts)
-        if n == 0:
-            return np.zeros((0, self.dim), np.float32), np.zeros(0, np.int32), np.zeros(0, bool)
-        if self._wave_rows and n > self._wave_rows:
-            waves = [(s, min(s + self._wave_rows, n)) for s in range(0, n, self._wave_rows)]
-        else:
-            waves = [(0, n)]
+        if not self._wave_rows or n <= self._wave_rows:
+            if n:
+                yield 0, n, self._tokenize(texts)
+            return
+        bounds = [(s, min(s + self._wave_rows, n)) for s in range(0, n, self._wave_rows)]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embed-tokenize")
+        pending = self._pool.submit(self._tokenize, texts[bounds[0][0] : bounds[0][1]])
+        for w, (start, end) in enumerate(bounds):
+            tok = pending.result()
+            if w + 1 < len(bounds):
+                nxt = bounds[w + 1]
+                pending = self._pool.submit(self._tokenize, texts[nxt[0] : nxt[1]])
+            yield start, end, tok
+
+    def _run(self, n: int, waves: Iterator[tuple[int, int, _Tokenized]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         vectors = np.empty((n, self.dim), np.float32)
         n_tokens = np.empty(n, np.int32)
         truncated = np.empty(n, bool)
         bad: list[int] = []
-        pending = None
-        if len(waves) > 1 and self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embed-tokenize")
-        for w, (start, end) in enumerate(waves):
-            tok = pending.result() if pending is not None else self._tokenize(texts[start:end])
-            pending = None
-            if w + 1 < len(waves):  # tokenize the next wave while the model runs this one
-                nxt = waves[w + 1]
-                pending = self._pool.submit(self._tokenize, texts[nxt[0] : nxt[1]])
+        for start, end, tok in waves:
             vec, finite, padded, batches, fwd_s = self._forward(tok)
             vectors[start:end] = vec
             n_tokens[start:end] = tok.lengths
@@ -319,23 +323,25 @@ class Embedder:
             raise NonFiniteEmbeddingError(f"{self.model_id}: non-finite embedding for rows {bad[:20]}", bad)
         return vectors, n_tokens, truncated
 
-    def _tokenize(self, texts: list[str]) -> _Tokenized:
+    def _from_pretokenized(self, batch: pa.Table) -> tuple[_Tokenized, int]:
         t0 = time.perf_counter()
-        if self._backend is not None:
-            encs = self._backend.encode_batch(texts, add_special_tokens=True)
-            rows = [e.ids for e in encs]
-            truncated = np.fromiter((len(e.overflowing) > 0 for e in encs), dtype=bool, count=len(encs))
-        else:  # slow tokenizer: tokenize twice (full length tells truncation)
-            full = self.tokenizer(texts, add_special_tokens=True, truncation=False)["input_ids"]
-            rows = self.tokenizer(texts, add_special_tokens=True, truncation=True, max_length=self.max_length)[
-                "input_ids"
-            ]
-            truncated = np.array([len(f) > len(r) for f, r in zip(full, rows, strict=True)], dtype=bool)
-        lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
-        offsets = np.zeros(len(rows), np.int64)
+        col = batch.column(PRETOKENIZED_COLUMN).combine_chunks()
+        lengths = np.asarray(col.value_lengths().fill_null(0), dtype=np.int64)
+        flat = np.asarray(col.flatten(), dtype=np.int64)
+        if len(lengths) and int(lengths.max()) > self.max_length:
+            raise ValueError(
+                f"pre-tokenized rows are longer ({int(lengths.max())}) than max_length {self.max_length}: "
+                "EmbedTokenizer and Embedder must share one EmbedderConfig"
+            )
+        offsets = np.zeros(len(lengths), np.int64)
         np.cumsum(lengths[:-1], out=offsets[1:])
-        flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=int(lengths.sum()))
-        return _Tokenized(flat, offsets, lengths, truncated, time.perf_counter() - t0)
+        truncated = np.asarray(batch.column("truncated").to_numpy(zero_copy_only=False), dtype=bool)
+        empty = int(np.asarray(batch.column("empty").to_numpy(zero_copy_only=False), dtype=bool).sum()) \
+            if "empty" in batch.column_names else 0
+        return _Tokenized(flat, offsets, lengths, truncated, time.perf_counter() - t0), empty
+
+    def _tokenize(self, texts: list[str]) -> _Tokenized:
+        return tokenize_texts(self._backend, self.tokenizer, self.max_length, texts)
 
     def _plan(self, lengths: np.ndarray) -> list[np.ndarray]:
         return plan_batches(lengths, self.config.token_budget, self.config.max_batch_rows)
@@ -380,6 +386,96 @@ class Embedder:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+
+
+class EmbedTokenizer:
+    """Optional CPU stage before the Embedder: tokenizes chunk rows so GPU actors only run the model.
+
+    Returns ``chunk_id``, ``paper_id``, ``input_ids`` (list<int32>, truncated, special tokens
+    included), ``truncated`` and ``empty`` (blank text) columns. An ``Embedder`` built from the
+    same ``EmbedderConfig`` embeds such batches without tokenizing; its output is the same.
+    Loads the tokenizer and the model config only, never the weights.
+    """
+
+    def __init__(self, config: EmbedderConfig | None = None) -> None:
+        from transformers import AutoConfig, AutoTokenizer
+
+        self.config = config = config or EmbedderConfig()
+        model_dir = _resolve_model_dir(config)
+        st_conf = _sentence_transformers_config(model_dir)
+        weights_dir = str(model_dir / st_conf["transformer_path"])
+        self.tokenizer = AutoTokenizer.from_pretrained(weights_dir, trust_remote_code=config.trust_remote_code)
+        mconf = AutoConfig.from_pretrained(weights_dir, trust_remote_code=config.trust_remote_code)
+        self.max_length = _resolve_max_length(config.max_length, st_conf, self.tokenizer, mconf)
+        self.document_prompt = _resolve_prompt(config.document_prompt, st_conf["prompts"], ("document", "passage"),
+                                               None)
+        self._backend = _truncating_backend(self.tokenizer, self.max_length)
+        self.stats: dict[str, Any] = dict(rows=0, tokens=0, truncated=0, empty=0, tokenize_s=0.0)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        if not isinstance(batch, pa.Table):
+            batch = pa.table(batch)
+        texts, empty = embedding_texts(batch, self.document_prompt)
+        tok = tokenize_texts(self._backend, self.tokenizer, self.max_length, texts)
+        offsets = np.zeros(len(texts) + 1, np.int32)
+        np.cumsum(tok.lengths, out=offsets[1:])
+        ids = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(tok.flat.astype(np.int32)))
+        s = self.stats
+        s["rows"] += len(texts)
+        s["tokens"] += int(tok.lengths.sum())
+        s["truncated"] += int(tok.truncated.sum())
+        s["empty"] += int(empty.sum())
+        s["tokenize_s"] += tok.seconds
+        return pa.table({
+            "chunk_id": batch.column("chunk_id"),
+            "paper_id": batch.column("paper_id"),
+            PRETOKENIZED_COLUMN: ids,
+            "truncated": pa.array(tok.truncated),
+            "empty": pa.array(empty),
+        })
+
+
+# --- pure helpers ----------------------------------------------------------------------
+
+
+def tokenize_texts(backend, tokenizer, max_length: int, texts: list[str]) -> _Tokenized:
+    """Tokenize without padding, truncated to max_length (special tokens included), flat + offsets."""
+    t0 = time.perf_counter()
+    if backend is not None:
+        encs = backend.encode_batch(texts, add_special_tokens=True)
+        rows = [e.ids for e in encs]
+        truncated = np.fromiter((len(e.overflowing) > 0 for e in encs), dtype=bool, count=len(encs))
+    else:  # slow tokenizer: tokenize twice (the full length tells truncation)
+        full = tokenizer(texts, add_special_tokens=True, truncation=False)["input_ids"]
+        rows = tokenizer(texts, add_special_tokens=True, truncation=True, max_length=max_length)["input_ids"]
+        truncated = np.array([len(f) > len(r) for f, r in zip(full, rows, strict=True)], dtype=bool)
+    lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+    offsets = np.zeros(len(rows), np.int64)
+    np.cumsum(lengths[:-1], out=offsets[1:])
+    flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=int(lengths.sum()))
+    return _Tokenized(flat, offsets, lengths, truncated, time.perf_counter() - t0)
+
+
+def embedding_texts(batch: pa.Table, prompt: str | None = None) -> tuple[list[str], np.ndarray]:
+    """The text embedded for each chunk row, and which rows had blank text.
+
+    ``context + "\\n\\n" + text``; only ``text`` when the context is empty; only the context when
+    the text is blank (the empty string when both are); the prompt, if any, in front.
+    """
+    n = batch.num_rows
+    text_col = batch.column("text").to_pylist()
+    ctx_col = batch.column("context").to_pylist() if "context" in batch.column_names else [None] * n
+    texts, empty = [], np.zeros(n, bool)
+    for i, (text, ctx) in enumerate(zip(text_col, ctx_col, strict=True)):
+        text, ctx = text or "", ctx or ""
+        if not text.strip():
+            empty[i] = True
+            texts.append(ctx)
+        else:
+            texts.append(f"{ctx}\n\n{text}" if ctx else text)
+    if prompt:
+        texts = [prompt + t for t in texts]
+    return texts, empty
 
 
 def plan_batches(lengths: np.ndarray, token_budget: int, max_batch_rows: int) -> list[np.ndarray]:
