@@ -538,7 +538,7 @@ class RetrieveJob:
 
 def read_queries(path: str) -> tuple[pa.Table, int]:
     """``(query_id, query)`` rows of a query file, and how many rows were rejected (empty query)."""
-    from .retrieval import query_id_for
+    from .tables import query_id_for
 
     table = read_rows(path)
     if "query" not in table.column_names:

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .tables import RETRIEVAL, stable_hash
+from .tables import RETRIEVAL, query_id_for
 
 METHODS = ("dense", "bm25", "hybrid")
 
@@ -51,10 +51,6 @@ def read_index_manifest(index_dir: str) -> dict:
         manifest = json.load(fh)
     manifest["config"] = json.loads(manifest["config"]) if isinstance(manifest["config"], str) else manifest["config"]
     return manifest
-
-
-def query_id_for(query: str) -> str:
-    return "q-" + stable_hash(query, size=6)
 
 
 class Retriever:

@@ -183,6 +183,27 @@ SPANS = _schema(
     ],
 )
 
+# The extract stage's input: (query, chunk) pairs from a pairs file or a retrieval run,
+# normalised. ``chunk_start`` is the chunk's offset in its paper (chunk-table pairs only);
+# ``input_error`` marks a row that could not be read, which becomes an error row.
+PAIR_INPUT = _schema(
+    "pair_input",
+    [
+        pa.field("pair_id", pa.string(), nullable=False),
+        pa.field("query_id", pa.string(), nullable=False),
+        pa.field("query", pa.string()),
+        pa.field("chunk", pa.large_string()),
+        pa.field("chunk_id", pa.string()),
+        pa.field("paper_id", pa.string()),
+        pa.field("chunk_index", pa.int32()),
+        pa.field("chunk_start", pa.int64()),
+        pa.field("rank", pa.int32()),
+        pa.field("relevant", pa.bool_()),
+        pa.field("extra", pa.string()),
+        pa.field("input_error", pa.string()),
+    ],
+)
+
 # One row per (query, chunk) pair an extractor saw, with or without spans, so that
 # abstentions (n_spans 0) and failures (error set) are visible next to the spans.
 PAIRS = _schema(
@@ -219,6 +240,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     "retrieval": RETRIEVAL,
     "spans": SPANS,
     "pairs": PAIRS,
+    "pair_input": PAIR_INPUT,
 }
 
 
@@ -306,3 +328,8 @@ def text_chunk_id(text: str) -> str:
 def pair_id(query_id: str, chunk_id: str) -> str:
     """Deterministic id of a (query, chunk) pair."""
     return stable_hash(query_id, chunk_id, size=10)
+
+
+def query_id_for(query: str) -> str:
+    """The id a query gets when it comes without one."""
+    return "q-" + stable_hash(query, size=6)

@@ -1,0 +1,274 @@
+"""Loading gold and prediction files, matching pairs, and the diagnostics of evaluate_files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from verbatim_batch.evaluate import (
+    evaluate_files,
+    evaluate_predictions,
+    gold_chunk_id,
+    gold_key,
+    load_gold,
+    load_predictions,
+)
+from verbatim_batch.tables import PAIRS, SPANS, text_chunk_id, to_table
+
+CHUNK_A = "Alpha beta gamma delta."  # Alpha 0-5, beta 6-10, gamma 11-16, delta. 17-23
+CHUNK_B = "One two three four."  # One 0-3, two 4-7, three 8-13, four. 14-19
+CHUNK_C = "Epsilon zeta eta."
+
+GOLD = [
+    # ids given: matched on (query, paper_id, chunk_index)
+    {"query": "q1", "paper_id": "P1", "chunk_index": 0, "chunk": CHUNK_A, "relevant": True,
+     "gold_spans": ["beta gamma", {"start": 0, "end": 5}, "not in the chunk"]},
+    # no ids: matched on (query, chunk) or (query, text_chunk_id(chunk))
+    {"query": "q2", "chunk": CHUNK_B, "relevant": False, "gold_spans": ["TWO three"]},
+    {"query": "q1", "paper_id": "P1", "chunk_index": 1, "chunk": CHUNK_C, "gold_spans": None},
+]
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def gold_file(tmp_path: Path) -> Path:
+    return write_jsonl(tmp_path / "gold.jsonl", GOLD)
+
+
+def span_row(query, paper_id, chunk_index, chunk_id, start, end, text):
+    return {
+        "run_id": "run-1", "pair_id": "p", "query_id": query, "query": query, "paper_id": paper_id,
+        "chunk_id": chunk_id, "chunk_index": chunk_index, "start": start, "end": end, "text": text,
+        "extractor": "test", "config_hash": "h",
+    }
+
+
+SPAN_ROWS = [
+    span_row("q1", "P1", 0, "c-0", 6, 16, "beta gamma"),  # matches gold row 1
+    span_row("q1", "P1", 0, "c-0", 0, 5, "Alphx"),  # text differs from the gold chunk: offset mismatch
+    span_row("q2", None, None, text_chunk_id(CHUNK_B), 4, 7, "two"),  # gold row 2 through its text hash
+    span_row("q1", "P2", 0, "c-9", 0, 3, "abc"),  # no such gold pair
+]
+
+
+# ---------------------------------------------------------------------------
+# Gold loading
+# ---------------------------------------------------------------------------
+
+
+def test_load_gold_jsonl_aligns_strings_and_keeps_offsets(gold_file):
+    rows = load_gold(gold_file)
+    assert len(rows) == 3
+    # "beta gamma" -> (6, 16); {"start": 0, "end": 5} kept; the third string cannot be placed
+    assert rows[0]["gold_spans"] == [(6, 16), (0, 5)]
+    assert rows[0]["gold_unaligned"] == 1
+    assert rows[1]["gold_spans"] == [(4, 13)]  # case-insensitive "TWO three"
+    assert rows[2]["gold_spans"] == [] and rows[2]["relevant"] is None
+    assert gold_key(rows[0]) == ("q1", "P1", 0)
+    assert gold_key(rows[1]) == ("q2", CHUNK_B)
+    assert gold_chunk_id(rows[1]) == text_chunk_id(CHUNK_B)
+
+
+def test_load_gold_parquet(tmp_path):
+    table = pa.Table.from_pylist(
+        [
+            {"query": "q1", "paper_id": "P1", "chunk_index": 0, "chunk": CHUNK_A,
+             "gold_spans": [{"start": 6, "end": 10}]},
+            {"query": "q2", "paper_id": None, "chunk_index": None, "chunk": CHUNK_B, "gold_spans": None},
+        ]
+    )
+    pq.write_table(table, tmp_path / "gold.parquet")
+    rows = load_gold(tmp_path / "gold.parquet")
+    assert [r["gold_spans"] for r in rows] == [[(6, 10)], []]
+    assert gold_key(rows[1]) == ("q2", CHUNK_B)
+    folder = tmp_path / "gold_dir"
+    folder.mkdir()
+    pq.write_table(table, folder / "part-0.parquet")
+    assert len(load_gold(folder)) == 2
+
+
+def test_bad_gold_lines_name_the_line(tmp_path):
+    bad = write_jsonl(tmp_path / "bad.jsonl", [GOLD[1], "{not json", GOLD[2]])
+    with pytest.raises(ValueError, match="line 2: invalid JSON"):
+        load_gold(bad)
+    no_query = write_jsonl(tmp_path / "no_query.jsonl", [GOLD[1], "", {"chunk": "abc"}])
+    with pytest.raises(ValueError, match="line 3: missing or non-string 'query'"):
+        load_gold(no_query)
+    no_chunk = write_jsonl(tmp_path / "no_chunk.jsonl", [{"query": "q"}])
+    with pytest.raises(ValueError, match="line 1: missing or non-string 'chunk'"):
+        load_gold(no_chunk)
+
+
+def test_duplicate_gold_pairs_rejected(tmp_path):
+    dup = write_jsonl(tmp_path / "dup.jsonl", [GOLD[0], GOLD[1], GOLD[0]])
+    with pytest.raises(ValueError, match="duplicate gold pair"):
+        evaluate_files(dup, write_jsonl(tmp_path / "p.jsonl", []))
+
+
+# ---------------------------------------------------------------------------
+# JSONL predictions
+# ---------------------------------------------------------------------------
+
+
+def test_jsonl_predictions_by_ids_and_by_text(gold_file, tmp_path):
+    preds = write_jsonl(
+        tmp_path / "pred.jsonl",
+        [
+            {"query": "q1", "paper_id": "P1", "chunk_index": 0, "spans": [{"start": 6, "end": 16}]},
+            # the second string differs from the chunk only in whitespace: dropped
+            {"query": "q2", "chunk": CHUNK_B, "spans": ["two three", "two  three"]},
+            {"query": "q9", "chunk": "x", "spans": ["x"]},  # no such gold pair
+        ],
+    )
+    res = evaluate_files(gold_file, preds)
+    assert res["diagnostics"] == {
+        "gold_unaligned": 1, "pred_dropped": 1, "unmatched_predictions": 1, "offset_mismatch": 0,
+        "gold_rows": 3, "relevant_rows": 1,
+    }
+    # Row 1: G = {Alpha, beta, gamma}, P = {beta, gamma}: tp 2 fp 0 fn 1, F1 4/5
+    # Row 2: gold (4,13), pred (4,13): tp 2, F1 1
+    # Row 3: nothing on either side (no prediction line): F1 0
+    # micro: tp 4 fp 0 fn 1 -> P 1, R 0.8, F1 1.6/1.8; macro (0.8 + 1 + 0) / 3 = 0.6
+    assert res["word"]["micro_p"] == pytest.approx(1.0)
+    assert res["word"]["micro_r"] == pytest.approx(0.8)
+    assert res["word"]["micro_f1"] == pytest.approx(1.6 / 1.8)
+    assert res["word"]["macro_f1"] == pytest.approx(0.6)
+    # IoU@0.5: row 1 one exact match of two gold: p 1, r 0.5, f1 2/3; row 2 perfect; row 3 both empty -> 1
+    assert res["iou"]["0.5"] == pytest.approx({"p": 1.0, "r": 2.5 / 3, "f1": (2 / 3 + 2) / 3})
+    assert (res["n_gold_spans"], res["n_pred_spans"]) == (3, 2)
+    assert res["over_prediction_ratio"] == pytest.approx(2 / 3)
+    # gold spans touched: (6,16) and (4,13); (0,5) not -> 2/3
+    assert res["any_overlap_recall"] == pytest.approx(2 / 3)
+
+
+def test_jsonl_prediction_strings_and_case(gold_file, tmp_path):
+    preds = write_jsonl(
+        tmp_path / "pred.jsonl",
+        [{"query": "q1", "paper_id": "P1", "chunk_index": 0, "spans": ["ALPHA", "gamma delta.", "zzz"]}],
+    )
+    res = evaluate_files(gold_file, preds)
+    assert res["diagnostics"]["pred_dropped"] == 1
+    # row 1: pred words {Alpha, gamma, delta.}, gold {Alpha, beta, gamma}: tp 2, fp 1, fn 1
+    # row 2: gold {two, three}, no prediction: fn 2; row 3 empty
+    # micro P = 2/3, R = 2/5
+    assert res["word"]["micro_p"] == pytest.approx(2 / 3)
+    assert res["word"]["micro_r"] == pytest.approx(2 / 5)
+
+
+def test_jsonl_prediction_errors(gold_file, tmp_path):
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"query": "q1", "spans": []}, "[1, 2"])
+    with pytest.raises(ValueError, match="line 2: invalid JSON"):
+        load_predictions(bad)
+    no_pair = write_jsonl(tmp_path / "no_pair.jsonl", [{"query": "q1", "spans": []}])
+    with pytest.raises(ValueError, match="line 1: a prediction needs"):
+        load_predictions(no_pair)
+    dup = write_jsonl(tmp_path / "dup.jsonl", [{"query": "q2", "chunk": CHUNK_B}, {"query": "q2", "chunk": CHUNK_B}])
+    with pytest.raises(ValueError, match="line 2: duplicate prediction"):
+        load_predictions(dup)
+    # offsets outside the chunk are an error naming the pair
+    far = {"query": "q1", "paper_id": "P1", "chunk_index": 0, "spans": [{"start": 20, "end": 40}]}
+    out_of_range = write_jsonl(tmp_path / "oor.jsonl", [far])
+    with pytest.raises(ValueError, match="'P1'"):
+        evaluate_files(gold_file, out_of_range)
+
+
+# ---------------------------------------------------------------------------
+# Span tables
+# ---------------------------------------------------------------------------
+
+
+def check_span_table_result(res):
+    assert res["diagnostics"] == {
+        "gold_unaligned": 1, "pred_dropped": 0, "unmatched_predictions": 1, "offset_mismatch": 1,
+        "gold_rows": 3, "relevant_rows": 1,
+    }
+    # row 1: pred (6,16) -> tp 2, fn 1; row 2: pred "two" (4,7) vs gold {two, three}: tp 1, fn 1; row 3 empty
+    # micro: tp 3, fp 0, fn 2 -> P 1, R 3/5
+    assert res["word"]["micro_p"] == pytest.approx(1.0)
+    assert res["word"]["micro_r"] == pytest.approx(0.6)
+    assert res["n_pred_spans"] == 2
+
+
+def test_span_table_parquet_file(gold_file, tmp_path):
+    path = tmp_path / "spans.parquet"
+    pq.write_table(to_table(SPAN_ROWS, SPANS), path)
+    preds = load_predictions(path)
+    assert preds.kind == "spans" and len(preds.records) == 3  # pairs: (q1,P1,0), (q2,chunk B), (q1,P2,0)
+    check_span_table_result(evaluate_files(gold_file, path))
+
+
+def test_span_table_folder_and_run_folder(gold_file, tmp_path):
+    folder = tmp_path / "spans_only"
+    folder.mkdir()
+    pq.write_table(to_table(SPAN_ROWS[:2], SPANS), folder / "part-0.parquet")
+    pq.write_table(to_table(SPAN_ROWS[2:], SPANS), folder / "part-1.parquet")
+    check_span_table_result(evaluate_files(gold_file, folder))
+
+    run = tmp_path / "run"
+    (run / "spans").mkdir(parents=True)
+    (run / "pairs").mkdir()
+    pq.write_table(to_table(SPAN_ROWS, SPANS), run / "spans" / "part-0.parquet")
+    pair = {"run_id": "run-1", "pair_id": "p", "query_id": "q1", "n_spans": 0, "n_violations": 0,
+            "extractor": "test", "config_hash": "h"}
+    pq.write_table(to_table([pair], PAIRS), run / "pairs" / "part-0.parquet")
+    (run / "manifest.json").write_text("{}")
+    check_span_table_result(evaluate_files(gold_file, run))
+
+
+def test_run_without_spans(gold_file, tmp_path):
+    run = tmp_path / "run"
+    (run / "spans").mkdir(parents=True)
+    res = evaluate_files(gold_file, run)
+    # no predictions anywhere: rows 1 and 2 score 0, row 3 (both empty) 1
+    assert res["n_pred_spans"] == 0 and res["iou"]["0.5"]["f1"] == pytest.approx(1 / 3)
+    empty_file = run / "spans" / "part-0.parquet"
+    pq.write_table(to_table([], SPANS), empty_file)
+    assert evaluate_files(gold_file, empty_file)["n_pred_spans"] == 0
+
+
+def test_span_table_matches_gold_chunk_id(tmp_path):
+    gold = write_jsonl(
+        tmp_path / "gold.jsonl",
+        [{"query": "q", "chunk": CHUNK_A, "chunk_id": "my-chunk", "gold_spans": ["gamma"]}],
+    )
+    spans = tmp_path / "spans.parquet"
+    # the text hash no longer applies once the gold row names its own chunk id
+    rows = [span_row("q", None, None, "my-chunk", 11, 16, "gamma"),
+            span_row("q", None, None, text_chunk_id(CHUNK_A), 0, 5, "Alpha")]
+    pq.write_table(to_table(rows, SPANS), spans)
+    res = evaluate_files(gold, spans)
+    assert res["diagnostics"]["unmatched_predictions"] == 1
+    assert res["iou"]["0.7"] == {"p": 1.0, "r": 1.0, "f1": 1.0}
+    assert res["coverage"]["1.0"] == 1.0
+
+
+# ---------------------------------------------------------------------------
+# In-memory predictions
+# ---------------------------------------------------------------------------
+
+
+def test_evaluate_predictions_in_memory(gold_file):
+    gold = load_gold(gold_file)
+    preds = {
+        ("q1", "P1", 0): [(6, 16), {"start": 0, "end": 5, "text": "Alpha"}],
+        ("q2", CHUNK_B): ["two three", {"start": 0, "end": 3, "text": "Two"}],  # second: text disagrees
+        ("q1", "P1", 7): [(0, 1)],  # no such gold pair
+    }
+    res = evaluate_predictions(gold, preds)
+    assert res["diagnostics"]["unmatched_predictions"] == 1
+    assert res["diagnostics"]["offset_mismatch"] == 1
+    assert res["diagnostics"]["gold_unaligned"] == 1
+    # rows 1 and 2 predicted exactly, row 3 both empty -> IoU perfect everywhere
+    assert res["iou"]["0.7"] == {"p": 1.0, "r": 1.0, "f1": 1.0}
+    assert res["word"]["micro_f1"] == 1.0
+    # raw (un-normalised) gold rows are accepted too, with custom thresholds
+    res2 = evaluate_predictions(GOLD, preds, iou_thresholds=(0.9,))
+    assert list(res2["iou"]) == ["0.9"] and res2["iou"]["0.9"]["f1"] == 1.0

@@ -1,0 +1,373 @@
+"""Loading gold pairs files and predictions, matching them, and scoring with :mod:`.metrics`.
+
+Gold comes from a *pairs file* (JSONL, a Parquet file or a folder of Parquet
+files), one row per (query, chunk) pair. Predictions come either from a span
+table (Parquet with the ``SPANS`` schema, a folder of them, or a run folder with
+a ``spans/`` subfolder) or from JSONL rows listing spans per pair.
+
+Matching key of a gold row (see :func:`gold_key`): ``(query, paper_id,
+chunk_index)`` when the row has both ids, otherwise ``(query, chunk)``. Span
+tables carry no chunk text, so a gold row without ids is found from a span row
+through ``(query, chunk_id)``, where the gold chunk id is the row's ``chunk_id``
+or, failing that, :func:`~verbatim_batch.tables.text_chunk_id` of its chunk.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from .metrics import EvalRow, align_gold, align_prediction, evaluate
+from .tables import SPANS, text_chunk_id
+
+GoldKey = tuple  # (query, paper_id, chunk_index) or (query, chunk)
+Span = tuple[int, int]
+
+_SPAN_COLUMNS = ("query", "paper_id", "chunk_index", "chunk_id", "start", "end", "text")
+
+
+# ---------------------------------------------------------------------------
+# Shared helpers
+# ---------------------------------------------------------------------------
+
+
+def _is_parquet(path: Path) -> bool:
+    if path.is_dir():
+        return True
+    with open(path, "rb") as fh:
+        return fh.read(4) == b"PAR1"
+
+
+def _read_jsonl(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, object) for each non-blank line; ValueError on bad JSON or a non-object line."""
+    out = []
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}, line {lineno}: invalid JSON ({exc.msg})") from None
+            if not isinstance(obj, dict):
+                raise ValueError(f"{path}, line {lineno}: expected a JSON object, got {type(obj).__name__}")
+            out.append((lineno, obj))
+    return out
+
+
+def _has_ids(row: Mapping[str, Any]) -> bool:
+    return row.get("paper_id") is not None and row.get("chunk_index") is not None
+
+
+def _as_offsets(span: Any) -> tuple[int, int] | None:
+    """(start, end) from a dict with start/end or a two-item sequence of ints; None otherwise."""
+    if isinstance(span, Mapping):
+        if "start" in span and "end" in span:
+            return span["start"], span["end"]
+        return None
+    if isinstance(span, (list, tuple)) and len(span) == 2 and all(isinstance(v, int) for v in span):
+        return span[0], span[1]
+    return None
+
+
+# ---------------------------------------------------------------------------
+# Gold
+# ---------------------------------------------------------------------------
+
+
+def gold_key(row: Mapping[str, Any]) -> GoldKey:
+    """Key a gold row is matched on: ``(query, paper_id, chunk_index)`` if it has both ids, else ``(query, chunk)``."""
+    if _has_ids(row):
+        return (row["query"], str(row["paper_id"]), int(row["chunk_index"]))
+    return (row["query"], row["chunk"])
+
+
+def gold_chunk_id(row: Mapping[str, Any]) -> str:
+    """Chunk id used to find a gold row from a span table: its own ``chunk_id``, else a hash of its text."""
+    cid = row.get("chunk_id")
+    return str(cid) if cid is not None else text_chunk_id(row["chunk"])
+
+
+def normalize_gold_row(row: Mapping[str, Any], where: str = "") -> dict[str, Any]:
+    """A copy of a pairs-file row with ``gold_spans`` turned into (start, end) tuples.
+
+    String spans are placed with :func:`~verbatim_batch.metrics.align_gold`; those
+    that cannot be placed are left out and counted in ``gold_unaligned`` (added
+    to any count the row already carries, so normalising twice is harmless).
+    """
+    prefix = f"{where}: " if where else ""
+    for name in ("query", "chunk"):
+        if not isinstance(row.get(name), str):
+            raise ValueError(f"{prefix}missing or non-string {name!r}")
+    out = dict(row)
+    chunk = row["chunk"]
+    spans: list[Span] = []
+    unaligned = int(row.get("gold_unaligned") or 0)
+    for span in row.get("gold_spans") or []:
+        if isinstance(span, str):
+            placed = align_gold(chunk, span)
+            if placed is None:
+                unaligned += 1
+            else:
+                spans.append(placed)
+            continue
+        offsets = _as_offsets(span)
+        if offsets is None:
+            raise ValueError(f"{prefix}gold span {span!r} is neither a string nor {{'start', 'end'}}")
+        spans.append(offsets)
+    out["gold_spans"] = spans
+    out["gold_unaligned"] = unaligned
+    if out.get("chunk_index") is not None:
+        out["chunk_index"] = int(out["chunk_index"])
+    for name in ("query_id", "paper_id", "chunk_id", "relevant"):
+        out.setdefault(name, None)
+    return out
+
+
+def load_gold(path: str | Path) -> list[dict[str, Any]]:
+    """Read a pairs file (JSONL, Parquet or a folder of Parquet) into normalised gold rows.
+
+    Each row keeps its fields (``query``, ``chunk``, and when given ``query_id``,
+    ``paper_id``, ``chunk_index``, ``chunk_id``, ``relevant``); ``gold_spans``
+    becomes a list of (start, end) offsets and ``gold_unaligned`` counts string
+    spans that could not be found in the chunk. JSONL is read line by line, as
+    ``gold_spans`` may mix strings and objects.
+    """
+    path = Path(path)
+    if _is_parquet(path):
+        records = [(f"{path} row {i}", r) for i, r in enumerate(pq.read_table(path).to_pylist())]
+    else:
+        records = [(f"{path}, line {n}", r) for n, r in _read_jsonl(path)]
+    return [normalize_gold_row(r, where) for where, r in records]
+
+
+# ---------------------------------------------------------------------------
+# Predictions
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Predictions:
+    """Predicted spans grouped by pair.
+
+    ``kind`` is ``"spans"`` for a span table or ``"jsonl"``. Each record has
+    ``query``, ``paper_id``, ``chunk_index``, ``chunk_id``, ``chunk`` (any of the
+    last four may be None), ``spans`` (dicts with start/end and possibly text,
+    or strings) and ``where`` (for messages).
+    """
+
+    kind: str
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _span_table_path(path: Path) -> Path:
+    if path.is_dir() and (path / "spans").is_dir():
+        return path / "spans"
+    return path
+
+
+def _load_span_table(path: Path) -> Predictions:
+    table = pq.read_table(_span_table_path(path))
+    if table.num_columns == 0:  # an empty folder: a run that produced no spans
+        return Predictions("spans", [])
+    missing = [c for c in ("query", "start", "end", "text") if c not in table.column_names]
+    if missing:
+        raise ValueError(f"{path}: not a span table (missing columns {missing}; expected the {SPANS.names} schema)")
+    columns = [c for c in _SPAN_COLUMNS if c in table.column_names]
+    groups: dict[tuple, dict[str, Any]] = {}
+    for row in table.select(columns).to_pylist():
+        ident = (row["query"], row.get("paper_id"), row.get("chunk_index"), row.get("chunk_id"))
+        rec = groups.get(ident)
+        if rec is None:
+            rec = groups[ident] = {
+                "query": row["query"],
+                "paper_id": row.get("paper_id"),
+                "chunk_index": row.get("chunk_index"),
+                "chunk_id": row.get("chunk_id"),
+                "chunk": None,
+                "spans": [],
+                "where": f"{path} query={row['query']!r} chunk={ident[1:]!r}",
+            }
+        rec["spans"].append({"start": row["start"], "end": row["end"], "text": row["text"]})
+    return Predictions("spans", list(groups.values()))
+
+
+def _load_prediction_jsonl(path: Path) -> Predictions:
+    records = []
+    seen: dict[tuple, int] = {}
+    for lineno, obj in _read_jsonl(path):
+        where = f"{path}, line {lineno}"
+        if not isinstance(obj.get("query"), str):
+            raise ValueError(f"{where}: missing or non-string 'query'")
+        if not _has_ids(obj) and not isinstance(obj.get("chunk"), str):
+            raise ValueError(f"{where}: a prediction needs 'paper_id' and 'chunk_index', or 'chunk'")
+        spans = obj.get("spans") or []
+        if not isinstance(spans, list):
+            raise ValueError(f"{where}: 'spans' must be a list")
+        rec = {
+            "query": obj["query"],
+            "paper_id": obj.get("paper_id"),
+            "chunk_index": int(obj["chunk_index"]) if obj.get("chunk_index") is not None else None,
+            "chunk_id": obj.get("chunk_id"),
+            "chunk": obj.get("chunk"),
+            "spans": spans,
+            "where": where,
+        }
+        ident = gold_key(rec)
+        if ident in seen:
+            raise ValueError(f"{where}: duplicate prediction for the pair already given on line {seen[ident]}")
+        seen[ident] = lineno
+        records.append(rec)
+    return Predictions("jsonl", records)
+
+
+def load_predictions(path: str | Path) -> Predictions:
+    """Read predictions: a span table (Parquet file or folder, or a run folder with ``spans/``) or JSONL.
+
+    JSONL rows carry ``query`` with ``paper_id`` + ``chunk_index`` or ``chunk``,
+    and ``spans``: a list of ``{"start", "end"}`` objects or quoted strings.
+    A run folder's ``pairs/`` table is not read. Span-table rows are grouped
+    into one record per (query, paper_id, chunk_index, chunk_id).
+    """
+    path = Path(path)
+    if _is_parquet(path):
+        return _load_span_table(path)
+    return _load_prediction_jsonl(path)
+
+
+# ---------------------------------------------------------------------------
+# Matching and scoring
+# ---------------------------------------------------------------------------
+
+
+def _index_gold(gold_rows: Sequence[Mapping[str, Any]]) -> tuple[dict, dict, dict]:
+    """Lookup tables over gold rows: by ids, by (query, chunk) and by (query, chunk id)."""
+    by_ids: dict[tuple, int] = {}
+    by_text: dict[tuple, int] = {}
+    by_cid: dict[tuple, int] = {}
+    for i, row in enumerate(gold_rows):
+        key = gold_key(row)
+        table = by_ids if _has_ids(row) else by_text
+        if key in table:
+            raise ValueError(f"duplicate gold pair {key!r} (rows {table[key]} and {i})")
+        table[key] = i
+        if not _has_ids(row):
+            by_cid.setdefault((row["query"], gold_chunk_id(row)), i)
+    return by_ids, by_text, by_cid
+
+
+def _resolve(rec: Mapping[str, Any], by_ids: dict, by_text: dict, by_cid: dict) -> int | None:
+    """Index of the gold row a prediction record belongs to, or None."""
+    if _has_ids(rec):
+        hit = by_ids.get((rec["query"], str(rec["paper_id"]), int(rec["chunk_index"])))
+        if hit is not None:
+            return hit
+    if rec.get("chunk") is not None:
+        hit = by_text.get((rec["query"], rec["chunk"]))
+        if hit is not None:
+            return hit
+    if rec.get("chunk_id") is not None:
+        return by_cid.get((rec["query"], str(rec["chunk_id"])))
+    return None
+
+
+def _place_spans(chunk: str, spans: Iterable[Any], diag: dict[str, int], where: str) -> list[Span]:
+    """Offsets of predicted spans in the gold chunk; strings are aligned, offsets with text are checked."""
+    out: list[Span] = []
+    for span in spans:
+        if isinstance(span, str):
+            placed = align_prediction(chunk, span)
+            if placed is None:
+                diag["pred_dropped"] += 1
+            else:
+                out.append(placed)
+            continue
+        offsets = _as_offsets(span)
+        if offsets is None:
+            raise ValueError(f"{where}: predicted span {span!r} is neither a string nor {{'start', 'end'}}")
+        text = span.get("text") if isinstance(span, Mapping) else None
+        if text is not None and chunk[offsets[0] : offsets[1]] != text:
+            diag["offset_mismatch"] += 1
+            continue
+        out.append(offsets)
+    return out
+
+
+def _score(
+    gold_rows: Sequence[dict[str, Any]],
+    records: Iterable[Mapping[str, Any]],
+    diag: dict[str, int],
+    **thresholds: Any,
+) -> dict[str, Any]:
+    by_ids, by_text, by_cid = _index_gold(gold_rows)
+    preds: list[list[Span]] = [[] for _ in gold_rows]
+    for rec in records:
+        i = _resolve(rec, by_ids, by_text, by_cid)
+        if i is None:
+            diag["unmatched_predictions"] += 1
+            continue
+        preds[i].extend(_place_spans(gold_rows[i]["chunk"], rec["spans"], diag, rec.get("where", "")))
+    rows = [
+        EvalRow(chunk=g["chunk"], gold=list(g["gold_spans"]), pred=p, relevant=g.get("relevant"), key=gold_key(g))
+        for g, p in zip(gold_rows, preds, strict=True)
+    ]
+    result = evaluate(rows, **thresholds)
+    diag["gold_unaligned"] = sum(int(g.get("gold_unaligned") or 0) for g in gold_rows)
+    diag["gold_rows"] = len(gold_rows)
+    diag["relevant_rows"] = sum(1 for g in gold_rows if g.get("relevant") is True)
+    result["diagnostics"] = dict(diag)
+    return result
+
+
+def _new_diagnostics() -> dict[str, int]:
+    return {
+        "gold_unaligned": 0,
+        "pred_dropped": 0,
+        "unmatched_predictions": 0,
+        "offset_mismatch": 0,
+        "gold_rows": 0,
+        "relevant_rows": 0,
+    }
+
+
+def evaluate_predictions(
+    gold_rows: Sequence[Mapping[str, Any]],
+    predictions: Mapping[GoldKey, Sequence[Any]],
+    **thresholds: Any,
+) -> dict[str, Any]:
+    """Score in-memory predictions against gold rows (as from :func:`load_gold`).
+
+    ``predictions`` maps :func:`gold_key` of a gold row — ``(query, paper_id,
+    chunk_index)`` when the row has both ids, else ``(query, chunk)`` — to that
+    pair's predicted spans: (start, end) pairs, ``{"start", "end"}`` dicts
+    (checked against the chunk when they also carry ``"text"``), or quoted
+    strings aligned with :func:`~verbatim_batch.metrics.align_prediction`.
+    A gold row absent from ``predictions`` counts as predicting nothing; keys
+    matching no gold row are counted as ``unmatched_predictions``. Extra keyword
+    arguments (the threshold lists) go to :func:`~verbatim_batch.metrics.evaluate`.
+    """
+    gold = [normalize_gold_row(g, f"gold row {i}") for i, g in enumerate(gold_rows)]
+    by_ids, by_text, _ = _index_gold(gold)
+    diag = _new_diagnostics()
+    lookup = {**by_ids, **by_text}  # key shapes differ (3 vs 2 items), so they cannot collide
+    records = []
+    for key, spans in predictions.items():
+        i = lookup.get(key)
+        if i is None:
+            diag["unmatched_predictions"] += 1
+            continue
+        g = gold[i]
+        records.append({**g, "chunk": g["chunk"], "spans": list(spans), "where": f"prediction {key!r}"})
+    return _score(gold, records, diag, **thresholds)
+
+
+def evaluate_files(gold_path: str | Path, predictions_path: str | Path, **thresholds: Any) -> dict[str, Any]:
+    """Load a pairs file and predictions, match them, and return the metrics with ``diagnostics``."""
+    gold = load_gold(gold_path)
+    preds = load_predictions(predictions_path)
+    return _score(gold, preds.records, _new_diagnostics(), **thresholds)

@@ -1,0 +1,33 @@
+"""Span extraction: pairs in, verbatim spans out (see ``stage.ExtractStage``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+EXTRACTORS = ("highlighter", "semantic")
+
+
+def extractor_config(kind: str, **settings: Any):
+    """The config object of an extractor kind, built from keyword settings (None values dropped)."""
+    settings = {k: v for k, v in settings.items() if v is not None}
+    if kind == "highlighter":
+        from .highlighter import HighlighterConfig
+
+        return HighlighterConfig(**settings)
+    if kind == "semantic":
+        from .semantic import SemanticConfig
+
+        return SemanticConfig(**settings)
+    raise ValueError(f"unknown extractor {kind!r} (one of {', '.join(EXTRACTORS)})")
+
+
+def build_extractor(config):
+    """Load the extractor a config describes (the model loads here, once per actor)."""
+    from .highlighter import Highlighter, HighlighterConfig
+    from .semantic import SemanticConfig, SemanticExtractor
+
+    if isinstance(config, HighlighterConfig):
+        return Highlighter(config)
+    if isinstance(config, SemanticConfig):
+        return SemanticExtractor(config)
+    raise TypeError(f"not an extractor config: {type(config).__name__}")

@@ -1,0 +1,276 @@
+"""The highlighter: a ModernBERT token classifier that marks evidence tokens in a chunk.
+
+The input is the pair (query, chunk), tokenised as a sentence pair. Pairs longer than
+``max_length`` are cut into windows over the chunk that overlap by ``stride`` tokens
+(the tokenizer's own overflow handling, so every window repeats the query). A
+token's positive probability is ``1 - P(label 0)``, which covers models with more
+than one positive label; where windows overlap, a token keeps its highest
+probability. Context tokens at or above ``threshold`` form runs, runs become
+character spans through the tokenizer's offsets, and ``postprocess`` drops short
+spans and merges close ones.
+
+Many pairs go through at once: all windows of a batch are sorted by length and
+packed into forward passes under a token budget, in bfloat16 on GPU.
+
+The paper's students (``KRLabsOrg/acl-verbatim-modernbert``,
+``KRLabsOrg/verbatim-rag-modern-bert-v2``) ship configs that point at custom code
+while their weights are a plain ``ModernBertForTokenClassification``; they load here
+with ``trust_remote_code`` off.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import tables
+from ..models import fingerprint, load_model, resolve_device, resolve_dtype, resolve_model_dir, safetensors_files
+from .spans import PairResult, postprocess, runs_above
+
+HIGHLIGHTER_VERSION = "1"
+PAPER_STUDENT = "KRLabsOrg/acl-verbatim-modernbert"
+_RUNTIME_FIELDS = ("device", "token_budget", "max_batch_rows")
+
+
+@dataclass(frozen=True)
+class HighlighterConfig:
+    """Settings of the highlighter. ``hash`` covers everything that can change a span."""
+
+    model: str = PAPER_STUDENT  # hub id or local directory
+    revision: str | None = None
+    threshold: float = 0.2
+    min_chars: int = 10
+    merge_gap: int = 20
+    max_length: int = 8192  # tokens per window, query included
+    stride: int = 256  # tokens shared by neighbouring windows
+    max_query_tokens: int = 512  # longer queries are an error row, not a silent cut
+    device: str = "auto"
+    dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
+    attn_implementation: str = "auto"
+    token_budget: int = 32768  # padded tokens per forward pass
+    max_batch_rows: int = 128
+    trust_remote_code: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.threshold <= 1.0:
+            raise ValueError(f"threshold must be in [0, 1], got {self.threshold}")
+        if self.min_chars < 0 or self.merge_gap < 0:
+            raise ValueError("min_chars and merge_gap must be >= 0")
+        if self.max_length < 16:
+            raise ValueError(f"max_length must be >= 16, got {self.max_length}")
+        if not 0 <= self.stride < self.max_length // 2:
+            raise ValueError(f"stride must be in [0, max_length / 2), got {self.stride}")
+        if not 0 < self.max_query_tokens < self.max_length - self.stride - 8:
+            raise ValueError("max_query_tokens must leave room for the stride and some context in each window")
+        if self.token_budget <= 0 or self.max_batch_rows <= 0:
+            raise ValueError("token_budget and max_batch_rows must be positive")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def hash(self) -> str:
+        from ..embedding import portable_model_id
+
+        d = {k: v for k, v in self.to_dict().items() if k not in _RUNTIME_FIELDS}
+        d["model"] = portable_model_id(self.model)
+        return tables.config_hash({"highlighter_version": HIGHLIGHTER_VERSION, **d})
+
+
+@dataclass
+class TokenScores:
+    """Positive probabilities of a pair's context tokens, as character segments in chunk order."""
+
+    segments: list[tuple[int, int]]
+    probs: np.ndarray
+    n_windows: int
+
+
+def _classifier_config(model_dir: Path, trust_remote_code: bool):
+    """The model config; a ModernBERT config that names custom code is read as plain ModernBERT."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(model_dir), trust_remote_code=trust_remote_code)
+    except (ValueError, KeyError, OSError) as exc:
+        raw = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+        names = [str(raw.get("model_type", ""))] + [str(a) for a in raw.get("architectures") or []]
+        if not any("modernbert" in n.lower() for n in names):
+            raise ValueError(f"{model_dir}: cannot read the model config without remote code: {exc}") from exc
+        from transformers import ModernBertConfig
+
+        clean = {k: v for k, v in raw.items() if k not in ("auto_map", "model_type", "architectures")}
+        return ModernBertConfig(**clean)
+
+
+def _check_head_loaded(model, weights: list[Path]) -> None:
+    """Refuse a checkpoint whose classifier head is missing (it would be random weights)."""
+    from safetensors import safe_open
+
+    keys: set[str] = set()
+    for f in weights:
+        with safe_open(str(f), framework="pt") as fh:
+            keys.update(fh.keys())
+    head = [k for k in model.state_dict() if k.startswith("classifier.")]
+    missing = [k for k in head if k not in keys]
+    if missing:
+        raise ValueError(f"the checkpoint has no token-classification head ({', '.join(missing)}): "
+                         "it is not a trained token classifier")
+
+
+class Highlighter:
+    """Loads one token classifier; ``extract`` maps (query, chunk) pairs to spans."""
+
+    name = "highlighter"
+
+    def __init__(self, config: HighlighterConfig | None = None) -> None:
+        import torch
+        from transformers import AutoModelForTokenClassification, AutoTokenizer, ModernBertForTokenClassification
+
+        from ..embedding import portable_model_id
+
+        self.config = config = config or HighlighterConfig()
+        self.device = resolve_device(config.device)
+        self.torch_dtype = resolve_dtype(config.dtype, self.device)
+        model_dir = resolve_model_dir(config.model, config.revision, "highlighter model")
+        weights = safetensors_files(model_dir)
+        self.model_id = portable_model_id(config.model)
+        self.model_revision = fingerprint(weights)
+        mconf = _classifier_config(model_dir, config.trust_remote_code)
+        cls = ModernBertForTokenClassification if mconf.model_type == "modernbert" else AutoModelForTokenClassification
+        self.model, self.attn_implementation = load_model(
+            cls, model_dir, device=self.device, torch_dtype=self.torch_dtype, config=mconf,
+            attn_implementation=config.attn_implementation, trust_remote_code=config.trust_remote_code,
+        )
+        self.model.eval().requires_grad_(False)
+        _check_head_loaded(self.model, weights)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=config.trust_remote_code)
+        if not getattr(self.tokenizer, "is_fast", False):
+            raise ValueError(f"{self.model_id}: a fast tokenizer (with offsets) is required")
+        positions = getattr(self.model.config, "max_position_embeddings", None)
+        self.max_length = min(config.max_length, positions or config.max_length)
+        if self.max_length - config.stride - config.max_query_tokens < 8:
+            raise ValueError(f"max_length {self.max_length} leaves no room for context after the query")
+        self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.stats: dict[str, Any] = dict(pairs=0, windows=0, tokens=0, padded_tokens=0, forwards=0,
+                                          tokenize_s=0.0, forward_s=0.0)
+        self._torch = torch
+
+    def describe(self) -> dict[str, Any]:
+        """What was loaded and how it is set, for manifests and span rows."""
+        return {
+            "extractor": self.name, "model_id": self.model_id, "model_revision": self.model_revision,
+            "config_hash": self.config.hash, "device": str(self.device),
+            "dtype": str(self.torch_dtype).removeprefix("torch."), "attn_implementation": self.attn_implementation,
+            "max_length": self.max_length, "threshold": self.config.threshold,
+            "min_chars": self.config.min_chars, "merge_gap": self.config.merge_gap,
+        }
+
+    # --- scoring --------------------------------------------------------------------
+
+    def _windows(self, queries: Sequence[str], chunks: Sequence[str]):
+        """Tokenise pairs into overlapping windows; returns encodings and per-pair query errors."""
+        q_lens = [len(ids) for ids in self.tokenizer(list(queries), add_special_tokens=False)["input_ids"]]
+        ok = [i for i, n in enumerate(q_lens) if n <= self.config.max_query_tokens]
+        enc = self.tokenizer(
+            [queries[i] for i in ok], [chunks[i] for i in ok], truncation="only_second",
+            max_length=self.max_length, stride=self.config.stride, return_overflowing_tokens=True,
+            return_offsets_mapping=True, padding=False,
+        ) if ok else None
+        too_long = {i: f"query_too_long: {q_lens[i]} tokens > {self.config.max_query_tokens}"
+                    for i in range(len(queries)) if q_lens[i] > self.config.max_query_tokens}
+        return ok, enc, too_long
+
+    def _forward(self, windows: list[list[int]]) -> list[np.ndarray]:
+        """Positive probability of every token of every window, batched by length."""
+        from ..embedding import plan_batches
+
+        torch = self._torch
+        lengths = np.array([len(w) for w in windows])
+        out: list[np.ndarray] = [np.empty(0)] * len(windows)
+        for idx in plan_batches(lengths, self.config.token_budget, self.config.max_batch_rows):
+            width = int(lengths[idx].max())
+            ids = np.full((len(idx), width), self.pad_token_id, dtype=np.int64)
+            mask = np.zeros((len(idx), width), dtype=np.int64)
+            for r, i in enumerate(idx):
+                ids[r, : lengths[i]] = windows[i]
+                mask[r, : lengths[i]] = 1
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                logits = self.model(input_ids=torch.from_numpy(ids).to(self.device),
+                                    attention_mask=torch.from_numpy(mask).to(self.device)).logits
+                pos = (1.0 - torch.softmax(logits.float(), dim=-1)[..., 0]).cpu().numpy()
+            self.stats["forward_s"] += time.perf_counter() - t0
+            self.stats["forwards"] += 1
+            self.stats["tokens"] += int(lengths[idx].sum())
+            self.stats["padded_tokens"] += len(idx) * width
+            if not np.isfinite(pos).all():
+                raise FloatingPointError("the highlighter produced NaN/inf probabilities")
+            for r, i in enumerate(idx):
+                out[i] = pos[r, : lengths[i]]
+        return out
+
+    def token_scores(self, queries: Sequence[str], chunks: Sequence[str]) -> list[TokenScores | str]:
+        """Per pair, the context tokens' positive probabilities (or an error string)."""
+        t0 = time.perf_counter()
+        ok, enc, errors = self._windows(queries, chunks)
+        self.stats["tokenize_s"] += time.perf_counter() - t0
+        results: list[TokenScores | str] = [errors.get(i, "") for i in range(len(queries))]
+        if enc is None:
+            return results
+        windows = enc["input_ids"]
+        owners = enc["overflow_to_sample_mapping"]
+        probs = self._forward(windows)
+        merged: dict[int, dict[tuple[int, int], float]] = {k: {} for k in range(len(ok))}
+        n_windows = dict.fromkeys(range(len(ok)), 0)
+        for w, owner in enumerate(owners):
+            seq_ids = enc.sequence_ids(w)
+            offsets = enc["offset_mapping"][w]
+            seen = merged[owner]
+            n_windows[owner] += 1
+            for t, sid in enumerate(seq_ids):
+                if sid != 1:
+                    continue
+                s, e = offsets[t]
+                if e <= s:
+                    continue
+                p = float(probs[w][t])
+                if p > seen.get((s, e), -1.0):
+                    seen[(s, e)] = p
+        for k, i in enumerate(ok):
+            segs = sorted(merged[k])
+            results[i] = TokenScores(segs, np.array([merged[k][s] for s in segs], dtype=np.float32), n_windows[k])
+        self.stats["pairs"] += len(ok)
+        self.stats["windows"] += len(windows)
+        return results
+
+    def spans_from_scores(self, scores: TokenScores, chunk: str, threshold: float | None = None) -> PairResult:
+        """Spans of one pair at a threshold (default: the configured one)."""
+        cfg = self.config
+        t = cfg.threshold if threshold is None else threshold
+        runs = runs_above(scores.segments, scores.probs, t, chunk)
+        relevance = float(scores.probs.max()) if len(scores.probs) else 0.0
+        return PairResult(postprocess(runs, cfg.min_chars, cfg.merge_gap), relevance)
+
+    def extract(self, queries: Sequence[str], chunks: Sequence[str]) -> list[PairResult]:
+        """Spans for each (query, chunk) pair."""
+        return self.sweep(queries, chunks, [self.config.threshold])[self.config.threshold]
+
+    def sweep(self, queries: Sequence[str], chunks: Sequence[str],
+              thresholds: Sequence[float]) -> dict[float, list[PairResult]]:
+        """Spans at several thresholds from one forward pass per window."""
+        scored = self.token_scores(queries, chunks)
+        out: dict[float, list[PairResult]] = {}
+        for t in thresholds:
+            out[t] = [PairResult([], None, s) if isinstance(s, str) else self.spans_from_scores(s, c, t)
+                      for s, c in zip(scored, chunks, strict=True)]
+        return out
+
+    def __call__(self, queries: Sequence[str], chunks: Sequence[str]) -> list[PairResult]:
+        return self.extract(queries, chunks)

@@ -1,0 +1,159 @@
+"""(query, chunk) pairs for extraction, from a pairs file or from a retrieval run.
+
+Both sources become one table with the ``PAIR_INPUT`` schema. A row that cannot be
+used (bad JSON, no query field, a chunk id that resolves to nothing) is kept, with
+``input_error`` set, so the extract stage writes an error row for it instead of
+dropping it or stopping the job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+
+from ..tables import PAIR_INPUT, pair_id, query_id_for, text_chunk_id
+
+# Fields of a pairs file that have a column of their own; everything else goes to ``extra``.
+KNOWN_FIELDS = ("query", "chunk", "query_id", "paper_id", "chunk_index", "chunk_id", "relevant", "gold_spans", "rank")
+_CHUNK_COLUMNS = ["chunk_id", "paper_id", "chunk_index", "start", "text"]
+
+
+def read_pair_records(path: str) -> Iterable[dict[str, Any]]:
+    """Rows of a JSONL or Parquet pairs file; a JSONL line that is not an object yields an error record."""
+    if path.endswith(".parquet") or os.path.isdir(path):
+        for batch in pq.ParquetFile(path).iter_batches() if not os.path.isdir(path) else \
+                pads.dataset(path, format="parquet").to_batches():
+            yield from batch.to_pylist()
+        return
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                yield {"__error__": f"invalid_json: line {lineno}: {exc.msg}", "__line__": lineno}
+                continue
+            if not isinstance(rec, dict):
+                yield {"__error__": f"invalid_record: line {lineno} is not a JSON object", "__line__": lineno}
+                continue
+            rec.setdefault("__line__", lineno)
+            yield rec
+
+
+def chunk_lookup(chunks_dir: str, chunk_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """``chunk_id -> {text, paper_id, chunk_index, start}`` for the given ids, read with a filter.
+
+    Only matching rows are materialised, so a pair set's chunks can be pulled out of a
+    chunk table much larger than memory.
+    """
+    ids = sorted({c for c in chunk_ids if c})
+    if not ids:
+        return {}
+    dataset = pads.dataset(chunks_dir, format="parquet")
+    table = dataset.to_table(columns=_CHUNK_COLUMNS, filter=pads.field("chunk_id").isin(ids))
+    return {r["chunk_id"]: r for r in table.to_pylist()}
+
+
+def _as_int(value: Any) -> int | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def pairs_from_records(records: Iterable[Mapping[str, Any]],
+                       chunks: Mapping[str, Mapping[str, Any]] | None = None) -> pa.Table:
+    """Pairs-file records -> a ``PAIR_INPUT`` table (one row per record, in order).
+
+    ``chunks`` resolves ``chunk_id`` to text when a record has no ``chunk``; a chunk found
+    there also supplies paper offsets. Unknown fields are kept as JSON in ``extra``.
+    """
+    rows: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    chunks = chunks or {}
+    for n, rec in enumerate(records):
+        line = rec.get("__line__", n + 1)
+        error = rec.get("__error__")
+        query = rec.get("query")
+        chunk = rec.get("chunk")
+        cid = rec.get("chunk_id")
+        cid = str(cid) if cid is not None else None
+        known = chunks.get(cid) if cid else None
+        if error is None:
+            if not isinstance(query, str):
+                error = f"missing_query: record {line} has no string 'query'"
+            elif chunk is None and known is None:
+                error = (f"chunk_not_found: chunk_id {cid!r} is not in the chunk table" if cid
+                         else f"missing_chunk: record {line} has neither 'chunk' nor 'chunk_id'")
+            elif chunk is not None and not isinstance(chunk, str):
+                error = f"invalid_chunk: record {line} has a non-string 'chunk'"
+        if chunk is None and known is not None:
+            chunk = known["text"]
+        chunk_start = None
+        if known is not None and chunk == known["text"]:
+            chunk_start = known["start"]
+        qid = rec.get("query_id")
+        qid = str(qid) if qid is not None else (query_id_for(query) if isinstance(query, str) else f"line-{line}")
+        if cid is None:
+            cid = text_chunk_id(chunk) if isinstance(chunk, str) else f"line-{line}"
+        pid = pair_id(qid, cid)
+        if error is None and pid in seen:
+            error = f"duplicate_pair: record {line} repeats query_id {qid!r} with chunk {cid!r}"
+        if error is not None:
+            pid = pair_id(qid, f"{cid}#line-{line}")  # error rows stay unique
+        seen.add(pid)
+        extra = {k: v for k, v in rec.items() if k not in KNOWN_FIELDS and not k.startswith("__")}
+        paper_id = rec.get("paper_id", known["paper_id"] if known else None)
+        chunk_index = _as_int(rec.get("chunk_index", known["chunk_index"] if known else None))
+        relevant = rec.get("relevant")
+        rows.append({
+            "pair_id": pid, "query_id": qid, "query": query if isinstance(query, str) else None,
+            "chunk": chunk if isinstance(chunk, str) else None, "chunk_id": cid,
+            "paper_id": str(paper_id) if paper_id is not None else None, "chunk_index": chunk_index,
+            "chunk_start": chunk_start, "rank": _as_int(rec.get("rank")),
+            "relevant": relevant if isinstance(relevant, bool) else None,
+            "extra": json.dumps(extra, sort_keys=True, default=str) if extra else None,
+            "input_error": error,
+        })
+    return pa.Table.from_pylist(rows, schema=PAIR_INPUT)
+
+
+def pairs_from_retrieval(retrieval: pa.Table, queries: Mapping[str, str],
+                         chunks: Mapping[str, Mapping[str, Any]], method: str = "hybrid",
+                         top_k: int = 5) -> pa.Table:
+    """Retrieval rows (query x top-k) joined with their queries and chunk rows -> ``PAIR_INPUT``.
+
+    Rows of ``method`` with ``rank <= top_k`` are kept (ranks start at 1), ordered by
+    query then rank. A chunk id missing from the chunk table becomes an error row.
+    """
+    methods = set(retrieval.column("method").to_pylist())
+    if method not in methods:
+        raise ValueError(f"retrieval table has no {method!r} rows (methods: {sorted(methods)})")
+    rows = [r for r in retrieval.to_pylist() if r["method"] == method and r["rank"] <= top_k]
+    rows.sort(key=lambda r: (r["query_id"], r["rank"]))
+    out = []
+    for r in rows:
+        known = chunks.get(r["chunk_id"])
+        query = queries.get(r["query_id"])
+        error = None
+        if query is None:
+            error = f"query_not_found: query_id {r['query_id']!r} is not in the query file"
+        elif known is None:
+            error = f"chunk_not_found: chunk_id {r['chunk_id']!r} is not in the chunk table"
+        out.append({
+            "pair_id": pair_id(r["query_id"], r["chunk_id"]), "query_id": r["query_id"], "query": query,
+            "chunk": known["text"] if known else None, "chunk_id": r["chunk_id"],
+            "paper_id": r["paper_id"], "chunk_index": known["chunk_index"] if known else None,
+            "chunk_start": known["start"] if known else None, "rank": r["rank"], "relevant": None,
+            "extra": None, "input_error": error,
+        })
+    return pa.Table.from_pylist(out, schema=PAIR_INPUT)

@@ -1,0 +1,160 @@
+"""The extract stage: a batch of pairs in, a spans table and a pairs table out.
+
+Any extractor that maps ``(queries, chunks)`` to ``PairResult`` objects plugs in. The
+stage validates pairs (so one bad pair becomes one error row), times the extractor,
+and writes spans only through ``verbatim_spans``: a span whose text is not exactly
+``chunk[start:end]`` is withheld and counted in ``n_violations``, never written.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import pyarrow as pa
+
+from ..tables import PAIR_INPUT, PAIRS, SPANS
+from .spans import PairResult, verbatim_spans
+
+DEFAULT_MAX_CHUNK_CHARS = 200_000
+DEFAULT_MAX_QUERY_CHARS = 2_000
+
+
+class Extractor(Protocol):
+    """What the stage needs from an extractor."""
+
+    name: str
+
+    def describe(self) -> dict[str, Any]:
+        """``model_id``, ``model_revision`` and ``config_hash`` (plus anything for the manifest)."""
+        ...
+
+    def extract(self, queries: Sequence[str], chunks: Sequence[str]) -> list[PairResult]:
+        """One result per pair, in order."""
+        ...
+
+
+def validate_pair(row: dict[str, Any], max_chunk_chars: int, max_query_chars: int) -> str | None:
+    """Why a pair cannot go to the extractor, or None when it can."""
+    if row.get("input_error"):
+        return row["input_error"]
+    query, chunk = row.get("query"), row.get("chunk")
+    if not isinstance(query, str) or not query.strip():
+        return "empty_query"
+    if not isinstance(chunk, str) or not chunk.strip():
+        return "empty_chunk"
+    if len(query) > max_query_chars:
+        return f"query_too_long: {len(query)} chars > {max_query_chars}"
+    if len(chunk) > max_chunk_chars:
+        return f"chunk_too_large: {len(chunk)} chars > {max_chunk_chars}"
+    return None
+
+
+def _error_reason(exc: BaseException) -> str:
+    return f"extractor_error: {type(exc).__name__}: {str(exc)[:300]}"
+
+
+class ExtractStage:
+    """Callable over ``PAIR_INPUT`` batches -> ``{"spans": SPANS table, "pairs": PAIRS table}``."""
+
+    def __init__(self, extractor: Extractor, run_id: str, max_chunk_chars: int = DEFAULT_MAX_CHUNK_CHARS,
+                 max_query_chars: int = DEFAULT_MAX_QUERY_CHARS) -> None:
+        self.extractor = extractor
+        self.run_id = run_id
+        self.max_chunk_chars = max_chunk_chars
+        self.max_query_chars = max_query_chars
+        info = extractor.describe()
+        self.model_id = info.get("model_id")
+        self.model_revision = info.get("model_revision")
+        self.config_hash = info["config_hash"]
+
+    def _run(self, queries: list[str], chunks: list[str]) -> list[PairResult]:
+        """The extractor over a batch; if the batch fails, each pair alone, so one bad pair fails alone."""
+        try:
+            results = self.extractor.extract(queries, chunks)
+            if len(results) != len(queries):
+                raise RuntimeError(f"extractor returned {len(results)} results for {len(queries)} pairs")
+            return results
+        except Exception:  # noqa: BLE001 - isolate the failing pair below
+            if len(queries) == 1:
+                raise
+        out = []
+        for q, c in zip(queries, chunks, strict=True):
+            try:
+                out.extend(self.extractor.extract([q], [c]))
+            except Exception as exc:  # noqa: BLE001 - a per-pair error row, the job goes on
+                out.append(PairResult([], None, _error_reason(exc)))
+        return out
+
+    def __call__(self, batch: pa.Table) -> dict[str, pa.Table]:
+        if batch.schema.names != PAIR_INPUT.names:
+            batch = batch.select(PAIR_INPUT.names)
+        rows = batch.to_pylist()
+        errors = [validate_pair(r, self.max_chunk_chars, self.max_query_chars) for r in rows]
+        todo = [i for i, e in enumerate(errors) if e is None]
+        results: dict[int, PairResult] = {}
+        t0 = time.perf_counter()
+        if todo:
+            try:
+                got = self._run([rows[i]["query"] for i in todo], [rows[i]["chunk"] for i in todo])
+            except Exception as exc:  # noqa: BLE001 - a single pair failed
+                got = [PairResult([], None, _error_reason(exc))]
+            results = dict(zip(todo, got, strict=True))
+        latency_ms = 1000.0 * (time.perf_counter() - t0) / max(1, len(todo))
+        span_rows, pair_rows = [], []
+        for i, row in enumerate(rows):
+            res = results.get(i) or PairResult([], None, errors[i])
+            spans, violations = ([], 0) if res.error else verbatim_spans(row["chunk"], res.spans)
+            base = {"run_id": self.run_id, "pair_id": row["pair_id"], "query_id": row["query_id"],
+                    "paper_id": row["paper_id"], "chunk_id": row["chunk_id"], "chunk_index": row["chunk_index"],
+                    "extractor": self.extractor.name, "model_id": self.model_id,
+                    "model_revision": self.model_revision, "config_hash": self.config_hash}
+            offset = row["chunk_start"]
+            for sp in spans:
+                span_rows.append(base | {
+                    "query": row["query"], "start": sp.start, "end": sp.end,
+                    "paper_start": offset + sp.start if offset is not None else None,
+                    "paper_end": offset + sp.end if offset is not None else None,
+                    "text": sp.text, "score": sp.score,
+                })
+            pair_rows.append(base | {
+                "query": row["query"], "rank": row["rank"], "relevant": row["relevant"], "n_spans": len(spans),
+                "relevance": res.relevance, "latency_ms": latency_ms if i in results else None,
+                "error": res.error, "n_violations": violations, "extra": row["extra"],
+            })
+        return {"spans": pa.Table.from_pylist(span_rows, schema=SPANS),
+                "pairs": pa.Table.from_pylist(pair_rows, schema=PAIRS)}
+
+
+# --- one block per batch -----------------------------------------------------------------
+# Between the model actors and the writer, a batch travels as one table: the pairs rows
+# with their spans nested in a list column. ``unpack`` splits it back into the two tables.
+
+_SPAN_OWN = ["start", "end", "paper_start", "paper_end", "text", "score"]
+_SPAN_FROM_PAIR = [n for n in SPANS.names if n not in _SPAN_OWN]
+
+
+def pack(out: dict[str, pa.Table]) -> pa.Table:
+    """``{"spans", "pairs"}`` -> the pairs table plus a ``spans`` list column (same row order)."""
+    pairs, spans = out["pairs"], out["spans"]
+    by_pair: dict[str, list[dict[str, Any]]] = {}
+    for row in spans.select(["pair_id", *_SPAN_OWN]).to_pylist():
+        by_pair.setdefault(row.pop("pair_id"), []).append(row)
+    struct = pa.struct([SPANS.field(n) for n in _SPAN_OWN])
+    nested = pa.array([by_pair.get(p, []) for p in pairs.column("pair_id").to_pylist()], pa.list_(struct))
+    return pairs.append_column("spans", nested)
+
+
+def unpack(packed: pa.Table) -> dict[str, pa.Table]:
+    """The inverse of ``pack``."""
+    import pyarrow.compute as pc
+
+    nested = packed.column("spans").combine_chunks()
+    pairs = packed.drop_columns(["spans"])
+    parents = pc.list_parent_indices(nested)
+    flat = pc.list_flatten(nested)
+    base = pairs.select(_SPAN_FROM_PAIR).take(parents)
+    cols = {n: base.column(n) for n in _SPAN_FROM_PAIR} | {n: flat.field(n) for n in _SPAN_OWN}
+    spans = pa.table({n: cols[n] for n in SPANS.names}).cast(SPANS)
+    return {"spans": spans, "pairs": pairs.cast(PAIRS)}
