@@ -103,6 +103,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true")
     _add_ray_args(p)
 
+    p = sub.add_parser("extract", help="extract verbatim evidence spans for (query, chunk) pairs")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--pairs", help="JSONL/Parquet pairs file (query + chunk or chunk_id per row)")
+    src.add_argument("--retrieval", help="a committed retrieval run: pairs are query x top-k")
+    p.add_argument("--output", required=True, help="extract run folder to create (spans/ and pairs/ tables)")
+    p.add_argument("--chunks", help="chunk run to resolve chunk ids (default for --retrieval: from its manifests)")
+    p.add_argument("--queries", help="query file of the retrieval run (default: from its manifest)")
+    p.add_argument("--method", default="hybrid", help="retrieval method whose rows become pairs")
+    p.add_argument("--top-k", type=int, default=5, help="retrieved chunks per query to extract from")
+    _add_extractor_args(p)
+    p.add_argument("--max-chunk-chars", type=int, help="pairs with longer chunks become error rows (200000)")
+    p.add_argument("--batch-rows", type=int, default=64, help="pairs per actor call (sorted and packed inside)")
+    p.add_argument("--concurrency", type=int, help="model actors (default: one per GPU, else 1)")
+    p.add_argument("--threads", type=int, help="torch threads per CPU actor")
+    p.add_argument("--overwrite", action="store_true")
+    _add_ray_args(p)
+
+    p = sub.add_parser("evaluate", help="score predicted spans against a gold pairs file (paper metrics)")
+    p.add_argument("--gold", required=True, help="pairs file with relevant and gold_spans")
+    p.add_argument("--predictions", help="a span table / extract run folder, or JSONL rows with spans")
+    p.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    p.add_argument("--sweep-threshold", help="run an extractor on the gold pairs at these thresholds, e.g. "
+                   "0.2,0.3,0.4,0.5, and score each (needs no --predictions)")
+    _add_extractor_args(p)
+
     p = sub.add_parser("demo", help="run the pipeline on the bundled example corpus (offline, CPU)")
     p.add_argument("--output", default="verbatim-demo", help="folder for the demo's runs")
     _add_ray_args(p)
@@ -113,6 +138,36 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("synth", help="write a synthetic corpus (see verbatim_batch.synth)")
     p.add_argument("args", nargs=argparse.REMAINDER)
     return parser
+
+
+def _add_extractor_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--extractor", choices=["semantic", "highlighter"], default="semantic",
+                   help="semantic: offline sentence scorer (bundled MiniLM); highlighter: ModernBERT token classifier")
+    p.add_argument("--model", help="hub id or local path (highlighter default: KRLabsOrg/acl-verbatim-modernbert; "
+                   "semantic default: the bundled all-MiniLM-L6-v2)")
+    p.add_argument("--revision", help="model revision (hub; highlighter)")
+    p.add_argument("--threshold", type=float, help="keep tokens / sentences scoring at least this "
+                   "(highlighter 0.2; semantic: see README)")
+    p.add_argument("--min-chars", type=int, help="drop spans shorter than this (10)")
+    p.add_argument("--merge-gap", type=int, help="merge spans at most this many characters apart (20)")
+    p.add_argument("--max-length", type=int, help="highlighter window in tokens (8192)")
+    p.add_argument("--stride", type=int, help="tokens shared by neighbouring highlighter windows (256)")
+    p.add_argument("--margin", type=float, help="semantic: keep sentences within this of the best one")
+    p.add_argument("--token-budget", type=int, help="padded tokens per forward pass")
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], help="highlighter (auto)")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow model code from the hub (off by default)")
+
+
+def _extractor(args: argparse.Namespace, threshold: float | None = None):
+    from .extract import extractor_config
+
+    common = {"threshold": threshold if threshold is not None else args.threshold, "min_chars": args.min_chars,
+              "merge_gap": args.merge_gap, "token_budget": args.token_budget}
+    if args.extractor == "highlighter":
+        return extractor_config(
+            "highlighter", model=args.model, revision=args.revision, max_length=args.max_length, stride=args.stride,
+            dtype=args.dtype, trust_remote_code=args.trust_remote_code or None, **common)
+    return extractor_config("semantic", model=args.model, margin=args.margin, **common)
 
 
 def _chunker(args: argparse.Namespace) -> ChunkerConfig:
@@ -196,16 +251,70 @@ def cmd_retrieve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_extract(args: argparse.Namespace) -> int:
+    from .pipeline import ExtractJob, run_extract
+
+    job = ExtractJob(
+        output=args.output, extractor=_extractor(args), pairs=args.pairs, retrieval=args.retrieval,
+        chunks=args.chunks, queries=args.queries, method=args.method, top_k=args.top_k, batch_rows=args.batch_rows,
+        concurrency=args.concurrency, threads=args.threads, max_chunk_chars=args.max_chunk_chars,
+        overwrite=args.overwrite, address=args.address, num_cpus=args.num_cpus,
+    )
+    path, manifest = run_extract(job)
+    _report(path, manifest)
+    return 0
+
+
+def _thresholds(value: str) -> list[float]:
+    try:
+        return [float(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"--sweep-threshold expects numbers like 0.2,0.3,0.4, got {value!r}") from None
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from .evaluate import evaluate_files, gold_key, load_gold
+    from .metrics import format_table
+
+    if args.sweep_threshold is None:
+        if not args.predictions:
+            raise ValueError("give --predictions, or --sweep-threshold to run an extractor on the gold pairs")
+        result = evaluate_files(args.gold, args.predictions)
+        print(json.dumps(result, indent=2) if args.json else format_table(result))
+        return 0
+    from .evaluate import evaluate_predictions
+    from .extract import build_extractor
+
+    thresholds = _thresholds(args.sweep_threshold)
+    gold = load_gold(args.gold)
+    extractor = build_extractor(_extractor(args, thresholds[0]))
+    runs = extractor.sweep([g["query"] for g in gold], [g["chunk"] for g in gold], thresholds)
+    results = {}
+    for t, pair_results in runs.items():
+        preds = {gold_key(g): [(s.start, s.end) for s in r.spans] for g, r in zip(gold, pair_results, strict=True)}
+        results[str(t)] = evaluate_predictions(gold, preds)
+    if args.json:
+        print(json.dumps({"extractor": extractor.describe(), "thresholds": results}, indent=2))
+    else:
+        for t, result in results.items():
+            print(f"\n== {args.extractor} at threshold {t} ==")
+            print(format_table(result))
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
-    """chunk -> embed -> index -> retrieve on the bundled corpus and queries, offline on CPU."""
+    """chunk -> embed -> index -> retrieve -> extract on the bundled corpus and queries, offline on CPU."""
+    from .extract.semantic import SemanticConfig
     from .pipeline import (
         ChunkJob,
         EmbedJob,
+        ExtractJob,
         IndexJob,
         RetrieveJob,
         read_rows,
         run_chunk,
         run_embed,
+        run_extract,
         run_index,
         run_retrieve,
     )
@@ -229,6 +338,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         ("retrieve", lambda: run_retrieve(RetrieveJob(
             index=os.path.join(out, "index"), queries=queries, output=os.path.join(out, "retrieval"),
             overwrite=True, **ray_args))),
+        ("extract", lambda: run_extract(ExtractJob(
+            output=os.path.join(out, "spans"), extractor=SemanticConfig(), retrieval=os.path.join(out, "retrieval"),
+            method="hybrid", top_k=5, overwrite=True, **ray_args))),
     ]
     for name, step in steps:
         print(f"\n== {name} ==")
@@ -239,10 +351,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
                        {r["query_id"]: r["chunk_id"] for r in labels}, k=5)
     print(f"\nrecall@5 on the {len(labels)} bundled labelled queries: "
           + ", ".join(f"{m} {v:.2f}" for m, v in recall.items()))
-    print(f"\nOutputs under {out}. Load a table with:")
+    _show_spans(os.path.join(out, "spans"))
+    print(f"\nOutputs under {out}. Load the span table with:")
     print(f"  {sys.executable} -c \"import pyarrow.parquet as pq; "
-          f"print(pq.read_table('{out}/retrieval/retrieval').to_pandas().head())\"")
+          f"print(pq.read_table('{out}/spans/spans').to_pandas().head())\"")
     return 0
+
+
+def _show_spans(run_dir: str, n: int = 3) -> None:
+    """A few extracted spans, best first, so a new user sees what the run produced."""
+    from .runs import read_table
+
+    spans = read_table(run_dir, "spans", ["query", "paper_id", "text", "score"]).to_pylist()
+    spans.sort(key=lambda r: -(r["score"] or 0))
+    print(f"\n{len(spans)} verbatim spans; the top {min(n, len(spans))}:")
+    for r in spans[:n]:
+        text = " ".join(r["text"].split())
+        print(f"  [{r['score']:.2f}] {r['query']!r} -> {r['paper_id']}: \"{text[:160]}\"")
 
 
 def _report(path: str, manifest: dict) -> None:
@@ -256,6 +381,10 @@ def _report(path: str, manifest: dict) -> None:
         print(f"  quarantined by reason: {json.dumps(reasons, sort_keys=True)}")
     if "papers_bytes" in counts:
         print(f"  {counts['papers_bytes'] / 1e6:.1f} MB of papers in {manifest['timings_s']['total']:.1f} s")
+    if "pairs" in counts:
+        print(f"  {counts['pairs']} pairs: {counts.get('pairs_with_spans', 0)} with spans, "
+              f"{counts.get('pairs_abstained', 0)} abstained, {counts.get('pairs_failed', 0)} failed; "
+              f"{counts.get('spans', 0)} spans, {counts.get('verbatim_violations', 0)} withheld as non-verbatim")
     if "truncated" in counts:
         print(f"  {counts.get('tokens', 0)} tokens, {counts['truncated']} chunks truncated to the model's length")
 
@@ -276,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         return synth_main(args.args)
     handlers = {
         "chunk": cmd_chunk, "embed": cmd_embed, "index": cmd_index, "retrieve": cmd_retrieve,
-        "demo": cmd_demo, "verify": cmd_verify,
+        "extract": cmd_extract, "evaluate": cmd_evaluate, "demo": cmd_demo, "verify": cmd_verify,
     }
     try:
         return handlers[args.command](args)

@@ -603,3 +603,137 @@ def _jsonable(value):
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
     return value
+
+
+# --- extract ----------------------------------------------------------------------------
+
+
+class _ExtractActor:
+    """One extractor (one model) per actor; batches of pairs in, packed pairs+spans out."""
+
+    def __init__(self, config, run_id: str, threads: int | None = None, max_chunk_chars: int | None = None) -> None:
+        import torch
+
+        from .extract import build_extractor
+        from .extract.stage import DEFAULT_MAX_CHUNK_CHARS, ExtractStage
+
+        if threads:
+            torch.set_num_threads(threads)
+        self.stage = ExtractStage(build_extractor(config), run_id, max_chunk_chars or DEFAULT_MAX_CHUNK_CHARS)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        from .extract.stage import pack
+
+        return pack(self.stage(batch))
+
+
+@dataclass
+class ExtractJob:
+    """Settings of the extract job: pairs from a pairs file or a retrieval run, one extractor."""
+
+    output: str
+    extractor: Any  # HighlighterConfig | SemanticConfig
+    pairs: str | None = None  # JSONL/Parquet pairs file
+    retrieval: str | None = None  # a committed retrieval run
+    chunks: str | None = None  # chunk run (default: found through the retrieval/index manifests)
+    queries: str | None = None  # query file of the retrieval run (default: from its manifest)
+    method: str = "hybrid"
+    top_k: int = 5
+    batch_rows: int = 64
+    concurrency: int | None = None
+    threads: int | None = None
+    max_chunk_chars: int | None = None
+    overwrite: bool = False
+    address: str | None = None
+    num_cpus: int | None = None
+
+
+def _manifest_config(run_dir: str) -> dict[str, Any]:
+    return json.loads(read_manifest(run_dir)["config"])
+
+
+def build_pairs(job: ExtractJob) -> tuple[pa.Table, dict[str, Any]]:
+    """The job's ``PAIR_INPUT`` table, and where its parts came from."""
+    from .extract.pairs import chunk_lookup, pairs_from_records, pairs_from_retrieval, read_pair_records
+    from .runs import read_table
+
+    if (job.pairs is None) == (job.retrieval is None):
+        raise ValueError("give exactly one of --pairs FILE or --retrieval RUN_DIR")
+    if job.pairs is not None:
+        if not os.path.exists(job.pairs):
+            raise FileNotFoundError(f"pairs file not found: {job.pairs}")
+        records = list(read_pair_records(job.pairs))
+        wanted = [str(r["chunk_id"]) for r in records if r.get("chunk_id") is not None]
+        chunks = chunk_lookup(_committed_table_dir(job.chunks, "chunks"), wanted) if job.chunks and wanted else {}
+        return pairs_from_records(records, chunks), {"pairs": job.pairs, "chunks": job.chunks}
+    retrieval_cfg = _manifest_config(job.retrieval)
+    queries_path = job.queries or retrieval_cfg["queries"]
+    chunks_run = job.chunks or _manifest_config(retrieval_cfg["index"])["chunks"]
+    retrieval = read_table(job.retrieval, "retrieval")
+    queries, _ = read_queries(queries_path)
+    qmap = dict(zip(queries["query_id"].to_pylist(), queries["query"].to_pylist(), strict=True))
+    ids = retrieval.filter(pa.compute.equal(retrieval["method"], job.method))["chunk_id"].to_pylist()
+    chunks = chunk_lookup(_committed_table_dir(chunks_run, "chunks"), ids)
+    table = pairs_from_retrieval(retrieval, qmap, chunks, job.method, job.top_k)
+    return table, {"retrieval": job.retrieval, "queries": queries_path, "chunks": chunks_run}
+
+
+def _extract_counts(pairs: pa.Table, spans_rows: int) -> dict[str, int]:
+    errors = [e for e in pairs["error"].to_pylist() if e]
+    n_spans = pairs["n_spans"].to_pylist()
+    counts: Counter = Counter(f"errors.{e.split(':', 1)[0]}" for e in errors)
+    counts.update({
+        "pairs": pairs.num_rows,
+        "pairs_with_spans": sum(1 for n in n_spans if n),
+        "pairs_abstained": sum(1 for n, e in zip(n_spans, pairs["error"].to_pylist(), strict=True) if not n and not e),
+        "pairs_failed": len(errors),
+        "spans": spans_rows,
+        "verbatim_violations": pa.compute.sum(pairs["n_violations"]).as_py() or 0,
+    })
+    return dict(counts)
+
+
+def run_extract(job: ExtractJob) -> tuple[str, dict[str, Any]]:
+    """Extract verbatim spans for every pair into ``spans/`` and ``pairs/`` tables."""
+    from .extract.stage import unpack
+    from .tables import PAIRS, SPANS
+
+    t0 = time.perf_counter()
+    pairs, sources = build_pairs(job)
+    t_pairs = time.perf_counter()
+    cfg = job.extractor
+    kind = type(cfg).__name__.removesuffix("Config").lower()
+    config = {"extractor": kind, "extractor_config": _jsonable(cfg.to_dict()), "extractor_hash": cfg.hash,
+              "method": job.method, "top_k": job.top_k, **sources}
+    run_id = new_run_id("extract", config)
+    run = RunDir(job.output, overwrite=job.overwrite)
+    try:
+        init_ray(job.address, job.num_cpus)
+        blocks = [pairs.slice(i, job.batch_rows) for i in range(0, max(1, pairs.num_rows), job.batch_rows)]
+        ds = ray.data.from_arrow(blocks)
+        actor = _model_actor_args(job.concurrency, job.batch_rows)
+        threads = job.threads or (None if _gpus() else max(1, int(ray.cluster_resources().get("CPU", 1))))
+        ds = ds.map_batches(
+            _ExtractActor, batch_format="pyarrow", **actor,
+            fn_constructor_kwargs={"config": cfg, "run_id": run_id, "threads": threads,
+                                   "max_chunk_chars": job.max_chunk_chars},
+        )
+        sink = StageTableSink(unpack, run.staging, {"spans": SPANS, "pairs": PAIRS}, key_columns={"pairs": "pair_id"})
+        ds.write_datasink(sink)
+        result = sink.result
+        if result.rows["pairs"] != pairs.num_rows:
+            raise RuntimeError(f"{pairs.num_rows} pairs in but {result.rows['pairs']} pair rows written")
+        written = pq.read_table(os.path.join(run.staging, "pairs"),
+                                columns=["error", "n_spans", "n_violations", "model_id", "model_revision"])
+        loaded = written.filter(pa.compute.is_valid(written["model_revision"])).slice(0, 1).to_pylist()
+        config |= {"model_id": loaded[0]["model_id"], "model_revision": loaded[0]["model_revision"]} if loaded else {}
+        manifest = build_manifest(
+            run_id=run_id, command="extract", config=config, inputs=[v for v in sources.values() if v],
+            tables={n: {"rows": result.rows[n], "files": len(result.files[n])} for n in ("spans", "pairs")},
+            counts=_extract_counts(written, result.rows["spans"]),
+            timings_s={"pairs": t_pairs - t0, "total": time.perf_counter() - t0},
+        )
+        return run.commit(manifest), manifest
+    except BaseException:
+        run.abort()
+        raise
