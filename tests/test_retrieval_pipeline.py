@@ -133,3 +133,35 @@ def test_bad_vectors_fail_the_index_job_cleanly(built, tmp_path):
         run_index(IndexJob(embeddings=str(bad), chunks=built["chunks"], output=str(out)))
     assert not out.exists()
     assert not [p for p in Path(tmp_path).iterdir() if ".staging-" in p.name]
+
+
+def test_extract_from_retrieval_writes_verbatim_spans_with_paper_offsets(built, tmp_path):
+    """retrieval x chunks -> semantic extraction; every span is the paper's text at its paper offsets."""
+    from verbatim_batch.extract.semantic import SemanticConfig
+    from verbatim_batch.pipeline import ExtractJob, run_extract
+
+    retrieval, _ = run_retrieve(RetrieveJob(index=built["index"], queries=str(built["qfile"]),
+                                            output=str(tmp_path / "r")))
+    out, manifest = run_extract(ExtractJob(output=str(tmp_path / "x"), extractor=SemanticConfig(),
+                                           retrieval=retrieval, method="hybrid", top_k=3, batch_rows=16))
+    spans = read_table(out, "spans").to_pylist()
+    pairs = read_table(out, "pairs").to_pylist()
+    assert len(pairs) == 20 * 3 and {p["rank"] for p in pairs} == {1, 2, 3}
+    papers = read_table(built["chunks"], "papers", ["paper_id", "markdown"]).to_pylist()
+    papers = {r["paper_id"]: r["markdown"] for r in papers}
+    chunks = read_table(built["chunks"], "chunks", ["chunk_id", "text"]).to_pylist()
+    chunks = {r["chunk_id"]: r["text"] for r in chunks}
+    assert spans, "sentence queries should find their own sentence"
+    for s in spans:
+        assert chunks[s["chunk_id"]][s["start"]:s["end"]] == s["text"]
+        assert papers[s["paper_id"]][s["paper_start"]:s["paper_end"]] == s["text"]
+    counts = manifest["counts"]
+    assert counts["pairs"] == 60 and counts["spans"] == len(spans) and counts["verbatim_violations"] == 0
+    assert counts["pairs_with_spans"] + counts["pairs_abstained"] + counts["pairs_failed"] == 60
+    assert json.loads(manifest["config"])["model_id"] == "sentence-transformers/all-MiniLM-L6-v2"
+    # where retrieval put the labelled chunk in the top 3, the query's source sentence is a span there
+    retrieved = {(p["query_id"], p["chunk_id"]) for p in pairs}
+    labels = [q for q in built["queries"].to_pylist() if (q["query_id"], q["chunk_id"]) in retrieved]
+    found = sum(any(s["query_id"] == q["query_id"] and s["chunk_id"] == q["chunk_id"] and q["query"] in s["text"]
+                    for s in spans) for q in labels)
+    assert len(labels) >= 5 and found >= 0.9 * len(labels), (found, len(labels))

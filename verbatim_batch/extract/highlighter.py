@@ -49,7 +49,7 @@ class HighlighterConfig:
     merge_gap: int = 20
     max_length: int = 8192  # tokens per window, query included
     stride: int = 256  # tokens shared by neighbouring windows
-    max_query_tokens: int = 512  # longer queries are an error row, not a silent cut
+    max_query_tokens: int | None = None  # None: min(512, max_length // 4); longer queries are error rows
     device: str = "auto"
     dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
     attn_implementation: str = "auto"
@@ -66,6 +66,8 @@ class HighlighterConfig:
             raise ValueError(f"max_length must be >= 16, got {self.max_length}")
         if not 0 <= self.stride < self.max_length // 2:
             raise ValueError(f"stride must be in [0, max_length / 2), got {self.stride}")
+        if self.max_query_tokens is None:
+            object.__setattr__(self, "max_query_tokens", min(512, self.max_length // 4))
         if not 0 < self.max_query_tokens < self.max_length - self.stride - 8:
             raise ValueError("max_query_tokens must leave room for the stride and some context in each window")
         if self.token_budget <= 0 or self.max_batch_rows <= 0:

