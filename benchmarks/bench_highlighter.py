@@ -188,7 +188,8 @@ def main(argv=None) -> int:
     size.add_argument("--tiny", action="store_true", help="2 layers x hidden 64 (code-path checks)")
     ap.add_argument("--pairs", type=int, default=None, help="default: 24 base, 240 small, 64 tiny; GPU target 2048")
     ap.add_argument("--budgets", type=int, nargs="+", default=None,
-                    help="token budgets of the batched path (default 8192 16384 32768; GPU target 32768 65536 131072)")
+                    help="token budgets of the batched path (default 2048 8192 16384 32768; "
+                    "GPU target 32768 65536 131072)")
     ap.add_argument("--max-batch-rows", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threshold", type=float, default=0.5, help="span threshold (random weights: p is near 0.5)")
@@ -199,13 +200,15 @@ def main(argv=None) -> int:
     ap.add_argument("--target-tokens", type=int, default=1500)
     ap.add_argument("--baseline-pairs", type=int, default=None,
                     help="run the one-pair loop on only the first N pairs (default: all; GPU target: 256)")
+    ap.add_argument("--check-pairs", type=int, default=16, help="pairs whose spans and probabilities are compared")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--key", default=None, help="store the result under this key of the --json file (kept: other keys)")
     args = ap.parse_args(argv)
 
     shape = "small" if args.small else "tiny" if args.tiny else "base"
     n = args.pairs or (2048 if args.gpu_target else {"base": 24, "small": 240, "tiny": 64}[shape])
-    budgets = args.budgets or ([32768, 65536, 131072] if args.gpu_target else [8192, 16384, 32768])
+    budgets = args.budgets or ([32768, 65536, 131072] if args.gpu_target else [2048, 8192, 16384, 32768])
     if args.device == "cpu":
         torch.set_num_threads(args.threads)
 
@@ -247,9 +250,10 @@ def main(argv=None) -> int:
 
     # Agreement: token probabilities and spans of the batched path (first budget) vs the one-pair loop.
     hl.config = base_cfg
-    ours_scores = hl.token_scores(queries[:n_base], chunks[:n_base])
-    ref_out = reference_loop(hl, queries[:n_base], chunks[:n_base], {"tokenize_s": 0.0, "forward_s": 0.0,
-                                                                     "tokens": 0, "padded_tokens": 0})
+    n_check = min(n_base, args.check_pairs)
+    ours_scores = hl.token_scores(queries, chunks)[:n_check]  # all pairs, so they are packed as in the timed runs
+    ref_out = reference_loop(hl, queries[:n_check], chunks[:n_check], {"tokenize_s": 0.0, "forward_s": 0.0,
+                                                                       "tokens": 0, "padded_tokens": 0})
     max_diff, same_segments, same_spans, near = 0.0, 0, 0, 0
     for s_ours, (s_ref, r_ref), c in zip(ours_scores, ref_out, chunks, strict=False):
         if s_ours.segments == s_ref.segments:
@@ -260,7 +264,7 @@ def main(argv=None) -> int:
             same_spans += 1
         else:  # a flip must come from a token sitting on the threshold
             near += int(np.min(np.abs(s_ref.probs - args.threshold)) < 1e-4)
-    agreement = {"pairs": n_base, "same_token_segments": same_segments, "same_spans": same_spans,
+    agreement = {"pairs": n_check, "same_token_segments": same_segments, "same_spans": same_spans,
                  "mismatches_with_a_token_within_1e-4_of_threshold": near, "max_abs_prob_diff": max_diff,
                  "spans_per_pair": float(np.mean([len(r.spans) for _, r in ref_out]))}
     print(f"agreement: {agreement}", file=sys.stderr, flush=True)
@@ -277,7 +281,7 @@ def main(argv=None) -> int:
             else:
                 _, wall, d = batched(b, queries, chunks)
                 npairs = n
-            runs[name].append({"wall_s": wall, "pairs": npairs, **d})
+            runs[name].append({"wall_s": wall, "pairs": npairs, "load1_after": os.getloadavg()[0], **d})
             print(f"[rep {rep}] {name}: {wall:.2f} s, {npairs / wall:.2f} pairs/s, {d['tokens'] / wall:.0f} tok/s",
                   file=sys.stderr, flush=True)
 
@@ -287,7 +291,7 @@ def main(argv=None) -> int:
         r0 = rs[0]
         summary[name] = {
             "token_budget": methods[name], "pairs": r0["pairs"], "median_wall_s": med,
-            "walls_s": [r["wall_s"] for r in rs],
+            "walls_s": [r["wall_s"] for r in rs], "load1_after": [r["load1_after"] for r in rs],
             "pairs_per_s": r0["pairs"] / med, "tokens_per_s": r0["tokens"] / med,
             "forwards": r0["forwards"], "padding_fraction": 1 - r0["tokens"] / r0["padded_tokens"],
             "forward_share": statistics.median(r["forward_s"] / r["wall_s"] for r in rs),
@@ -328,7 +332,12 @@ def main(argv=None) -> int:
     text = json.dumps(result, indent=2)
     print(text)
     if args.json:
-        Path(args.json).write_text(text + "\n", encoding="utf-8")
+        path = Path(args.json)
+        if args.key:
+            merged = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+            merged[args.key] = result
+            text = json.dumps(merged, indent=2)
+        path.write_text(text + "\n", encoding="utf-8")
     return 0
 
 

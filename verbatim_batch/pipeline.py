@@ -39,14 +39,15 @@ INGEST_TABLES = {"papers": PAPERS, "chunks": CHUNKS, "quarantine": QUARANTINE}
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
-    """Join the cluster at ``address`` (or ``RAY_ADDRESS``), else start Ray locally."""
+    """Join the cluster at ``address`` (or ``RAY_ADDRESS``; ``auto`` finds one on this machine), else start a
+    fresh local Ray (never silently joining whatever ``ray start`` left running here)."""
     if ray.is_initialized():
         return
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, log_to_driver=True)
     else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
 
 
 # --- reading ------------------------------------------------------------------------
