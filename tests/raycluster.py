@@ -65,6 +65,7 @@ class LocalRayCluster:
                      "--dashboard-host", "127.0.0.1", "--dashboard-port", str(self.dash_port),
                      "--num-cpus", str(self.head_cpus)], "head")
         self._wait(lambda: self._http_ok(f"{self.dashboard}/api/version"), "the head's dashboard")
+        self._wait(self._jobs_ready, "the head's job agent")
 
     def add_worker(self, num_cpus: int = 1, resources: str | None = None, name: str = "worker") -> None:
         args = ["--address", self.gcs_address, "--node-ip-address", "127.0.0.1", "--num-cpus", str(num_cpus)]
@@ -82,6 +83,12 @@ class LocalRayCluster:
         except OSError:
             return False
 
+    def _jobs_ready(self) -> bool:
+        """The Jobs API answers a listing (the job agent starts a little after the dashboard)."""
+        done = subprocess.run([self.ray, "job", "list", "--address", self.dashboard], capture_output=True,
+                              text=True, env=self.env, timeout=60)
+        return done.returncode == 0
+
     def _wait(self, ready, what: str, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -95,7 +102,12 @@ class LocalRayCluster:
     def submit(self, *entrypoint: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
         """``ray job submit --working-dir cwd -- entrypoint`` (waits for the job to finish)."""
         cmd = [self.ray, "job", "submit", "--address", self.dashboard, "--working-dir", str(cwd), "--", *entrypoint]
-        return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=timeout, env=self.env)
+        for _ in range(10):
+            done = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=timeout, env=self.env)
+            if "No available agent" not in done.stderr + done.stdout:
+                return done
+            time.sleep(3)  # the node's agent is still starting
+        return done
 
     def stop(self) -> None:
         """SIGTERM each node's process group (workers first), then SIGKILL what is left."""

@@ -128,6 +128,31 @@ def build_parser() -> argparse.ArgumentParser:
                    "0.2,0.3,0.4,0.5, and score each (needs no --predictions)")
     _add_extractor_args(p)
 
+    p = sub.add_parser("querygen", help="generate 3 search queries per sampled chunk with an LLM (3 steps)")
+    p.add_argument("--chunks", required=True, help="a committed chunk run")
+    p.add_argument("--output", required=True, help="querygen run folder to create")
+    p.add_argument("--n-papers", type=int, default=100, help="papers to sample (one chunk each)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--concurrency", type=int, help="actors sending requests (2)")
+    p.add_argument("--overwrite", action="store_true")
+    _add_llm_args(p)
+    _add_ray_args(p)
+
+    p = sub.add_parser("silver", help="silver training data: sample, querygen, retrieve, teacher, filter, split")
+    p.add_argument("--chunks", required=True, help="a committed chunk run")
+    p.add_argument("--index", required=True, help="the index built from that chunk run")
+    p.add_argument("--output", required=True, help="folder for the job's runs (querygen/ retrieval/ teacher/ data/)")
+    p.add_argument("--n-papers", type=int, default=2000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--top-k", type=int, default=5, help="retrieved chunks per query (hybrid)")
+    p.add_argument("--dev-fraction", type=float, default=0.1)
+    p.add_argument("--tokenizer", help="write tokenized windows for this tokenizer (hub id or path)")
+    p.add_argument("--window", type=int, default=8192, help="tokens per window (max length)")
+    p.add_argument("--stride", type=int, default=256, help="tokens shared by neighbouring windows")
+    p.add_argument("--overwrite", action="store_true")
+    _add_llm_args(p)
+    _add_ray_args(p)
+
     p = sub.add_parser("demo", help="run the pipeline on the bundled example corpus (offline, CPU)")
     p.add_argument("--output", default="verbatim-demo", help="folder for the demo's runs")
     _add_ray_args(p)
@@ -141,8 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_extractor_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--extractor", choices=["semantic", "highlighter"], default="semantic",
-                   help="semantic: offline sentence scorer (bundled MiniLM); highlighter: ModernBERT token classifier")
+    p.add_argument("--extractor", choices=["semantic", "highlighter", "llm"], default="semantic",
+                   help="semantic: offline sentence scorer (bundled MiniLM); highlighter: ModernBERT token "
+                   "classifier; llm: an LLM through an OpenAI-compatible endpoint or in-cluster vLLM")
     p.add_argument("--model", help="hub id or local path (highlighter default: KRLabsOrg/acl-verbatim-modernbert; "
                    "semantic default: the bundled all-MiniLM-L6-v2)")
     p.add_argument("--revision", help="model revision (hub; highlighter)")
@@ -156,6 +182,63 @@ def _add_extractor_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token-budget", type=int, help="padded tokens per forward pass")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], help="highlighter (auto)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow model code from the hub (off by default)")
+    g = p.add_argument_group("llm extractor")
+    g.add_argument("--backend", choices=["http", "vllm"], help="http: OpenAI-compatible endpoint; vllm: in-cluster")
+    g.add_argument("--base-url", help="http: the endpoint, e.g. http://127.0.0.1:8000/v1 (or OPENAI_BASE_URL)")
+    g.add_argument("--api-key-env", help="http: environment variable holding the API key (OPENAI_API_KEY)")
+    g.add_argument("--style", choices=["default", "paragraph"], help="prompt: exact spans, or whole passages")
+    g.add_argument("--docs-per-request", type=int, help="chunks per request as doc_0..doc_n (5; 1 = one each)")
+    g.add_argument("--max-tokens", type=int, help="answer length limit (2048)")
+    g.add_argument("--no-structured-output", action="store_true", help="do not ask for schema-constrained JSON")
+    g.add_argument("--max-in-flight", type=int, help="http: concurrent requests per actor (8)")
+    g.add_argument("--timeout", type=float, help="http: seconds per request (180)")
+    g.add_argument("--max-retries", type=int, help="http: retries with backoff on 429/5xx/connection errors (4)")
+    g.add_argument("--tensor-parallel-size", type=int, help="vllm: GPUs per engine (1)")
+    g.add_argument("--engines", type=int, help="vllm: engine replicas (1)")
+
+
+def _add_llm_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="the model name the endpoint serves")
+    p.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 (or OPENAI_BASE_URL)")
+    p.add_argument("--api-key-env", help="environment variable holding the API key (OPENAI_API_KEY)")
+    p.add_argument("--max-tokens", type=int, help="answer length limit (2048)")
+    p.add_argument("--no-structured-output", action="store_true", help="do not ask for schema-constrained JSON")
+    p.add_argument("--max-in-flight", type=int, help="concurrent requests per actor (8)")
+    p.add_argument("--timeout", type=float, help="seconds per request (180)")
+    p.add_argument("--max-retries", type=int, help="retries with backoff on 429/5xx/connection errors (4)")
+
+
+def _llm(args: argparse.Namespace):
+    from .extract import extractor_config
+
+    return extractor_config(
+        "llm", model=args.model, backend="http", base_url=args.base_url, api_key_env=args.api_key_env,
+        max_tokens=args.max_tokens, structured_output=False if args.no_structured_output else None,
+        max_in_flight=args.max_in_flight, timeout_s=args.timeout, max_retries=args.max_retries)
+
+
+def cmd_querygen(args: argparse.Namespace) -> int:
+    from .pipeline import QueryGenJob, run_querygen
+
+    path, manifest = run_querygen(QueryGenJob(
+        chunks=args.chunks, output=args.output, llm=_llm(args), n_papers=args.n_papers, seed=args.seed,
+        concurrency=args.concurrency, overwrite=args.overwrite, address=args.address, num_cpus=args.num_cpus))
+    _report(path, manifest)
+    return 0
+
+
+def cmd_silver(args: argparse.Namespace) -> int:
+    from .pipeline import SilverJob, run_silver
+
+    path, manifest = run_silver(SilverJob(
+        chunks=args.chunks, index=args.index, output=args.output, llm=_llm(args), n_papers=args.n_papers,
+        seed=args.seed, top_k=args.top_k, dev_fraction=args.dev_fraction, tokenizer=args.tokenizer,
+        max_length=args.window, stride=args.stride, overwrite=args.overwrite, address=args.address,
+        num_cpus=args.num_cpus))
+    _report(path, manifest)
+    steps = ("papers", "queries", "rows", "kept", "train", "dev")
+    print("  " + " -> ".join(f"{manifest['counts'].get(k, 0)} {k}" for k in steps))
+    return 0
 
 
 def _extractor(args: argparse.Namespace, threshold: float | None = None):
@@ -167,6 +250,15 @@ def _extractor(args: argparse.Namespace, threshold: float | None = None):
         return extractor_config(
             "highlighter", model=args.model, revision=args.revision, max_length=args.max_length, stride=args.stride,
             dtype=args.dtype, trust_remote_code=args.trust_remote_code or None, **common)
+    if args.extractor == "llm":
+        if not args.model:
+            raise ValueError("--extractor llm needs --model (the served model name, or a hub id for vllm)")
+        return extractor_config(
+            "llm", model=args.model, backend=args.backend, base_url=args.base_url, api_key_env=args.api_key_env,
+            style=args.style, docs_per_request=args.docs_per_request, max_tokens=args.max_tokens,
+            structured_output=False if args.no_structured_output else None, max_in_flight=args.max_in_flight,
+            timeout_s=args.timeout, max_retries=args.max_retries, tensor_parallel_size=args.tensor_parallel_size,
+            engines=args.engines)
     return extractor_config("semantic", model=args.model, margin=args.margin, **common)
 
 
@@ -405,7 +497,8 @@ def main(argv: list[str] | None = None) -> int:
         return synth_main(args.args)
     handlers = {
         "chunk": cmd_chunk, "embed": cmd_embed, "index": cmd_index, "retrieve": cmd_retrieve,
-        "extract": cmd_extract, "evaluate": cmd_evaluate, "demo": cmd_demo, "verify": cmd_verify,
+        "extract": cmd_extract, "evaluate": cmd_evaluate,
+        "querygen": cmd_querygen, "silver": cmd_silver, "demo": cmd_demo, "verify": cmd_verify,
     }
     try:
         return handlers[args.command](args)

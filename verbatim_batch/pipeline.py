@@ -241,6 +241,8 @@ def _counts(name: str, table: pa.Table) -> dict[str, int]:
         counts["truncated"] += pa.compute.sum(table["truncated"].cast(pa.int64())).as_py() or 0
     elif name == "retrieval":
         counts.update(f"rows.{m}" for m in table["method"].to_pylist())
+    elif name == "rejects":
+        counts.update(f"rejects.{r.split(':', 1)[0].split(' (', 1)[0]}" for r in table["reason"].to_pylist())
     return dict(counts)
 
 
@@ -613,12 +615,12 @@ class _ExtractActor:
     """One extractor (one model) per actor; batches of pairs in, packed pairs+spans out."""
 
     def __init__(self, config, run_id: str, threads: int | None = None, max_chunk_chars: int | None = None) -> None:
-        import torch
-
         from .extract import build_extractor
         from .extract.stage import DEFAULT_MAX_CHUNK_CHARS, ExtractStage
 
         if threads:
+            import torch
+
             torch.set_num_threads(threads)
         self.stage = ExtractStage(build_extractor(config), run_id, max_chunk_chars or DEFAULT_MAX_CHUNK_CHARS)
 
@@ -694,10 +696,140 @@ def _extract_counts(pairs: pa.Table, spans_rows: int) -> dict[str, int]:
     return dict(counts)
 
 
+def _query_blocks(pairs: pa.Table, rows: int) -> list[pa.Table]:
+    """Blocks of about ``rows`` pairs that never split one query's run of pairs (LLM requests group them)."""
+    qids = pairs["query_id"].to_pylist()
+    blocks, start = [], 0
+    for i in range(1, len(qids) + 1):
+        if i == len(qids) or (i - start >= rows and qids[i] != qids[i - 1]):
+            blocks.append(pairs.slice(start, i - start))
+            start = i
+    return blocks or [pairs]
+
+
+class _LLMInterpret:
+    """vLLM backend, after generation: answers -> spans/pairs/rejects through the same stage code."""
+
+    def __init__(self, config, run_id: str) -> None:
+        from .extract.stage import ExtractStage
+
+        self.config = config
+        self.stage = ExtractStage(_VllmInfo(config), run_id)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        from .extract.llm import interpret
+        from .extract.spans import PairResult
+        from .extract.stage import pack
+
+        outs = []
+        for req in batch.to_pylist():
+            rows = json.loads(req["pairs_json"])
+            error = req.get("error")
+            text = req.get("generated_text")
+            if error or text is None:
+                results = [PairResult([], None, f"llm_request_failed: {error or 'no output'}") for _ in rows]
+            else:
+                results = interpret(text, [r["chunk"] for r in rows], self.config, req["request_id"])
+            outs.append(self.stage.tables(rows, dict(enumerate(results)), [None] * len(rows), req.get("latency_ms")))
+        return pa.concat_tables([pack(o) for o in outs]) if outs else pa.table({})
+
+
+class _VllmInfo:
+    """What the stage records about an in-cluster vLLM model (the engine itself lives in ray.data.llm)."""
+
+    name = "llm"
+
+    def __init__(self, config) -> None:
+        self.config = config
+
+    def describe(self) -> dict[str, Any]:
+        return {"model_id": self.config.model, "model_revision": None, "config_hash": self.config.hash}
+
+    def extract(self, queries, chunks):  # pragma: no cover - generation happens in the vLLM stage
+        raise NotImplementedError
+
+
+def _vllm_requests(pairs: pa.Table, config, run_id: str) -> tuple[pa.Table, pa.Table | None]:
+    """Request rows for the vLLM stage, and the tables of pairs that never reach it (invalid input)."""
+    from .extract.llm import group_requests, request_id
+    from .extract.stage import ExtractStage, pack, validate_pair
+
+    rows = pairs.to_pylist()
+    errors = [validate_pair(r, 200_000, 2_000) for r in rows]
+    valid = [r for r, e in zip(rows, errors, strict=True) if e is None]
+    invalid = [(r, e) for r, e in zip(rows, errors, strict=True) if e is not None]
+    requests = []
+    for group in group_requests([r["query_id"] for r in valid], config.docs_per_request):
+        members = [valid[i] for i in group]
+        chunks = [m["chunk"] for m in members]
+        requests.append({"request_id": request_id(members[0]["query"], chunks), "query": members[0]["query"],
+                         "chunks": chunks, "pairs_json": json.dumps(members)})
+    bad = None
+    if invalid:
+        stage = ExtractStage(_VllmInfo(config), run_id)
+        bad = pack(stage.tables([r for r, _ in invalid], {}, [e for _, e in invalid], None))
+    return pa.Table.from_pylist(requests), bad
+
+
+def _vllm_dataset(requests: pa.Table, config) -> ray.data.Dataset:
+    """Generation with vLLM engines inside the cluster, through ``ray.data.llm`` (needs the ``llm`` extra)."""
+    try:
+        from ray.data.llm import build_processor, vLLMEngineProcessorConfig
+    except ImportError as exc:
+        raise NotImplementedError("the vllm backend needs the llm extra (pip install 'verbatim-batch[llm]')") from exc
+    from .extract.llm import sampling
+    from .extract.prompts import build_messages
+
+    engine = vLLMEngineProcessorConfig(
+        model_source=config.model, concurrency=config.engines, batch_size=config.batch_size,
+        should_continue_on_error=True,  # a failed row carries its error instead of failing the job
+        engine_kwargs={"tensor_parallel_size": config.tensor_parallel_size, "max_model_len": config.max_model_len,
+                       "enable_prefix_caching": True, "gpu_memory_utilization": config.gpu_memory_utilization},
+    )
+
+    def preprocess(row: dict[str, Any]) -> dict[str, Any]:
+        params = sampling(config, len(row["chunks"]))
+        schema = params.pop("response_format", None)
+        if schema is not None:  # vLLM's structured output takes the JSON schema itself
+            params["guided_decoding"] = {"json": schema["json_schema"]["schema"]}
+        return {**row, "messages": build_messages(row["query"], list(row["chunks"]), config.style),
+                "sampling_params": params}
+
+    def postprocess(row: dict[str, Any]) -> dict[str, Any]:
+        return {"request_id": row["request_id"], "pairs_json": row["pairs_json"],
+                "generated_text": row.get("generated_text"), "error": row.get("__inference_error__") or None,
+                "latency_ms": None}
+
+    processor = build_processor(engine, preprocess=preprocess, postprocess=postprocess)
+    return processor(ray.data.from_arrow(requests))
+
+
+def _extract_dataset(job: ExtractJob, pairs: pa.Table, cfg, run_id: str) -> ray.data.Dataset:
+    """Packed pairs+spans+rejects blocks for the job's extractor."""
+    from .extract.llm import LLMConfig
+
+    if isinstance(cfg, LLMConfig) and cfg.backend == "vllm":
+        requests, bad = _vllm_requests(pairs, cfg, run_id)
+        ds = _vllm_dataset(requests, cfg).map_batches(
+            _LLMInterpret, fn_constructor_kwargs={"config": cfg, "run_id": run_id}, batch_format="pyarrow",
+            concurrency=job.concurrency or 1, num_cpus=1)
+        return ds.union(ray.data.from_arrow(bad)) if bad is not None else ds
+    kwargs = {"config": cfg, "run_id": run_id, "max_chunk_chars": job.max_chunk_chars}
+    if isinstance(cfg, LLMConfig):  # http: I/O bound actors, no GPU; blocks keep a query's pairs together
+        ds = ray.data.from_arrow(_query_blocks(pairs, job.batch_rows))
+        return ds.map_batches(_ExtractActor, batch_format="pyarrow", batch_size=None, num_cpus=0.5,
+                              concurrency=job.concurrency or 2, fn_constructor_kwargs=kwargs)
+    blocks = [pairs.slice(i, job.batch_rows) for i in range(0, max(1, pairs.num_rows), job.batch_rows)]
+    actor = _model_actor_args(job.concurrency, job.batch_rows)
+    kwargs["threads"] = job.threads or (None if _gpus() else max(1, int(ray.cluster_resources().get("CPU", 1))))
+    return ray.data.from_arrow(blocks).map_batches(_ExtractActor, batch_format="pyarrow", **actor,
+                                                   fn_constructor_kwargs=kwargs)
+
+
 def run_extract(job: ExtractJob) -> tuple[str, dict[str, Any]]:
     """Extract verbatim spans for every pair into ``spans/`` and ``pairs/`` tables."""
     from .extract.stage import unpack
-    from .tables import PAIRS, SPANS
+    from .tables import PAIRS, REJECTS, SPANS
 
     t0 = time.perf_counter()
     pairs, sources = build_pairs(job)
@@ -710,16 +842,9 @@ def run_extract(job: ExtractJob) -> tuple[str, dict[str, Any]]:
     run = RunDir(job.output, overwrite=job.overwrite)
     try:
         init_ray(job.address, job.num_cpus)
-        blocks = [pairs.slice(i, job.batch_rows) for i in range(0, max(1, pairs.num_rows), job.batch_rows)]
-        ds = ray.data.from_arrow(blocks)
-        actor = _model_actor_args(job.concurrency, job.batch_rows)
-        threads = job.threads or (None if _gpus() else max(1, int(ray.cluster_resources().get("CPU", 1))))
-        ds = ds.map_batches(
-            _ExtractActor, batch_format="pyarrow", **actor,
-            fn_constructor_kwargs={"config": cfg, "run_id": run_id, "threads": threads,
-                                   "max_chunk_chars": job.max_chunk_chars},
-        )
-        sink = StageTableSink(unpack, run.staging, {"spans": SPANS, "pairs": PAIRS}, key_columns={"pairs": "pair_id"})
+        ds = _extract_dataset(job, pairs, cfg, run_id)
+        sink = StageTableSink(unpack, run.staging, {"spans": SPANS, "pairs": PAIRS, "rejects": REJECTS},
+                              key_columns={"pairs": "pair_id"})
         ds.write_datasink(sink)
         result = sink.result
         if result.rows["pairs"] != pairs.num_rows:
@@ -730,11 +855,209 @@ def run_extract(job: ExtractJob) -> tuple[str, dict[str, Any]]:
         config |= {"model_id": loaded[0]["model_id"], "model_revision": loaded[0]["model_revision"]} if loaded else {}
         manifest = build_manifest(
             run_id=run_id, command="extract", config=config, inputs=[v for v in sources.values() if v],
-            tables={n: {"rows": result.rows[n], "files": len(result.files[n])} for n in ("spans", "pairs")},
-            counts=_extract_counts(written, result.rows["spans"]),
+            tables={n: {"rows": result.rows[n], "files": len(result.files[n])} for n in ("spans", "pairs", "rejects")},
+            counts=_extract_counts(written, result.rows["spans"]) | {"rejects": result.rows["rejects"], **{
+                k: v for k, v in result.counts.items() if k.startswith("rejects.")}},
             timings_s={"pairs": t_pairs - t0, "total": time.perf_counter() - t0},
         )
         return run.commit(manifest), manifest
     except BaseException:
         run.abort()
         raise
+
+
+# --- querygen and silver ----------------------------------------------------------------
+
+
+class _QueryGenActor:
+    """Three-step query generation for a batch of chunks over an OpenAI-compatible endpoint."""
+
+    def __init__(self, config) -> None:
+        from .extract.llm import OpenAIClient
+        from .querygen import QueryGenerator
+
+        client = OpenAIClient(config)
+        self.generator = QueryGenerator(client.chat, config.model, max_in_flight=config.max_in_flight)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        return self.generator(batch)
+
+
+@dataclass
+class QueryGenJob:
+    chunks: str  # a committed chunk run (papers + chunks tables)
+    output: str
+    llm: Any  # extract.llm.LLMConfig (http backend)
+    n_papers: int = 100
+    seed: int = 0
+    batch_rows: int = 16
+    concurrency: int | None = None
+    overwrite: bool = False
+    address: str | None = None
+    num_cpus: int | None = None
+
+
+def run_querygen(job: QueryGenJob) -> tuple[str, dict[str, Any]]:
+    """Sample papers, pick one chunk each, and generate 3 queries per chunk into a ``queries`` table."""
+    from .querygen import QUERIES_SCHEMA, pick_chunks, sample_papers
+    from .runs import read_table
+
+    if job.llm.backend != "http":
+        raise ValueError("querygen talks to an OpenAI-compatible endpoint (e.g. `vllm serve` on the cluster): "
+                         "use the http backend")
+    t0 = time.perf_counter()
+    import pyarrow.dataset as pads
+
+    papers_dir = _committed_table_dir(job.chunks, "papers")
+    names = pads.dataset(papers_dir, format="parquet").schema.names
+    papers = pq.read_table(papers_dir, columns=[c for c in ("paper_id", "language", "authors") if c in names])
+    paper_ids = sample_papers(papers, job.n_papers, job.seed)
+    picked = pick_chunks(read_table(job.chunks, "chunks", ["chunk_id", "paper_id", "chunk_index", "text",
+                                                           "heading_path"]), paper_ids, job.seed)
+    config = {"chunks": job.chunks, "n_papers": job.n_papers, "seed": job.seed, "llm": _jsonable(job.llm.to_dict())}
+    run = RunDir(job.output, overwrite=job.overwrite)
+    try:
+        init_ray(job.address, job.num_cpus)
+        blocks = [picked.slice(i, job.batch_rows) for i in range(0, max(1, picked.num_rows), job.batch_rows)]
+        ds = ray.data.from_arrow(blocks).map_batches(
+            _QueryGenActor, fn_constructor_kwargs={"config": job.llm}, batch_format="pyarrow", batch_size=None,
+            num_cpus=0.5, concurrency=job.concurrency or 2)
+        sink = StageTableSink(_as_table("queries"), run.staging, {"queries": QUERIES_SCHEMA},
+                              key_columns={"queries": "query_id"})
+        ds.write_datasink(sink)
+        queries = pq.read_table(os.path.join(run.staging, "queries"))
+        errors = [e for e in queries["error"].to_pylist() if e]
+        manifest = build_manifest(
+            run_id=new_run_id("querygen", config), command="querygen", config=config, inputs=[job.chunks],
+            tables={"queries": {"rows": queries.num_rows, "files": len(sink.result.files["queries"])}},
+            counts={"papers_eligible_sampled": len(paper_ids), "chunks": picked.num_rows,
+                    "queries": queries.num_rows - len(errors), "query_errors": len(errors),
+                    **Counter(f"errors.{e.split(':', 1)[0]}" for e in errors)},
+            timings_s={"total": time.perf_counter() - t0},
+        )
+        return run.commit(manifest), manifest
+    except BaseException:
+        run.abort()
+        raise
+
+
+@dataclass
+class SilverJob:
+    """The silver-data job: sample -> queries -> retrieve -> teacher extraction -> filter -> split -> write."""
+
+    chunks: str  # committed chunk run
+    index: str  # index folder built from that chunk run
+    output: str  # a folder for the job's runs: querygen/, retrieval/, teacher/, data/
+    llm: Any  # LLMConfig for query generation and the teacher (the teacher uses the paragraph prompt)
+    n_papers: int = 2000
+    seed: int = 0
+    top_k: int = 5
+    dev_fraction: float = 0.1
+    tokenizer: str | None = None  # hub id or path; None: no tokenized windows
+    max_length: int = 8192
+    stride: int = 256
+    overwrite: bool = False
+    address: str | None = None
+    num_cpus: int | None = None
+
+
+def _silver_pairs(queries: pa.Table, retrieval: pa.Table, top_k: int) -> list[dict[str, Any]]:
+    """Top-k hybrid chunks of each generated query, plus its source chunk when retrieval missed it."""
+    hits: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in retrieval.filter(pa.compute.equal(retrieval["method"], "hybrid")).to_pylist():
+        if r["rank"] <= top_k:
+            hits[r["query_id"]].append(r)
+    out = []
+    for q in queries.to_pylist():
+        ranked = sorted(hits.get(q["query_id"], []), key=lambda r: r["rank"])
+        rows = [{"query_id": q["query_id"], "query": q["query"], "chunk_id": r["chunk_id"], "rank": r["rank"],
+                 "source": "gold" if r["chunk_id"] == q["chunk_id"] else "retrieved"} for r in ranked]
+        if all(r["chunk_id"] != q["chunk_id"] for r in ranked):
+            rows.append({"query_id": q["query_id"], "query": q["query"], "chunk_id": q["chunk_id"], "rank": None,
+                         "source": "gold"})
+        out.extend(rows)
+    return out
+
+
+def run_silver(job: SilverJob) -> tuple[str, dict[str, Any]]:
+    """The whole silver pipeline; every step is its own committed run under ``job.output``."""
+    from . import silver
+    from .retrieval import RetrieverConfig
+    from .runs import read_table
+
+    t0 = time.perf_counter()
+    out = os.path.abspath(job.output)
+    os.makedirs(out, exist_ok=True)
+    common = {"overwrite": job.overwrite, "address": job.address, "num_cpus": job.num_cpus}
+    qg_dir, qg = run_querygen(QueryGenJob(chunks=job.chunks, output=os.path.join(out, "querygen"), llm=job.llm,
+                                          n_papers=job.n_papers, seed=job.seed, **common))
+    queries = read_table(qg_dir, "queries").filter(pa.compute.is_valid(pa.compute.field("query")))
+    qfile = os.path.join(out, "querygen", "queries.parquet")
+    pq.write_table(queries.select(["query_id", "query"]), qfile)
+    ret_dir, _ = run_retrieve(RetrieveJob(
+        index=job.index, queries=qfile, output=os.path.join(out, "retrieval"),
+        retriever=RetrieverConfig(index_dir=job.index, k=job.top_k, methods=("hybrid",)), **common))
+    pairs = _silver_pairs(queries, read_table(ret_dir, "retrieval"), job.top_k)
+    pfile = os.path.join(out, "querygen", "pairs.parquet")
+    pq.write_table(pa.Table.from_pylist(pairs), pfile)
+    teacher = dataclasses.replace(job.llm, style="paragraph")
+    ex_dir, ex = run_extract(ExtractJob(output=os.path.join(out, "teacher"), extractor=teacher, pairs=pfile,
+                                        chunks=job.chunks, **common))
+    rows, failed = _teacher_rows(ex_dir, job.chunks, teacher.model)
+    kept, dropped = silver.filter_rows(rows)
+    train, dev = silver.split_by_query(kept, dev_fraction=job.dev_fraction, seed=job.seed)
+    tokenizer = None
+    if job.tokenizer:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(job.tokenizer)
+    data = RunDir(os.path.join(out, "data"), overwrite=job.overwrite)
+    try:
+        written = silver.write_silver(data.staging, train, dev, tokenizer=tokenizer, max_length=job.max_length,
+                                      stride=job.stride)
+        config = {"chunks": job.chunks, "index": job.index, "n_papers": job.n_papers, "seed": job.seed,
+                  "top_k": job.top_k, "dev_fraction": job.dev_fraction, "teacher": _jsonable(teacher.to_dict()),
+                  "tokenizer": job.tokenizer, "max_length": job.max_length, "stride": job.stride}
+        counts = {"papers": qg["counts"]["chunks"], "queries": qg["counts"]["queries"], "rows": len(rows) + failed,
+                  "rows_failed": failed, "kept": len(kept), "train": len(train), "dev": len(dev),
+                  "teacher_spans": ex["counts"]["spans"], "teacher_rejects": ex["counts"]["rejects"],
+                  **{f"dropped.{k}": v for k, v in dropped.items()},
+                  **{f"written.{k}": v for k, v in written.items() if isinstance(v, int)}}
+        manifest = build_manifest(
+            run_id=new_run_id("silver", config), command="silver", config=config,
+            inputs=[job.chunks, job.index, qg_dir, ret_dir, ex_dir],
+            tables={}, counts=counts, timings_s={"total": time.perf_counter() - t0})
+        return data.commit(manifest), manifest
+    except BaseException:
+        data.abort()
+        raise
+
+
+def _teacher_rows(extract_dir: str, chunks_run: str, teacher_model: str) -> tuple[list[dict[str, Any]], int]:
+    """One dict per teacher pair with its chunk, heading path and verbatim spans; and how many pairs failed."""
+    from .extract.pairs import chunk_lookup
+    from .runs import read_table
+
+    pairs = read_table(extract_dir, "pairs").to_pylist()
+    spans: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for s in read_table(extract_dir, "spans", ["pair_id", "start", "end", "text"]).to_pylist():
+        spans[s.pop("pair_id")].append(s)
+    chunks_dir = _committed_table_dir(chunks_run, "chunks")
+    known = chunk_lookup(chunks_dir, [p["chunk_id"] for p in pairs])
+    import pyarrow.dataset as pads
+
+    heads = pads.dataset(chunks_dir, format="parquet").to_table(
+        columns=["chunk_id", "heading_path"], filter=pads.field("chunk_id").isin(list(known))).to_pylist()
+    heading = {h["chunk_id"]: h["heading_path"] for h in heads}
+    rows = []
+    for p in pairs:
+        extra = json.loads(p["extra"]) if p["extra"] else {}
+        chunk = known.get(p["chunk_id"])
+        rows.append({
+            "query_id": p["query_id"], "question": p["query"], "paper_id": p["paper_id"], "chunk_id": p["chunk_id"],
+            "chunk": chunk["text"] if chunk else None, "source": extra.get("source", "retrieved"), "rank": p["rank"],
+            "spans": sorted(spans.get(p["pair_id"], []), key=lambda s: s["start"]),
+            "heading_path": heading.get(p["chunk_id"], []), "teacher_model": teacher_model, "error": p["error"],
+        })
+    ok = [r for r in rows if not r["error"] and r["chunk"] is not None]
+    return ok, len(rows) - len(ok)

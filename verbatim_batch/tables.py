@@ -180,6 +180,26 @@ SPANS = _schema(
         pa.field("model_id", pa.string()),
         pa.field("model_revision", pa.string()),
         pa.field("config_hash", pa.string(), nullable=False),
+        pa.field("align", pa.string()),  # LLM spans: exact | normalized | fuzzy; null for span models
+    ],
+)
+
+# LLM output that could not become a span: the string the model returned, why it was
+# rejected, and the model's whole raw answer, so nothing is dropped without a trace.
+REJECTS = _schema(
+    "rejects",
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("request_id", pa.string(), nullable=False),
+        pa.field("pair_id", pa.string(), nullable=False),  # request-level problems: the request's first pair
+        pa.field("query_id", pa.string(), nullable=False),
+        pa.field("chunk_id", pa.string()),
+        pa.field("doc_index", pa.int32()),
+        pa.field("span", pa.large_string()),  # what the model returned (null for unparseable output)
+        pa.field("reason", pa.string(), nullable=False),
+        pa.field("raw_output", pa.large_string()),
+        pa.field("model_id", pa.string()),
+        pa.field("config_hash", pa.string(), nullable=False),
     ],
 )
 
@@ -241,6 +261,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     "spans": SPANS,
     "pairs": PAIRS,
     "pair_input": PAIR_INPUT,
+    "rejects": REJECTS,
 }
 
 

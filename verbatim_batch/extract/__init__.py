@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-EXTRACTORS = ("highlighter", "semantic")
+EXTRACTORS = ("highlighter", "semantic", "llm")
 
 
 def extractor_config(kind: str, **settings: Any):
@@ -18,16 +18,23 @@ def extractor_config(kind: str, **settings: Any):
         from .semantic import SemanticConfig
 
         return SemanticConfig(**settings)
+    if kind == "llm":
+        from .llm import LLMConfig
+
+        return LLMConfig(**settings)
     raise ValueError(f"unknown extractor {kind!r} (one of {', '.join(EXTRACTORS)})")
 
 
 def build_extractor(config):
     """Load the extractor a config describes (the model loads here, once per actor)."""
     from .highlighter import Highlighter, HighlighterConfig
+    from .llm import LLMConfig, LLMExtractor
     from .semantic import SemanticConfig, SemanticExtractor
 
     if isinstance(config, HighlighterConfig):
         return Highlighter(config)
     if isinstance(config, SemanticConfig):
         return SemanticExtractor(config)
+    if isinstance(config, LLMConfig):
+        return LLMExtractor(config)
     raise TypeError(f"not an extractor config: {type(config).__name__}")

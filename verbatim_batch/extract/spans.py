@@ -9,7 +9,7 @@ front of every table: a span leaves it only if ``chunk[start:end] == text``.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -22,10 +22,22 @@ class Span:
     end: int
     score: float = 1.0
     text: str | None = None  # what the extractor claims is there; checked by verbatim_spans
+    align: str | None = None  # how an LLM's string was placed (exact | normalized | fuzzy)
 
     @property
     def length(self) -> int:
         return self.end - self.start
+
+
+@dataclass(frozen=True)
+class Reject:
+    """A string an LLM returned that did not become a span, and why."""
+
+    span: str | None  # None when the whole output was unusable
+    reason: str
+    doc_index: int | None = None  # None: not tied to one document of the request
+    raw_output: str | None = None
+    request_id: str | None = None
 
 
 @dataclass
@@ -35,6 +47,7 @@ class PairResult:
     spans: list[Span]
     relevance: float | None = None  # the pair's score (e.g. max token probability); None if not scored
     error: str | None = None  # set when the pair could not be processed
+    rejects: list[Reject] = field(default_factory=list)
 
 
 def trim(span: Span, chunk: str) -> Span | None:
@@ -110,5 +123,5 @@ def verbatim_spans(chunk: str, spans: Iterable[Span]) -> tuple[list[Span], int]:
         if (sp.text is not None and sp.text != piece) or not piece.strip() or not np.isfinite(sp.score):
             bad += 1
             continue
-        ok.append(Span(start, end, float(sp.score), piece))
+        ok.append(Span(start, end, float(sp.score), piece, sp.align))
     return ok, bad

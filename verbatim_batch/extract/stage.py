@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from ..tables import PAIR_INPUT, PAIRS, SPANS
+from ..tables import PAIR_INPUT, PAIRS, REJECTS, SPANS
 from .spans import PairResult, verbatim_spans
 
 DEFAULT_MAX_CHUNK_CHARS = 200_000
@@ -102,7 +102,15 @@ class ExtractStage:
                 got = [PairResult([], None, _error_reason(exc))]
             results = dict(zip(todo, got, strict=True))
         latency_ms = 1000.0 * (time.perf_counter() - t0) / max(1, len(todo))
-        span_rows, pair_rows = [], []
+        return self.tables(rows, results, errors, latency_ms)
+
+    def tables(self, rows: list[dict[str, Any]], results: dict[int, PairResult], errors: Sequence[str | None],
+               latency_ms: float | None) -> dict[str, pa.Table]:
+        """Spans, pairs and rejects tables for ``PAIR_INPUT`` rows and the results of the processed ones.
+
+        Every span goes through ``verbatim_spans``; what fails is counted, never written.
+        """
+        span_rows, pair_rows, reject_rows = [], [], []
         for i, row in enumerate(rows):
             res = results.get(i) or PairResult([], None, errors[i])
             spans, violations = ([], 0) if res.error else verbatim_spans(row["chunk"], res.spans)
@@ -116,34 +124,50 @@ class ExtractStage:
                     "query": row["query"], "start": sp.start, "end": sp.end,
                     "paper_start": offset + sp.start if offset is not None else None,
                     "paper_end": offset + sp.end if offset is not None else None,
-                    "text": sp.text, "score": sp.score,
+                    "text": sp.text, "score": sp.score, "align": sp.align,
                 })
             pair_rows.append(base | {
                 "query": row["query"], "rank": row["rank"], "relevant": row["relevant"], "n_spans": len(spans),
                 "relevance": res.relevance, "latency_ms": latency_ms if i in results else None,
                 "error": res.error, "n_violations": violations, "extra": row["extra"],
             })
+            for rej in res.rejects:
+                reject_rows.append({
+                    "run_id": self.run_id, "request_id": rej.request_id or row["pair_id"],
+                    "pair_id": row["pair_id"],
+                    "query_id": row["query_id"], "chunk_id": row["chunk_id"] if rej.doc_index is not None else None,
+                    "doc_index": rej.doc_index, "span": rej.span, "reason": rej.reason,
+                    "raw_output": rej.raw_output, "model_id": self.model_id, "config_hash": self.config_hash,
+                })
         return {"spans": pa.Table.from_pylist(span_rows, schema=SPANS),
-                "pairs": pa.Table.from_pylist(pair_rows, schema=PAIRS)}
+                "pairs": pa.Table.from_pylist(pair_rows, schema=PAIRS),
+                "rejects": pa.Table.from_pylist(reject_rows, schema=REJECTS)}
 
 
 # --- one block per batch -----------------------------------------------------------------
 # Between the model actors and the writer, a batch travels as one table: the pairs rows
 # with their spans nested in a list column. ``unpack`` splits it back into the two tables.
 
-_SPAN_OWN = ["start", "end", "paper_start", "paper_end", "text", "score"]
+_SPAN_OWN = ["start", "end", "paper_start", "paper_end", "text", "score", "align"]
 _SPAN_FROM_PAIR = [n for n in SPANS.names if n not in _SPAN_OWN]
 
 
 def pack(out: dict[str, pa.Table]) -> pa.Table:
-    """``{"spans", "pairs"}`` -> the pairs table plus a ``spans`` list column (same row order)."""
+    """``{"spans", "pairs", "rejects"}`` -> the pairs table plus ``spans`` and ``rejects`` list columns."""
     pairs, spans = out["pairs"], out["spans"]
     by_pair: dict[str, list[dict[str, Any]]] = {}
     for row in spans.select(["pair_id", *_SPAN_OWN]).to_pylist():
         by_pair.setdefault(row.pop("pair_id"), []).append(row)
     struct = pa.struct([SPANS.field(n) for n in _SPAN_OWN])
-    nested = pa.array([by_pair.get(p, []) for p in pairs.column("pair_id").to_pylist()], pa.list_(struct))
-    return pairs.append_column("spans", nested)
+    pair_ids = pairs.column("pair_id").to_pylist()
+    nested = pa.array([by_pair.get(p, []) for p in pair_ids], pa.list_(struct))
+    rejects = out.get("rejects")
+    rej_by_pair: dict[str, list[dict[str, Any]]] = {}
+    for row in (rejects.to_pylist() if rejects is not None else []):
+        rej_by_pair.setdefault(row["pair_id"], []).append(row)
+    owners = [rej_by_pair.get(p, []) for p in pair_ids]
+    rejects_col = pa.array(owners, pa.list_(pa.struct(list(REJECTS))))
+    return pairs.append_column("spans", nested).append_column("rejects", rejects_col)
 
 
 def unpack(packed: pa.Table) -> dict[str, pa.Table]:
@@ -151,10 +175,12 @@ def unpack(packed: pa.Table) -> dict[str, pa.Table]:
     import pyarrow.compute as pc
 
     nested = packed.column("spans").combine_chunks()
-    pairs = packed.drop_columns(["spans"])
+    rejects = pc.list_flatten(packed.column("rejects").combine_chunks())
+    rejects = pa.Table.from_struct_array(rejects) if len(rejects) else REJECTS.empty_table()
+    pairs = packed.drop_columns(["spans", "rejects"])
     parents = pc.list_parent_indices(nested)
     flat = pc.list_flatten(nested)
     base = pairs.select(_SPAN_FROM_PAIR).take(parents)
     cols = {n: base.column(n) for n in _SPAN_FROM_PAIR} | {n: flat.field(n) for n in _SPAN_OWN}
     spans = pa.table({n: cols[n] for n in SPANS.names}).cast(SPANS)
-    return {"spans": spans, "pairs": pairs.cast(PAIRS)}
+    return {"spans": spans, "pairs": pairs.cast(PAIRS), "rejects": rejects.cast(REJECTS)}
