@@ -378,6 +378,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from .extract import build_extractor
 
     thresholds = _thresholds(args.sweep_threshold)
+    if args.extractor not in ("highlighter", "semantic"):
+        raise ValueError("--sweep-threshold works with the highlighter and semantic extractors")
     gold = load_gold(args.gold)
     extractor = build_extractor(_extractor(args, thresholds[0]))
     runs = extractor.sweep([g["query"] for g in gold], [g["chunk"] for g in gold], thresholds)
