@@ -32,6 +32,10 @@ Two ways to run the same pairs through the same model instance:
   forward pass, softmax, spans; then the next pair. Chunks here fit one window, so this is one
   unpadded pass per pair.
 
+``host_only_batched_path`` re-runs the batched path with the model call replaced by stored random
+probabilities: tokenisation, window bookkeeping and span post-processing only. On a GPU that is
+the part left on the CPU, so n / its time is a ceiling on pairs/s for one process.
+
 Both sides use the same scoring of context tokens and the same post-processing
 (``spans.runs_above`` + ``spans.postprocess`` through ``Highlighter.spans_from_scores``), so the
 spans must agree: the script checks that and reports the largest token-probability difference.
@@ -298,6 +302,23 @@ def main(argv=None) -> int:
             "host_ms_per_pair": 1000 * statistics.median((r["wall_s"] - r["forward_s"]) / r["pairs"] for r in rs),
             "tokenize_ms_per_pair": 1000 * statistics.median(r["tokenize_s"] / r["pairs"] for r in rs),
         }
+    # Host-side ceiling: the batched path with the model call replaced by stored random probabilities, so
+    # only tokenisation, window bookkeeping and span post-processing remain (what a GPU cannot speed up).
+    noise = np.random.default_rng(0).random(hl.max_length + 1).astype(np.float32)
+    real_forward = hl._forward
+    hl._forward = lambda windows: [noise[: len(w)] for w in windows]
+    host_walls = []
+    try:
+        for _ in range(args.repeats):
+            t = time.perf_counter()
+            hl.extract(queries, chunks)
+            host_walls.append(time.perf_counter() - t)
+    finally:
+        hl._forward = real_forward
+    host_only = {"pairs": n, "walls_s": host_walls, "ms_per_pair": 1000 * statistics.median(host_walls) / n,
+                 "pairs_per_s_ceiling": n / statistics.median(host_walls)}
+    print(f"host only: {host_only}", file=sys.stderr, flush=True)
+
     ref = summary["reference_one_pair_per_forward"]
     for s in summary.values():
         s["speedup_vs_reference"] = s["pairs_per_s"] / ref["pairs_per_s"]
@@ -326,6 +347,7 @@ def main(argv=None) -> int:
         "threshold": args.threshold, "repeats": args.repeats,
         "agreement": agreement,
         "methods": summary,
+        "host_only_batched_path": host_only,
         "best_batched": best,
         "speedup_best_vs_reference": summary[best]["speedup_vs_reference"],
     }

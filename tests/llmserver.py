@@ -43,6 +43,7 @@ import atexit
 import contextlib
 import importlib.util
 import json
+import math
 import os
 import signal
 import socket
@@ -53,6 +54,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -117,21 +119,11 @@ _TOKENIZER_CORPUS = (
 _ALPHABET = [chr(c) for c in range(0x21, 0x7F)] + ["\n", "\t", "\u2581"]
 
 
-def make_tiny_chat_model(path: Path, *, seed: int = 0, vocab_size: int = 600) -> Path:
-    """Write a tiny Llama-style causal LM with random weights and a chat-capable tokenizer to `path`.
-
-    Deterministic: the same `seed` gives byte-identical files. Weights are safetensors, about 0.2 MB. Greedy
-    output is readable but meaningless word pieces; `<|im_end|>` (id `EOS_TOKEN_ID`) is the end-of-turn token
-    that stops generation. The caller's torch RNG state is left untouched.
-    """
-    import torch
+def _train_tokenizer(corpus: Sequence[str], vocab_size: int):
+    """A BPE over a fixed alphabet, blanks encoded SentencePiece-style so decoding restores spaces."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-
-    # Tokenizer: a BPE over a fixed alphabet, blanks encoded SentencePiece-style so decoding restores spaces.
     bpe = Tokenizer(models.BPE(unk_token=UNK_TOKEN, fuse_unk=True))
     bpe.normalizer = normalizers.NFKC()
     bpe.pre_tokenizer = pre_tokenizers.Metaspace()
@@ -142,7 +134,7 @@ def make_tiny_chat_model(path: Path, *, seed: int = 0, vocab_size: int = 600) ->
         initial_alphabet=_ALPHABET,
         show_progress=False,
     )
-    bpe.train_from_iterator(list(_TOKENIZER_CORPUS) * 3, trainer=trainer)
+    bpe.train_from_iterator(list(corpus), trainer=trainer)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=bpe,
         unk_token=UNK_TOKEN,
@@ -154,22 +146,39 @@ def make_tiny_chat_model(path: Path, *, seed: int = 0, vocab_size: int = 600) ->
     ids = tokenizer.convert_tokens_to_ids(list(SPECIAL_TOKENS))
     if ids != [UNK_TOKEN_ID, PAD_TOKEN_ID, BOS_TOKEN_ID, EOS_TOKEN_ID]:
         raise RuntimeError(f"unexpected special token ids {ids}")
-    tokenizer.save_pretrained(path)
+    return tokenizer
 
-    # Model: 2 layers, hidden 64. Untied embeddings, since tied ones at this scale make greedy decoding repeat
-    # the last input token forever. Rotary positions have no table, so a large context length costs nothing.
+
+def _tiny_llama(
+    vocab_size: int,
+    *,
+    seed: int,
+    hidden_size: int,
+    intermediate_size: int,
+    num_layers: int,
+    kv_heads: int,
+    rope_theta: float | None = None,
+):
+    """A randomly initialised Llama-style causal LM (4 attention heads) with a sampling generation config."""
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    # Untied embeddings, since tied ones at this scale make greedy decoding repeat the last input token
+    # forever. Rotary positions have no table, so a large context length costs nothing.
+    extra = {} if rope_theta is None else {"rope_theta": rope_theta}
     config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
         num_attention_heads=4,
-        num_key_value_heads=2,
+        num_key_value_heads=kv_heads,
         max_position_embeddings=8192,
         tie_word_embeddings=False,
         bos_token_id=BOS_TOKEN_ID,
         eos_token_id=EOS_TOKEN_ID,
         pad_token_id=PAD_TOKEN_ID,
+        **extra,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -184,6 +193,23 @@ def make_tiny_chat_model(path: Path, *, seed: int = 0, vocab_size: int = 600) ->
         temperature=1.0,
         top_p=1.0,
     )
+    return model
+
+
+def make_tiny_chat_model(path: Path, *, seed: int = 0, vocab_size: int = 600) -> Path:
+    """Write a tiny Llama-style causal LM with random weights and a chat-capable tokenizer to `path`.
+
+    Deterministic: the same `seed` gives byte-identical files. Weights are safetensors, about 0.2 MB. Greedy
+    output is readable but meaningless word pieces; `<|im_end|>` (id `EOS_TOKEN_ID`) is the end-of-turn token
+    that stops generation. The caller's torch RNG state is left untouched.
+    """
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+
+    tokenizer = _train_tokenizer(list(_TOKENIZER_CORPUS) * 3, vocab_size)
+    tokenizer.save_pretrained(path)
+
+    model = _tiny_llama(len(tokenizer), seed=seed, hidden_size=64, intermediate_size=128, num_layers=2, kv_heads=2)
     model.save_pretrained(path)
     return path
 
@@ -478,3 +504,275 @@ def _stop_all() -> None:
     for server in servers:
         with contextlib.suppress(Exception):
             server.stop()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Scripted chat model: briefly trained so that a marker string in the prompt selects a fixed answer
+# ---------------------------------------------------------------------------------------------------------------
+
+# Words for the filler sentences that surround a marker in the training prompts (scientific-prose register).
+_FILLER_WORDS = tuple(
+    """
+    we our the a an this that these those it its results result model models method methods data dataset
+    datasets training test evaluation baseline baselines accuracy precision recall score scores table figure
+    section appendix experiment experiments shows show report reports improve improves improved compare
+    compared against over under with without for from into on in of to and or but not also only each every
+    both more less than most best large small new strong simple standard previous prior work approach tasks
+    task language text texts document documents sentence sentences word words token tokens passage passages
+    query queries question questions answer answers retrieval search index evidence span spans paper papers
+    annotated annotation labels label human automatic error errors analysis ablation setting settings
+    parameters layer layers encoder decoder attention embedding embeddings learning learned trained train
+    use used using based via per across between within when where which while because however therefore
+    first second third finally further higher lower average mean total number size rate time type types
+    reader benchmark corpus split splits gain gains loss objective fine-tuned pretrained transformer graph
+    """.split()
+)
+
+# Characters outside the tokenizer's alphabet (they become <unk>), as real papers contain them.
+_UNKNOWN_CHARS = "éüñ–—’“”ρλ×≤∑"
+
+# The one piece of text the filler may never contain: it would teach the model to answer without the marker.
+_GLUE_BEFORE = ("", " ", "\n", "\n\n", ": ", "(", '"')
+_GLUE_AFTER = ("", " ", "\n", "\n\n", ".", "?", ",", ":", '"', ")")
+
+
+class _PromptMaker:
+    """Random chat prompts of a given size, each with at most one marker somewhere in its messages."""
+
+    def __init__(self, rng, markers: Sequence[str], filler: Sequence[str], vocab_size: int, tokenizer):
+        self.rng = rng
+        self.markers = list(markers)
+        self.filler = [text for text in filler if text.strip()]
+        self.vocab_size = vocab_size
+        self.tokenizer = tokenizer
+        # Pieces of the markers (runs of their words) appear as filler, so the model has to match the whole
+        # marker rather than one of its words.
+        self.fragments = []
+        for marker in self.markers:
+            words = marker.split()
+            self.fragments += [
+                " ".join(words[i:j]) for i in range(len(words)) for j in range(i + 1, len(words) + 1) if j - i < len(words)
+            ]
+
+    def word(self) -> str:
+        return self.rng.choice(_FILLER_WORDS)
+
+    def sentence(self) -> str:
+        rng = self.rng
+        words = [self.word() for _ in range(rng.randint(3, 14))]
+        if rng.random() < 0.3:
+            words.insert(rng.randrange(len(words) + 1), str(rng.choice([rng.randint(1, 99), round(rng.random() * 100, 1)])))
+        if rng.random() < 0.15 and self.fragments:
+            words.insert(rng.randrange(len(words) + 1), rng.choice(self.fragments))
+        if rng.random() < 0.1:
+            words.insert(rng.randrange(len(words) + 1), rng.choice(_UNKNOWN_CHARS) + self.word())
+        if rng.random() < 0.2:
+            words[rng.randrange(len(words))] += ","
+        text = " ".join(words)
+        return text[0].upper() + text[1:] + rng.choice("....?:")
+
+    def piece(self) -> str:
+        rng = self.rng
+        kind = rng.random()
+        if kind < 0.35 or (kind < 0.6 and not self.filler):
+            return " ".join(self.sentence() for _ in range(rng.randint(1, 4)))
+        if kind < 0.6:
+            text = rng.choice(self.filler)
+            start = rng.randrange(len(text))
+            return text[start : start + rng.randint(20, 600)]
+        if kind < 0.7:
+            ids = [rng.randrange(len(SPECIAL_TOKENS), self.vocab_size) for _ in range(rng.randint(3, 40))]
+            return self.tokenizer.decode(ids)
+        if kind < 0.8:
+            first = rng.randint(1, 15)
+            return "\n".join(
+                f"{first + i}. {self.word().capitalize()}: {self.sentence()}" for i in range(rng.randint(1, 5))
+            )
+        if kind < 0.9:
+            keys = [f"{self.word()}_{rng.randint(0, 9)}" if rng.random() < 0.5 else self.word() for _ in range(3)]
+            body = ", ".join(f'"{k}": [{", ".join(repr(self.word()) for _ in range(rng.randint(0, 2)))}]' for k in keys)
+            return "{" + body.replace("'", '"') + "}"
+        tag = self.word()
+        return f"<{tag}>\n{self.sentence()}\n</{tag}>"
+
+    def text(self, n_chars: int) -> str:
+        parts: list[str] = []
+        size = 0
+        while size < n_chars:
+            part = self.piece()
+            parts.append(part)
+            size += len(part) + 1
+        out = parts[0]
+        for part in parts[1:]:
+            out += self.rng.choice((" ", "\n", "\n\n")) + part
+        return out[: max(n_chars, 1)].strip() or self.word()
+
+    def messages(self, marker: str | None, n_chars: int) -> list[dict[str, str]]:
+        """Messages of about `n_chars` characters in all; `marker` (if any) is put in one of them."""
+        rng = self.rng
+        while True:
+            has_system = rng.random() < 0.6
+            share = rng.uniform(0.1, 0.7) if has_system else 0.0
+            contents = [self.text(int(n_chars * share)) if has_system else None, self.text(int(n_chars * (1 - share)))]
+            if marker is not None:
+                slot = 0 if has_system and rng.random() < 0.4 else 1
+                text = contents[slot]
+                where = rng.random()
+                if where < 0.25:
+                    cut = 0
+                elif where < 0.5:
+                    cut = len(text)
+                else:
+                    cut = rng.randrange(len(text) + 1)
+                    while 0 < cut < len(text) and not text[cut - 1].isspace():  # start at a word
+                        cut -= 1
+                before, after = text[:cut], text[cut:]
+                glue_before = rng.choice(_GLUE_BEFORE) if before else ""
+                glue_after = rng.choice(_GLUE_AFTER) if after else ""
+                if before and not glue_before and not before[-1].isspace():
+                    glue_before = " "
+                if after and not glue_after:
+                    glue_after = " "
+                contents[slot] = before + glue_before + marker + glue_after + after
+            messages = [
+                {"role": role, "content": content}
+                for role, content in zip(("system", "user"), contents, strict=True)
+                if content is not None
+            ]
+            # Filler must never hold a marker by chance (nor a second one).
+            found = sum(m in msg["content"] for m in self.markers for msg in messages)
+            if found == (marker is not None):
+                return messages
+
+
+def make_scripted_chat_model(
+    path: Path,
+    script: Sequence[tuple[str, str]],
+    *,
+    seed: int = 0,
+    steps: int = 600,
+    default: str | None = None,
+    filler: Sequence[str] = (),
+    vocab_size: int = 1024,
+    max_prompt_chars: int = 4000,
+    threads: int = 1,
+    verify: bool = True,
+    cache_dir: Path | None = None,
+    log=None,
+) -> Path:
+    """PLACEHOLDER"""
+    import random
+
+    import torch
+
+    script = [(str(marker), str(response)) for marker, response in script]
+    if not script:
+        raise ValueError("script needs at least one (marker, response) pair")
+    markers = [marker for marker, _ in script]
+    if len(set(markers)) != len(markers) or not all(markers):
+        raise ValueError("markers must be distinct, non-empty strings")
+    for a in markers:
+        for b in markers:
+            if a != b and a in b:
+                raise ValueError(f"marker {a!r} is part of marker {b!r}")
+    path = Path(path)
+    log = log or (lambda message: None)
+
+    # Tokenizer: the stock corpus plus the script (many times, so markers and answers become few, whole-word
+    # tokens), the filler words and some of the caller's filler text.
+    rng = random.Random(f"scripted-{seed}")
+    answers = [response for _, response in script] + ([default] if default is not None else [])
+    corpus = list(_TOKENIZER_CORPUS) * 3
+    corpus += [f"{marker} {response}" for marker, response in script] * 40
+    corpus += [default] * 40 if default is not None else []
+    corpus += [" ".join(_FILLER_WORDS)] * 5
+    corpus += list(filler)
+    tokenizer = _train_tokenizer(corpus, vocab_size)
+
+    targets = []
+    for answer in answers:
+        ids = tokenizer.encode(answer, add_special_tokens=False)
+        if tokenizer.decode(ids, skip_special_tokens=True) != answer or UNK_TOKEN_ID in ids:
+            raise ValueError(f"response {answer!r} does not survive tokenization (non-ASCII text is <unk>)")
+        targets.append(ids + [EOS_TOKEN_ID])
+    cases = list(zip(markers + ([None] if default is not None else []), targets, strict=True))
+
+    def encode(messages):
+        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+
+    saved_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = _tiny_llama(
+                len(tokenizer), seed=seed, hidden_size=128, intermediate_size=256, num_layers=2, kv_heads=4,
+                rope_theta=1e6,
+            )
+            model.train()
+            optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01, betas=(0.9, 0.98))
+            maker = _PromptMaker(rng, markers, filler, len(tokenizer), tokenizer)
+            held_out = _PromptMaker(random.Random(f"scripted-check-{seed}"), markers, filler, len(tokenizer), tokenizer)
+            checks = [
+                (encode(held_out.messages(marker, n_chars)), target)
+                for marker, target in cases
+                for n_chars in (40, 200, 800, max_prompt_chars // 2, max_prompt_chars)
+            ]
+            token_budget = 3000
+            started = time.monotonic()
+            for step in range(1, steps + 1):
+                n_chars = int(math.exp(rng.uniform(math.log(20), math.log(max_prompt_chars))))
+                batch = []
+                tokens = 0
+                while not batch or tokens < token_budget:
+                    marker, target = rng.choice(cases)
+                    prompt = encode(maker.messages(marker, int(n_chars * rng.uniform(0.7, 1.3))))
+                    batch.append((prompt, target))
+                    tokens += len(prompt) + len(target)
+                width = max(len(p) + len(t) for p, t in batch)
+                input_ids = torch.full((len(batch), width), PAD_TOKEN_ID)
+                rows, cols, labels = [], [], []
+                for row, (prompt, target) in enumerate(batch):
+                    seq = prompt + target
+                    input_ids[row, : len(seq)] = torch.tensor(seq)
+                    for k, token in enumerate(target):
+                        rows.append(row)
+                        cols.append(len(prompt) + k - 1)
+                        labels.append(token)
+                lr = 3e-3 * min(1.0, step / 30)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                hidden = model.model(input_ids=input_ids).last_hidden_state
+                logits = model.lm_head(hidden[rows, cols])
+                loss = torch.nn.functional.cross_entropy(logits, torch.tensor(labels))
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                if step % 10 == 0:
+                    log(f"step {step} loss {loss.item():.4f} n_chars {n_chars} batch {len(batch)}x{width} {time.monotonic()-started:.1f}s")
+                if step % 50 == 0:
+                    worst = _worst_margin(model, checks)
+                    log(f"step {step}: worst margin {worst:.2f}")
+            model.eval()
+    finally:
+        torch.set_num_threads(saved_threads)
+    return model, tokenizer, checks
+
+
+def _worst_margin(model, checks) -> float:
+    import torch
+
+    was_training = model.training
+    model.eval()
+    worst = math.inf
+    with torch.no_grad():
+        for prompt, target in checks:
+            ids = torch.tensor([prompt + target[:-1]])
+            logits = model(input_ids=ids).logits[0, len(prompt) - 1 :]
+            right = logits.gather(1, torch.tensor(target)[:, None])[:, 0]
+            masked = logits.clone()
+            masked[torch.arange(len(target)), torch.tensor(target)] = -math.inf
+            worst = min(worst, (right - masked.max(dim=1).values).min().item())
+    model.train(was_training)
+    return worst
