@@ -183,3 +183,30 @@ def test_query_generator_runs_three_steps_and_records_failures():
     assert len(ok) == 2 and all(r["query"] == "warm-up definition" for r in ok)
     assert out[1]["error"].startswith("question: slow server") and out[1]["query"] is None
     assert len({r["query_id"] for r in out}) == 3 and len(calls) == 1 + 3 + 2
+
+
+def test_vllm_backend_requests_and_interpretation_without_the_engine():
+    """Everything around ray.data.llm: request rows in, generated text out -> the same tables."""
+    from verbatim_batch.extract.pairs import pairs_from_records
+    from verbatim_batch.pipeline import _LLMInterpret, _vllm_requests
+
+    cfg = LLMConfig(model="Qwen/Qwen3-8B", backend="vllm", docs_per_request=2)
+    records = [{"query": "lr", "chunk": DOCS[0]}, {"query": "lr", "chunk": DOCS[1]}, {"query": "lr", "chunk": DOCS[2]},
+               {"query": "bleu", "chunk": DOCS[1]}, {"query": "", "chunk": DOCS[0]}]
+    pairs = pairs_from_records(records)
+    requests, bad = _vllm_requests(pairs, cfg, "run")
+    assert requests.num_rows == 3  # lr: 2 + 1 documents; bleu: 1
+    assert [len(c) for c in requests["chunks"].to_pylist()] == [2, 1, 1]
+    assert unpack(bad)["pairs"]["error"].to_pylist() == ["empty_query"]
+    # what the engine stage would hand back: generated text per request, or an error
+    answers = [json.dumps({"doc_0": ["The learning rate is 2e-5"], "doc_1": ["made-up sentence here"]}),
+               None, '{"doc_0": ["Our model reaches 29.1 BLEU"]}']
+    rows = [{"request_id": r["request_id"], "pairs_json": r["pairs_json"], "generated_text": a,
+             "error": None if a else "engine died", "latency_ms": None}
+            for r, a in zip(requests.to_pylist(), answers, strict=True)]
+    out = unpack(_LLMInterpret(cfg, "run")(pa.Table.from_pylist(rows)))
+    pairs_out = out["pairs"].to_pylist()
+    assert len(pairs_out) == 4 and [p["error"] for p in pairs_out].count(None) == 3
+    assert [p["error"] for p in pairs_out if p["error"]] == ["llm_request_failed: engine died"]
+    assert sorted(out["spans"]["text"].to_pylist()) == ["Our model reaches 29.1 BLEU", "The learning rate is 2e-5"]
+    assert out["rejects"]["span"].to_pylist() == ["made-up sentence here"]
