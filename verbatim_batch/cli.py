@@ -30,6 +30,7 @@ def _normalizations(value: str) -> tuple[str, ...]:
 
 
 def _add_ray_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML file of options (see README: Configuration); flags override it")
     p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
     p.add_argument("--num-cpus", type=int, help="CPUs for a local Ray (default: all)")
 
@@ -124,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gold", required=True, help="pairs file with relevant and gold_spans")
     p.add_argument("--predictions", help="a span table / extract run folder, or JSONL rows with spans")
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    p.add_argument("--config", help="YAML file of options; flags override it")
     p.add_argument("--sweep-threshold", help="run an extractor on the gold pairs at these thresholds, e.g. "
                    "0.2,0.3,0.4,0.5, and score each (needs no --predictions)")
     _add_extractor_args(p)
@@ -491,8 +493,26 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 1 if result["errors"] else 0
 
 
+def _with_config(argv: list[str] | None) -> argparse.Namespace:
+    """Parse the command line; a ``--config FILE`` supplies defaults that flags override."""
+    from . import config
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config")
+    known, _ = pre.parse_known_args(argv)
+    command = argv[0] if argv and not argv[0].startswith("-") else None
+    if known.config and command:
+        try:
+            config.apply(parser, command, known.config)
+        except config.ConfigError as exc:
+            parser.exit(2, f"verbatim-batch {command}: config error: {exc}\n")
+    return parser.parse_args(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = _with_config(argv)
     if args.command == "synth":
         from .synth import main as synth_main
 

@@ -1,0 +1,126 @@
+"""YAML job configs: every command's options, from a file, with command-line overrides.
+
+A config file maps option names (the long flag without dashes; ``-`` or ``_``) to values.
+Top-level keys apply to every command that has that option; a section named after a
+command (``extract:``, ``embed:`` ...) applies to that command only and wins over the
+top level; flags given on the command line win over both. Keys are checked: an unknown
+key, a value of the wrong type or outside the allowed choices is an error that names
+the file, the key and what was expected.
+
+    # conf.yaml
+    address: auto
+    chunks: s3://bucket/runs/chunks
+    extract:
+      extractor: highlighter
+      model: KRLabsOrg/acl-verbatim-modernbert
+      threshold: 0.2
+
+    verbatim-batch extract --config conf.yaml --retrieval RUN --output OUT --threshold 0.3
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be applied."""
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:  # noqa: SLF001 - argparse keeps subparsers here
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            return dict(action.choices)
+    return {}
+
+
+def _options(sub: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    return {a.dest: a for a in sub._actions if a.option_strings and a.dest not in ("help", "config")}  # noqa: SLF001
+
+
+def load(path: str) -> dict[str, Any]:
+    """The YAML mapping in ``path`` (an empty file is an empty config)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a config is a mapping of option names to values, got {type(data).__name__}")
+    return data
+
+
+def _key(name: Any) -> str:
+    return str(name).replace("-", "_")
+
+
+def _convert(path: str, where: str, action: argparse.Action, value: Any) -> Any:
+    """A YAML value checked and converted the way the command-line flag would be."""
+    flag = action.option_strings[-1]
+    label = f"{path}: {where}{action.dest}"
+    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):  # noqa: SLF001
+        if not isinstance(value, bool):
+            raise ConfigError(f"{label} must be true or false (like {flag}), got {value!r}")
+        return value if isinstance(action, argparse._StoreTrueAction) else not value  # noqa: SLF001
+    if value is None:
+        return None
+    kind = action.type
+    if kind in (int, float):
+        ok = isinstance(value, int) and not isinstance(value, bool) or (kind is float and isinstance(value, float))
+        if not ok:
+            raise ConfigError(f"{label} must be {'an integer' if kind is int else 'a number'}, got {value!r}")
+        value = kind(value)
+    elif kind is not None and kind is not str:  # custom parsers take the flag's text form
+        text = ",".join(str(v) for v in value) if isinstance(value, (list, tuple)) else str(value)
+        try:
+            value = kind(text)
+        except (argparse.ArgumentTypeError, ValueError) as exc:
+            raise ConfigError(f"{label}: {exc}") from exc
+    elif not isinstance(value, str):
+        raise ConfigError(f"{label} must be a string, got {value!r}")
+    if action.choices is not None and value not in action.choices:
+        raise ConfigError(f"{label} must be one of {', '.join(map(str, action.choices))}, got {value!r}")
+    return value
+
+
+def apply(parser: argparse.ArgumentParser, command: str, path: str) -> dict[str, Any]:
+    """Set the command's defaults from the config file (flags still override); returns what was applied."""
+    data = load(path)
+    subs = _subparsers(parser)
+    if command not in subs:
+        raise ConfigError(f"unknown command {command!r}")
+    options = _options(subs[command])
+    every = {dest for sub in subs.values() for dest in _options(sub)}
+    values: dict[str, Any] = {}
+    for name, value in data.items():
+        if name in subs:
+            continue
+        key = _key(name)
+        if key not in every:
+            raise ConfigError(f"{path}: unknown key {name!r} (not an option of any command)")
+        if key in options:
+            values[key] = _convert(path, "", options[key], value)
+    section = data.get(command)
+    if section is not None:
+        if not isinstance(section, dict):
+            raise ConfigError(f"{path}: section {command!r} must be a mapping")
+        for name, value in section.items():
+            key = _key(name)
+            if key not in options:
+                known = ", ".join(sorted(options))
+                raise ConfigError(f"{path}: {command}: unknown key {name!r}; {command} takes: {known}")
+            values[key] = _convert(path, f"{command}.", options[key], value)
+    for key, value in values.items():
+        action = options[key]
+        action.default = value
+        action.required = False
+    return values
