@@ -159,6 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", default="verbatim-demo", help="folder for the demo's runs")
     _add_ray_args(p)
 
+    p = sub.add_parser("report", help="(re)write report.json and report.html of a run folder")
+    p.add_argument("run_dir")
+    p.add_argument("--samples", type=int, default=12, help="pairs shown with highlighted spans (extract runs)")
+
     p = sub.add_parser("verify", help="re-check a chunk run: offsets exact, coverage complete")
     p.add_argument("run_dir")
 
@@ -485,6 +489,15 @@ def _report(path: str, manifest: dict) -> None:
         print(f"  {counts.get('tokens', 0)} tokens, {counts['truncated']} chunks truncated to the model's length")
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from .report import REPORT_HTML, REPORT_JSON, write_report
+
+    report = write_report(args.run_dir, n_samples=args.samples)
+    print(f"{report['command']} run {report['run_id']}:")
+    print(f"  {os.path.join(args.run_dir, REPORT_JSON)}\n  {os.path.join(args.run_dir, REPORT_HTML)}")
+    return 0
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     from .verify import verify_run
 
@@ -520,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {
         "chunk": cmd_chunk, "embed": cmd_embed, "index": cmd_index, "retrieve": cmd_retrieve,
         "extract": cmd_extract, "evaluate": cmd_evaluate,
-        "querygen": cmd_querygen, "silver": cmd_silver, "demo": cmd_demo, "verify": cmd_verify,
+        "querygen": cmd_querygen, "silver": cmd_silver, "demo": cmd_demo, "verify": cmd_verify, "report": cmd_report,
     }
     try:
         return handlers[args.command](args)

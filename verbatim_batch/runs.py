@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import logging
 import os
 import platform
 import shutil
@@ -24,6 +25,7 @@ import pyarrow.parquet as pq
 from . import __version__
 from .tables import MANIFEST, SCHEMA_VERSION, config_hash, stable_hash
 
+log = logging.getLogger(__name__)
 MANIFEST_FILE = "manifest.json"
 
 
@@ -64,6 +66,12 @@ class RunDir:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, os.path.join(self.staging, MANIFEST_FILE))
+        try:  # the report is derived from the run; it never stops a commit
+            from .report import write_report
+
+            write_report(self.staging, dict(manifest))
+        except Exception as exc:  # noqa: BLE001
+            log.warning("could not write the run report for %s: %s", self.output, exc)
         old = None
         if os.path.exists(self.output):
             if not self.overwrite:
