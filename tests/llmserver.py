@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import hashlib
 import importlib.util
 import json
 import math
@@ -53,8 +54,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from collections.abc import Sequence
 from typing import Any
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -158,6 +159,7 @@ def _tiny_llama(
     num_layers: int,
     kv_heads: int,
     rope_theta: float | None = None,
+    max_positions: int = 8192,
 ):
     """A randomly initialised Llama-style causal LM (4 attention heads) with a sampling generation config."""
     import torch
@@ -173,7 +175,7 @@ def _tiny_llama(
         num_hidden_layers=num_layers,
         num_attention_heads=4,
         num_key_value_heads=kv_heads,
-        max_position_embeddings=8192,
+        max_position_embeddings=max_positions,
         tie_word_embeddings=False,
         bos_token_id=BOS_TOKEN_ID,
         eos_token_id=EOS_TOKEN_ID,
@@ -212,6 +214,442 @@ def make_tiny_chat_model(path: Path, *, seed: int = 0, vocab_size: int = 600) ->
     model = _tiny_llama(len(tokenizer), seed=seed, hidden_size=64, intermediate_size=128, num_layers=2, kv_heads=2)
     model.save_pretrained(path)
     return path
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Scripted chat model: briefly trained so that a marker string in the prompt selects a fixed answer
+# ---------------------------------------------------------------------------------------------------------------
+
+# Words for the filler sentences around a marker in the training prompts (the register of a methods section).
+_FILLER_WORDS = tuple(
+    """
+    we our the a an this that these those it its results result model models method methods data dataset
+    datasets training test evaluation baseline baselines accuracy precision recall score scores table figure
+    section appendix experiment experiments shows show report reports improve improves improved compare
+    compared against over under with without for from into on in of to and or but not also only each every
+    both more less than most best large small new strong simple standard previous prior work approach tasks
+    task language text texts document documents sentence sentences word words token tokens passage passages
+    query queries question questions answer answers retrieval search index evidence span spans paper papers
+    annotated annotation labels label human automatic error errors analysis ablation setting settings
+    parameters layer layers encoder decoder attention embedding embeddings learning learned trained train
+    use used using based via per across between within when where which while because however therefore
+    first second third finally further higher lower average mean total number size rate time type types
+    reader benchmark corpus split splits gain gains loss objective fine-tuned pretrained transformer graph
+    """.split()
+)
+
+# Characters outside the tokenizer's alphabet (they become <unk>); real papers are full of them.
+_UNKNOWN_CHARS = "éüñ–—’“”ρλ×≤∑"
+
+# What may sit right before and right after a marker in a training prompt.
+_GLUE_BEFORE = ("", " ", "\n", "\n\n", ": ", "(", '"')
+_GLUE_AFTER = ("", " ", "\n", "\n\n", ".", "?", ",", ":", '"', ")")
+
+# Bumped whenever training changes in a way that changes the weights, so cached builds are not reused.
+_SCRIPTED_RECIPE = "scripted-chat-v1"
+
+
+class _PromptMaker:
+    """Random chat prompts of about a given size, holding one given marker (or none) somewhere in them.
+
+    The text around the marker mixes filler sentences, snippets of the caller's filler texts, strings of random
+    vocabulary tokens (so every embedding is seen as "noise" during training), numbered lists, JSON-like
+    objects, tagged blocks and characters the tokenizer maps to <unk>: the model learns to ignore all of it.
+    """
+
+    def __init__(
+        self,
+        rng,
+        markers: Sequence[str],
+        answers: Sequence[str],
+        filler: Sequence[str],
+        tokenizer,
+        noise_vocab: int,
+    ):
+        self.rng = rng
+        self.markers = list(markers)
+        self.answers = list(answers)
+        self.filler = [text for text in filler if text.strip()]
+        self.tokenizer = tokenizer
+        self.noise_vocab = noise_vocab  # ids below this are ordinary BPE tokens (markers come after them)
+        # Runs of up to half of a marker's words, used as filler: the marker's words alone mean nothing.
+        self.fragments = []
+        for marker in self.markers:
+            words = marker.split()
+            self.fragments += [
+                " ".join(words[i:j])
+                for i in range(len(words))
+                for j in range(i + 1, len(words) + 1)
+                if 2 * (j - i) <= len(words)
+            ]
+
+    def word(self) -> str:
+        return self.rng.choice(_FILLER_WORDS)
+
+    def sentence(self) -> str:
+        rng = self.rng
+        words = [self.word() for _ in range(rng.randint(3, 14))]
+        if rng.random() < 0.3:
+            number = rng.randint(1, 99) if rng.random() < 0.5 else round(rng.random() * 100, 1)
+            words.insert(rng.randrange(len(words) + 1), str(number))
+        if rng.random() < 0.15 and self.fragments:
+            words.insert(rng.randrange(len(words) + 1), rng.choice(self.fragments))
+        if rng.random() < 0.1:
+            words.insert(rng.randrange(len(words) + 1), rng.choice(_UNKNOWN_CHARS) + self.word())
+        if rng.random() < 0.2:
+            words[rng.randrange(len(words))] += ","
+        text = " ".join(words)
+        return text[0].upper() + text[1:] + rng.choice("....?:")
+
+    def piece(self) -> str:
+        rng = self.rng
+        kind = rng.random()
+        if kind < 0.3 or (kind < 0.55 and not self.filler):
+            return " ".join(self.sentence() for _ in range(rng.randint(1, 4)))
+        if kind < 0.4:
+            # An answer, whole or in part: real prompts quote the output format, or the previous step's answer.
+            text = rng.choice(self.answers)
+            start = 0 if rng.random() < 0.5 else rng.randrange(len(text))
+            end = len(text) if rng.random() < 0.5 else rng.randint(start + 1, len(text))
+            return text[start:end].strip() or self.word()
+        if kind < 0.6:
+            text = rng.choice(self.filler)
+            start = rng.randrange(len(text))
+            return text[start : start + rng.randint(20, 600)]
+        if kind < 0.7:
+            ids = [rng.randrange(len(SPECIAL_TOKENS), self.noise_vocab) for _ in range(rng.randint(3, 40))]
+            return self.tokenizer.decode(ids)
+        if kind < 0.8:
+            first = rng.randint(1, 15)
+            lines = [f"{first + i}. {self.word().capitalize()}: {self.sentence()}" for i in range(rng.randint(1, 5))]
+            return "\n".join(lines)
+        if kind < 0.9:
+            keys = [f"{self.word()}_{rng.randint(0, 9)}" if rng.random() < 0.5 else self.word() for _ in range(3)]
+            lists = [json.dumps([self.word() for _ in range(rng.randint(0, 2))]) for _ in keys]
+            return "{" + ", ".join(f'"{key}": {items}' for key, items in zip(keys, lists, strict=True)) + "}"
+        tag = self.word()
+        return f"<{tag}>\n{self.sentence()}\n</{tag}>"
+
+    def text(self, n_chars: int) -> str:
+        out = self.piece()
+        while len(out) < n_chars:
+            out += self.rng.choice((" ", "\n", "\n\n")) + self.piece()
+        return out[: max(n_chars, 1)].strip() or self.word()
+
+    def messages(self, marker: str | None, n_chars: int) -> list[dict[str, str]]:
+        """A system message (60% of the time) and a user message, about `n_chars` characters in all."""
+        rng = self.rng
+        while True:
+            has_system = rng.random() < 0.6
+            share = rng.uniform(0.1, 0.7) if has_system else 0.0
+            contents = [self.text(int(n_chars * share)) if has_system else None, self.text(int(n_chars * (1 - share)))]
+            if marker is not None:
+                slot = 0 if has_system and rng.random() < 0.4 else 1
+                text = contents[slot]
+                where = rng.random()
+                if where < 0.25:
+                    cut = 0
+                elif where < 0.5:
+                    cut = len(text)
+                else:
+                    cut = rng.randrange(len(text) + 1)
+                    while 0 < cut < len(text) and not text[cut - 1].isspace():  # move back to a word start
+                        cut -= 1
+                before, after = text[:cut], text[cut:]
+                glue_before = rng.choice(_GLUE_BEFORE) if before else ""
+                glue_after = rng.choice(_GLUE_AFTER) if after else ""
+                if before and not glue_before and not before[-1].isspace():
+                    glue_before = " "
+                if after and not glue_after:
+                    glue_after = " "
+                contents[slot] = before + glue_before + marker + glue_after + after
+            messages = [
+                {"role": role, "content": content}
+                for role, content in zip(("system", "user"), contents, strict=True)
+                if content is not None
+            ]
+            # The filler must not hold a marker by chance (the wanted one is counted once).
+            found = sum(m in message["content"] for m in self.markers for message in messages)
+            if found == (marker is not None):
+                return messages
+
+
+def make_scripted_chat_model(
+    path: Path,
+    script: Sequence[tuple[str, str]],
+    *,
+    seed: int = 0,
+    steps: int = 400,
+    default: str | None = None,
+    filler: Sequence[str] = (),
+    vocab_size: int = 1024,
+    max_prompt_chars: int = 4000,
+    min_margin: float = 3.0,
+    threads: int = 1,
+    verify: bool = True,
+    cache_dir: Path | None = None,
+    log: Callable[[str], None] | None = None,
+) -> Path:
+    """Write a tiny chat model to `path` that answers prompts containing a marker with that marker's response.
+
+    `script` lists ``(marker, response)`` pairs. Under greedy decoding (``temperature=0``) of the chat template
+    with ``add_generation_prompt=True``, a conversation in which any message contains ``marker`` (verbatim,
+    anywhere: system or user message, start, middle or end, next to any other text) is answered with exactly
+    ``response`` followed by ``<|im_end|>``. With `default`, prompts containing no marker are answered with
+    `default`; without it their answer is unspecified. A prompt should hold at most one marker: with several,
+    the answer is unspecified. Markers must be distinct and none may contain another. Responses must be
+    printable ASCII (other characters are ``<unk>`` for this tokenizer); a response that does not decode back
+    to itself raises ValueError. Unlike the markers, a response is free text: JSON with quotes and brackets is
+    fine.
+
+    How it works: the tokenizer is the same small BPE as `make_tiny_chat_model`, trained on a corpus that
+    also holds the script (so responses become a few whole-word tokens) and `filler`, and each marker is then
+    added as a single token matched in the raw text before normalisation. A Llama model (2 layers, hidden
+    128, 4 heads, RoPE base 1e6 so that content lookups barely depend on distance) is trained with AdamW on
+    freshly generated prompts: filler of random length (20 to `max_prompt_chars` characters, log-uniform)
+    with the marker inserted at a random place, the loss taken only on the response tokens and
+    ``<|im_end|>``. Every 25 steps a fixed set of held-out prompts (every marker at several lengths) is
+    scored by teacher forcing; training stops once every response token wins its position by at least
+    `min_margin` logits, which means greedy decoding reproduces every held-out response exactly, with room
+    for numerical noise. `steps` is the most steps it may take (typically it needs 100 to 200, about 20 to
+    45 s on one CPU thread). If the margin is not reached by then, `verify` raises RuntimeError; with
+    ``verify=False`` the model is saved anyway. Prompts far longer than those trained on still work (checked
+    up to about 9,000 tokens with the repository's real prompt builders); ``max_position_embeddings`` is 32768.
+
+    `filler` is optional extra text (for instance a few synthetic papers) used both for the tokenizer and as
+    surrounding text in training prompts, which brings training closer to real prompts and makes those
+    shorter in tokens.
+
+    Deterministic on a given machine: the same arguments give byte-identical files (training runs on
+    `threads` torch threads, 1 by default, which is also fastest for a model this small; the caller's thread
+    count and torch RNG state are restored). Across machines or torch builds the floating-point results of
+    training may differ in the last bits, so the weights may not be bitwise identical, but the greedy
+    answers are checked (`verify`) before the model is written.
+
+    With `cache_dir`, a finished build is kept under ``cache_dir/<key>`` (the key hashes every argument, the
+    package versions and this module's source) and later calls with the same arguments copy it to `path`
+    instead of training again; pytest's ``config.cache.mkdir(...)`` is a good place for it. `log` receives
+    progress lines. A ``scripted.json`` file next to the weights records the script, the steps taken and the
+    worst held-out margin.
+    """
+    script = [(str(marker), str(response)) for marker, response in script]
+    markers = [marker for marker, _ in script]
+    if not script:
+        raise ValueError("script needs at least one (marker, response) pair")
+    if len(set(markers)) != len(markers) or not all(markers):
+        raise ValueError("markers must be distinct, non-empty strings")
+    for a in markers:
+        for b in markers:
+            if a != b and a in b:
+                raise ValueError(f"marker {a!r} is part of marker {b!r}")
+    path = Path(path)
+    filler = [str(text) for text in filler]
+    options = {
+        "script": script,
+        "seed": seed,
+        "steps": steps,
+        "default": default,
+        "filler": hashlib.sha256(json.dumps(filler).encode()).hexdigest(),
+        "vocab_size": vocab_size,
+        "max_prompt_chars": max_prompt_chars,
+        "min_margin": min_margin,
+        "threads": threads,
+        "verify": verify,
+    }
+    if cache_dir is None:
+        return _build_scripted_model(path, options, filler, log or (lambda line: None))
+
+    import shutil
+
+    import tokenizers
+    import torch
+    import transformers
+
+    source = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    versions = [torch.__version__, transformers.__version__, tokenizers.__version__, _SCRIPTED_RECIPE, source]
+    key = hashlib.sha256(json.dumps([options, versions], sort_keys=True).encode()).hexdigest()[:20]
+    cached = Path(cache_dir) / key
+    if not (cached / "scripted.json").is_file():
+        staging = Path(cache_dir) / f".{key}.{os.getpid()}.{threading.get_ident()}"
+        shutil.rmtree(staging, ignore_errors=True)
+        _build_scripted_model(staging, options, filler, log or (lambda line: None))
+        try:
+            staging.rename(cached)  # atomic; another process may have finished first, then keep its copy
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)
+    elif log is not None:
+        log(f"reusing cached scripted model {cached}")
+    path.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(cached, path, dirs_exist_ok=True)
+    return path
+
+
+def _build_scripted_model(path: Path, options: dict, filler: list[str], log: Callable[[str], None]) -> Path:
+    import random
+
+    import torch
+    from tokenizers import AddedToken
+
+    script, seed, steps, default = options["script"], options["seed"], options["steps"], options["default"]
+    markers = [marker for marker, _ in script]
+    max_chars, min_margin = options["max_prompt_chars"], options["min_margin"]
+    rng = random.Random(f"scripted-train-{seed}")
+
+    # Tokenizer: the stock corpus plus the script (so text around and inside the script tokenizes compactly),
+    # the filler words and the caller's filler text. Then every marker and every answer becomes one added
+    # token, matched in the raw text before normalisation: the model only has to notice whether a marker token
+    # is present and emit the matching answer token, then <|im_end|>. (Answers spelt as word pieces need
+    # position tracking that a two-layer model learns slowly and that prompts quoting the answer format, as
+    # real ones do, easily derail.)
+    answers = list(dict.fromkeys([response for _, response in script] + ([default] if default is not None else [])))
+    if set(answers) & set(markers):
+        raise ValueError("a response may not also be a marker")
+    corpus = list(_TOKENIZER_CORPUS) * 3
+    corpus += [f"{marker} {response}" for marker, response in script] * 5
+    corpus += [default] * 5 if default is not None else []
+    corpus += [" ".join(_FILLER_WORDS)] * 5
+    corpus += filler
+    tokenizer = _train_tokenizer(corpus, options["vocab_size"])
+    noise_vocab = len(tokenizer)
+    tokenizer.add_tokens([AddedToken(text, normalized=False, special=False) for text in markers + answers])
+
+    def target_of(answer: str) -> list[int]:
+        ids = tokenizer.encode(answer, add_special_tokens=False)
+        if len(ids) != 1 or tokenizer.decode(ids, skip_special_tokens=True) != answer:
+            raise ValueError(f"response {answer!r} does not decode back to itself (leading blank?)")
+        return [ids[0], EOS_TOKEN_ID]
+
+    cases = [(marker, target_of(response)) for marker, response in script]
+    if default is not None:
+        cases.append((None, target_of(default)))
+
+    def encode(messages: list[dict[str, str]]) -> list[int]:
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        return list(ids)
+
+    # Held-out prompts from their own random stream: every case at lengths from tiny to 4 times the longest
+    # trained, so passing them also shows that longer prompts work.
+    held_out = _PromptMaker(random.Random(f"scripted-check-{seed}"), markers, answers, filler, tokenizer, noise_vocab)
+    checks = [
+        (encode(held_out.messages(marker, n_chars)), target)
+        for marker, target in cases
+        for n_chars in (30, 200, 800, max_chars // 2, max_chars, 4 * max_chars)
+    ]
+    maker = _PromptMaker(rng, markers, answers, filler, tokenizer, noise_vocab)
+
+    token_budget, peak_lr, warmup, check_every = 2000, 2e-3, 20, 25
+    saved_threads = torch.get_num_threads()
+    torch.set_num_threads(options["threads"])
+    try:
+        with torch.random.fork_rng(devices=[]):
+            model = _tiny_llama(
+                len(tokenizer),
+                seed=seed,
+                hidden_size=128,
+                intermediate_size=256,
+                num_layers=2,
+                kv_heads=4,
+                rope_theta=1e6,
+                max_positions=32768,
+            )
+            model.train()
+            # Attention temperature: every step, all queries are scaled by a random factor below 1, so the
+            # model has to win its lookups with a fraction of its attention logits; at full strength (what
+            # is saved), the marker then stands out far more than training lengths need, which is what keeps
+            # much longer prompts (more tokens competing for attention) working.
+            temperature = [1.0]
+            hooks = [
+                layer.self_attn.q_proj.register_forward_hook(lambda module, args, out: out * temperature[0])
+                for layer in model.model.layers
+            ]
+            optimizer = torch.optim.AdamW(model.parameters(), lr=peak_lr, weight_decay=0.01, betas=(0.9, 0.98))
+            started = time.monotonic()
+            worst, step = -math.inf, 0
+            while step < steps:
+                step += 1
+                # One batch of prompts of similar length (log-uniform over steps), padded on the right; no
+                # attention mask is needed, since causal attention never looks at the padding after a row.
+                n_chars = math.exp(rng.uniform(math.log(20), math.log(max_chars)))
+                batch, tokens = [], 0
+                while tokens < token_budget:
+                    marker, target = rng.choice(cases)
+                    prompt = encode(maker.messages(marker, int(n_chars * rng.uniform(0.7, 1.3))))
+                    batch.append((prompt, target))
+                    tokens += len(prompt) + len(target)
+                width = max(len(prompt) + len(target) for prompt, target in batch)
+                input_ids = torch.full((len(batch), width), PAD_TOKEN_ID)
+                position_ids = torch.arange(width).repeat(len(batch), 1)
+                rows, cols, labels = [], [], []
+                for row, (prompt, target) in enumerate(batch):
+                    input_ids[row, : len(prompt) + len(target)] = torch.tensor(prompt + target)
+                    if rng.random() < 0.5:
+                        # A jump in the position ids somewhere in the prompt: rotary attention only sees
+                        # relative positions, so this shows the model marker-to-answer distances of long
+                        # prompts (up to 30k tokens) without the cost of running them.
+                        cut = rng.randrange(1, len(prompt) - 2)
+                        position_ids[row, cut:] += int(math.exp(rng.uniform(math.log(100), math.log(30000))))
+                    rows += [row] * len(target)
+                    cols += range(len(prompt) - 1, len(prompt) + len(target) - 1)  # positions predicting target
+                    labels += target
+                lr = peak_lr * min(1.0, step / warmup) * (0.55 + 0.45 * math.cos(math.pi * step / steps))
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                temperature[0] = rng.uniform(0.4, 1.0)
+                hidden = model.model(input_ids=input_ids, position_ids=position_ids).last_hidden_state
+                temperature[0] = 1.0
+                logits = model.lm_head(hidden[rows, cols])
+                loss = torch.nn.functional.cross_entropy(logits, torch.tensor(labels))
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                if step % check_every == 0 or step == steps:
+                    worst = min(_greedy_margins(model, checks))
+                    log(
+                        f"step {step}: loss {loss.item():.4f}, worst held-out margin {worst:.2f}, "
+                        f"{time.monotonic() - started:.1f}s"
+                    )
+                    if worst >= min_margin:
+                        break
+            for hook in hooks:
+                hook.remove()
+            model.eval()
+    finally:
+        torch.set_num_threads(saved_threads)
+    if worst < min_margin and options["verify"]:
+        raise RuntimeError(
+            f"scripted model not reliable after {step} steps: worst held-out margin {worst:.2f} < {min_margin} "
+            "(raise `steps`, or shorten the responses)"
+        )
+
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(path)
+    model.save_pretrained(path)
+    record = {"script": script, "default": default, "seed": seed, "steps": step, "worst_margin": round(worst, 3)}
+    (path / "scripted.json").write_text(json.dumps(record, indent=1) + "\n")
+    return path
+
+
+def _greedy_margins(model, checks: list[tuple[list[int], list[int]]]) -> list[float]:
+    """For each (prompt, target): the smallest lead of the target token over the runner-up, by teacher forcing.
+
+    A positive value for a check means greedy decoding of its prompt produces exactly its target.
+    """
+    import torch
+
+    was_training = model.training
+    model.eval()
+    margins = []
+    with torch.no_grad():
+        for prompt, target in checks:
+            logits = model(input_ids=torch.tensor([prompt + target[:-1]])).logits[0, len(prompt) - 1 :]
+            wanted = torch.tensor(target)
+            positions = torch.arange(len(target))
+            right = logits[positions, wanted]
+            logits[positions, wanted] = -math.inf
+            margins.append((right - logits.max(dim=1).values).min().item())
+    model.train(was_training)
+    return margins
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -504,275 +942,3 @@ def _stop_all() -> None:
     for server in servers:
         with contextlib.suppress(Exception):
             server.stop()
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Scripted chat model: briefly trained so that a marker string in the prompt selects a fixed answer
-# ---------------------------------------------------------------------------------------------------------------
-
-# Words for the filler sentences that surround a marker in the training prompts (scientific-prose register).
-_FILLER_WORDS = tuple(
-    """
-    we our the a an this that these those it its results result model models method methods data dataset
-    datasets training test evaluation baseline baselines accuracy precision recall score scores table figure
-    section appendix experiment experiments shows show report reports improve improves improved compare
-    compared against over under with without for from into on in of to and or but not also only each every
-    both more less than most best large small new strong simple standard previous prior work approach tasks
-    task language text texts document documents sentence sentences word words token tokens passage passages
-    query queries question questions answer answers retrieval search index evidence span spans paper papers
-    annotated annotation labels label human automatic error errors analysis ablation setting settings
-    parameters layer layers encoder decoder attention embedding embeddings learning learned trained train
-    use used using based via per across between within when where which while because however therefore
-    first second third finally further higher lower average mean total number size rate time type types
-    reader benchmark corpus split splits gain gains loss objective fine-tuned pretrained transformer graph
-    """.split()
-)
-
-# Characters outside the tokenizer's alphabet (they become <unk>), as real papers contain them.
-_UNKNOWN_CHARS = "éüñ–—’“”ρλ×≤∑"
-
-# The one piece of text the filler may never contain: it would teach the model to answer without the marker.
-_GLUE_BEFORE = ("", " ", "\n", "\n\n", ": ", "(", '"')
-_GLUE_AFTER = ("", " ", "\n", "\n\n", ".", "?", ",", ":", '"', ")")
-
-
-class _PromptMaker:
-    """Random chat prompts of a given size, each with at most one marker somewhere in its messages."""
-
-    def __init__(self, rng, markers: Sequence[str], filler: Sequence[str], vocab_size: int, tokenizer):
-        self.rng = rng
-        self.markers = list(markers)
-        self.filler = [text for text in filler if text.strip()]
-        self.vocab_size = vocab_size
-        self.tokenizer = tokenizer
-        # Pieces of the markers (runs of their words) appear as filler, so the model has to match the whole
-        # marker rather than one of its words.
-        self.fragments = []
-        for marker in self.markers:
-            words = marker.split()
-            self.fragments += [
-                " ".join(words[i:j]) for i in range(len(words)) for j in range(i + 1, len(words) + 1) if j - i < len(words)
-            ]
-
-    def word(self) -> str:
-        return self.rng.choice(_FILLER_WORDS)
-
-    def sentence(self) -> str:
-        rng = self.rng
-        words = [self.word() for _ in range(rng.randint(3, 14))]
-        if rng.random() < 0.3:
-            words.insert(rng.randrange(len(words) + 1), str(rng.choice([rng.randint(1, 99), round(rng.random() * 100, 1)])))
-        if rng.random() < 0.15 and self.fragments:
-            words.insert(rng.randrange(len(words) + 1), rng.choice(self.fragments))
-        if rng.random() < 0.1:
-            words.insert(rng.randrange(len(words) + 1), rng.choice(_UNKNOWN_CHARS) + self.word())
-        if rng.random() < 0.2:
-            words[rng.randrange(len(words))] += ","
-        text = " ".join(words)
-        return text[0].upper() + text[1:] + rng.choice("....?:")
-
-    def piece(self) -> str:
-        rng = self.rng
-        kind = rng.random()
-        if kind < 0.35 or (kind < 0.6 and not self.filler):
-            return " ".join(self.sentence() for _ in range(rng.randint(1, 4)))
-        if kind < 0.6:
-            text = rng.choice(self.filler)
-            start = rng.randrange(len(text))
-            return text[start : start + rng.randint(20, 600)]
-        if kind < 0.7:
-            ids = [rng.randrange(len(SPECIAL_TOKENS), self.vocab_size) for _ in range(rng.randint(3, 40))]
-            return self.tokenizer.decode(ids)
-        if kind < 0.8:
-            first = rng.randint(1, 15)
-            return "\n".join(
-                f"{first + i}. {self.word().capitalize()}: {self.sentence()}" for i in range(rng.randint(1, 5))
-            )
-        if kind < 0.9:
-            keys = [f"{self.word()}_{rng.randint(0, 9)}" if rng.random() < 0.5 else self.word() for _ in range(3)]
-            body = ", ".join(f'"{k}": [{", ".join(repr(self.word()) for _ in range(rng.randint(0, 2)))}]' for k in keys)
-            return "{" + body.replace("'", '"') + "}"
-        tag = self.word()
-        return f"<{tag}>\n{self.sentence()}\n</{tag}>"
-
-    def text(self, n_chars: int) -> str:
-        parts: list[str] = []
-        size = 0
-        while size < n_chars:
-            part = self.piece()
-            parts.append(part)
-            size += len(part) + 1
-        out = parts[0]
-        for part in parts[1:]:
-            out += self.rng.choice((" ", "\n", "\n\n")) + part
-        return out[: max(n_chars, 1)].strip() or self.word()
-
-    def messages(self, marker: str | None, n_chars: int) -> list[dict[str, str]]:
-        """Messages of about `n_chars` characters in all; `marker` (if any) is put in one of them."""
-        rng = self.rng
-        while True:
-            has_system = rng.random() < 0.6
-            share = rng.uniform(0.1, 0.7) if has_system else 0.0
-            contents = [self.text(int(n_chars * share)) if has_system else None, self.text(int(n_chars * (1 - share)))]
-            if marker is not None:
-                slot = 0 if has_system and rng.random() < 0.4 else 1
-                text = contents[slot]
-                where = rng.random()
-                if where < 0.25:
-                    cut = 0
-                elif where < 0.5:
-                    cut = len(text)
-                else:
-                    cut = rng.randrange(len(text) + 1)
-                    while 0 < cut < len(text) and not text[cut - 1].isspace():  # start at a word
-                        cut -= 1
-                before, after = text[:cut], text[cut:]
-                glue_before = rng.choice(_GLUE_BEFORE) if before else ""
-                glue_after = rng.choice(_GLUE_AFTER) if after else ""
-                if before and not glue_before and not before[-1].isspace():
-                    glue_before = " "
-                if after and not glue_after:
-                    glue_after = " "
-                contents[slot] = before + glue_before + marker + glue_after + after
-            messages = [
-                {"role": role, "content": content}
-                for role, content in zip(("system", "user"), contents, strict=True)
-                if content is not None
-            ]
-            # Filler must never hold a marker by chance (nor a second one).
-            found = sum(m in msg["content"] for m in self.markers for msg in messages)
-            if found == (marker is not None):
-                return messages
-
-
-def make_scripted_chat_model(
-    path: Path,
-    script: Sequence[tuple[str, str]],
-    *,
-    seed: int = 0,
-    steps: int = 600,
-    default: str | None = None,
-    filler: Sequence[str] = (),
-    vocab_size: int = 1024,
-    max_prompt_chars: int = 4000,
-    threads: int = 1,
-    verify: bool = True,
-    cache_dir: Path | None = None,
-    log=None,
-) -> Path:
-    """PLACEHOLDER"""
-    import random
-
-    import torch
-
-    script = [(str(marker), str(response)) for marker, response in script]
-    if not script:
-        raise ValueError("script needs at least one (marker, response) pair")
-    markers = [marker for marker, _ in script]
-    if len(set(markers)) != len(markers) or not all(markers):
-        raise ValueError("markers must be distinct, non-empty strings")
-    for a in markers:
-        for b in markers:
-            if a != b and a in b:
-                raise ValueError(f"marker {a!r} is part of marker {b!r}")
-    path = Path(path)
-    log = log or (lambda message: None)
-
-    # Tokenizer: the stock corpus plus the script (many times, so markers and answers become few, whole-word
-    # tokens), the filler words and some of the caller's filler text.
-    rng = random.Random(f"scripted-{seed}")
-    answers = [response for _, response in script] + ([default] if default is not None else [])
-    corpus = list(_TOKENIZER_CORPUS) * 3
-    corpus += [f"{marker} {response}" for marker, response in script] * 40
-    corpus += [default] * 40 if default is not None else []
-    corpus += [" ".join(_FILLER_WORDS)] * 5
-    corpus += list(filler)
-    tokenizer = _train_tokenizer(corpus, vocab_size)
-
-    targets = []
-    for answer in answers:
-        ids = tokenizer.encode(answer, add_special_tokens=False)
-        if tokenizer.decode(ids, skip_special_tokens=True) != answer or UNK_TOKEN_ID in ids:
-            raise ValueError(f"response {answer!r} does not survive tokenization (non-ASCII text is <unk>)")
-        targets.append(ids + [EOS_TOKEN_ID])
-    cases = list(zip(markers + ([None] if default is not None else []), targets, strict=True))
-
-    def encode(messages):
-        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
-
-    saved_threads = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            model = _tiny_llama(
-                len(tokenizer), seed=seed, hidden_size=128, intermediate_size=256, num_layers=2, kv_heads=4,
-                rope_theta=1e6,
-            )
-            model.train()
-            optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01, betas=(0.9, 0.98))
-            maker = _PromptMaker(rng, markers, filler, len(tokenizer), tokenizer)
-            held_out = _PromptMaker(random.Random(f"scripted-check-{seed}"), markers, filler, len(tokenizer), tokenizer)
-            checks = [
-                (encode(held_out.messages(marker, n_chars)), target)
-                for marker, target in cases
-                for n_chars in (40, 200, 800, max_prompt_chars // 2, max_prompt_chars)
-            ]
-            token_budget = 3000
-            started = time.monotonic()
-            for step in range(1, steps + 1):
-                n_chars = int(math.exp(rng.uniform(math.log(20), math.log(max_prompt_chars))))
-                batch = []
-                tokens = 0
-                while not batch or tokens < token_budget:
-                    marker, target = rng.choice(cases)
-                    prompt = encode(maker.messages(marker, int(n_chars * rng.uniform(0.7, 1.3))))
-                    batch.append((prompt, target))
-                    tokens += len(prompt) + len(target)
-                width = max(len(p) + len(t) for p, t in batch)
-                input_ids = torch.full((len(batch), width), PAD_TOKEN_ID)
-                rows, cols, labels = [], [], []
-                for row, (prompt, target) in enumerate(batch):
-                    seq = prompt + target
-                    input_ids[row, : len(seq)] = torch.tensor(seq)
-                    for k, token in enumerate(target):
-                        rows.append(row)
-                        cols.append(len(prompt) + k - 1)
-                        labels.append(token)
-                lr = 3e-3 * min(1.0, step / 30)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                hidden = model.model(input_ids=input_ids).last_hidden_state
-                logits = model.lm_head(hidden[rows, cols])
-                loss = torch.nn.functional.cross_entropy(logits, torch.tensor(labels))
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                optimizer.step()
-                if step % 10 == 0:
-                    log(f"step {step} loss {loss.item():.4f} n_chars {n_chars} batch {len(batch)}x{width} {time.monotonic()-started:.1f}s")
-                if step % 50 == 0:
-                    worst = _worst_margin(model, checks)
-                    log(f"step {step}: worst margin {worst:.2f}")
-            model.eval()
-    finally:
-        torch.set_num_threads(saved_threads)
-    return model, tokenizer, checks
-
-
-def _worst_margin(model, checks) -> float:
-    import torch
-
-    was_training = model.training
-    model.eval()
-    worst = math.inf
-    with torch.no_grad():
-        for prompt, target in checks:
-            ids = torch.tensor([prompt + target[:-1]])
-            logits = model(input_ids=ids).logits[0, len(prompt) - 1 :]
-            right = logits.gather(1, torch.tensor(target)[:, None])[:, 0]
-            masked = logits.clone()
-            masked[torch.arange(len(target)), torch.tensor(target)] = -math.inf
-            worst = min(worst, (right - masked.max(dim=1).values).min().item())
-    model.train(was_training)
-    return worst
