@@ -30,7 +30,7 @@ from ray.data.block import BlockAccessor, BlockMetadata
 from . import corpus
 from .chunking import FORCED_SPLIT, OVERSIZED_BLOCK, UNDERSIZED, ChunkerConfig
 from .ingest import DEFAULT_MAX_PAPER_BYTES, IngestStage
-from .runs import RunDir, build_manifest, new_run_id, read_manifest
+from .runs import build_manifest, new_run_id, read_manifest, staged
 from .tables import CHUNKS, PAPERS, QUARANTINE, RETRIEVAL, stable_hash
 
 log = logging.getLogger(__name__)
@@ -281,8 +281,7 @@ def run_chunk(job: ChunkJob) -> tuple[str, dict[str, Any]]:
     """Chunk a corpus into a committed run folder; returns ``(path, manifest)``."""
     t0 = time.perf_counter()
     fmt = corpus.detect_format(job.input) if job.format == "auto" else job.format
-    run = RunDir(job.output, overwrite=job.overwrite)
-    try:
+    with staged(job.output, overwrite=job.overwrite) as run:
         init_ray(job.address, job.num_cpus)
         fs, files = corpus.list_sources(job.input, fmt)
         if job.metadata:  # a metadata file inside the input folder is not a paper
@@ -327,9 +326,6 @@ def run_chunk(job: ChunkJob) -> tuple[str, dict[str, Any]]:
             },
         )
         return run.commit(manifest), manifest
-    except BaseException:
-        run.abort()
-        raise
 
 
 # --- embed, index, retrieve -------------------------------------------------------------
@@ -402,8 +398,7 @@ def run_embed(job: EmbedJob) -> tuple[str, dict[str, Any]]:
     t0 = time.perf_counter()
     cfg = job.embedder or EmbedderConfig()
     chunks_dir = _committed_table_dir(job.chunks, "chunks")
-    run = RunDir(job.output, overwrite=job.overwrite)
-    try:
+    with staged(job.output, overwrite=job.overwrite) as run:
         init_ray(job.address, job.num_cpus)
         model_cfg = AutoConfig.from_pretrained(
             cfg.model, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code
@@ -428,9 +423,6 @@ def run_embed(job: EmbedJob) -> tuple[str, dict[str, Any]]:
             timings_s={"total": time.perf_counter() - t0},
         )
         return run.commit(manifest), manifest
-    except BaseException:
-        run.abort()
-        raise
 
 
 @dataclass
@@ -495,8 +487,7 @@ def run_index(job: IndexJob) -> tuple[str, dict[str, Any]]:
     emb_dir = _committed_table_dir(job.embeddings, "embeddings")
     chunks_dir = _committed_table_dir(job.chunks, "chunks")
     embed_manifest = read_manifest(job.embeddings)
-    run = RunDir(job.output, overwrite=job.overwrite)
-    try:
+    with staged(job.output, overwrite=job.overwrite) as run:
         init_ray(job.address, job.num_cpus)
         task = ray.remote(num_cpus=1, num_gpus=1 if _gpus() else 0)(build_index_files)
         stats = ray.get(task.remote(emb_dir, chunks_dir, run.staging, job.dense or DenseSpec(), job.bm25))
@@ -511,9 +502,6 @@ def run_index(job: IndexJob) -> tuple[str, dict[str, Any]]:
             timings_s={**stats["timings"], "total": time.perf_counter() - t0},
         )
         return run.commit(manifest), manifest
-    except BaseException:
-        run.abort()
-        raise
 
 
 class _RetrieveActor:
@@ -575,8 +563,7 @@ def run_retrieve(job: RetrieveJob) -> tuple[str, dict[str, Any]]:
     cfg = dataclasses.replace(cfg, index_dir=os.path.abspath(job.index))
     read_manifest(job.index)
     queries, rejected = read_queries(job.queries)
-    run = RunDir(job.output, overwrite=job.overwrite)
-    try:
+    with staged(job.output, overwrite=job.overwrite) as run:
         init_ray(job.address, job.num_cpus)
         blocks = [queries.slice(i, job.batch_rows) for i in range(0, max(1, queries.num_rows), job.batch_rows)]
         ds = ray.data.from_arrow(blocks)
@@ -595,9 +582,6 @@ def run_retrieve(job: RetrieveJob) -> tuple[str, dict[str, Any]]:
             timings_s={"total": time.perf_counter() - t0},
         )
         return run.commit(manifest), manifest
-    except BaseException:
-        run.abort()
-        raise
 
 
 def _jsonable(value):
@@ -839,8 +823,7 @@ def run_extract(job: ExtractJob) -> tuple[str, dict[str, Any]]:
     config = {"extractor": kind, "extractor_config": _jsonable(cfg.to_dict()), "extractor_hash": cfg.hash,
               "method": job.method, "top_k": job.top_k, **sources}
     run_id = new_run_id("extract", config)
-    run = RunDir(job.output, overwrite=job.overwrite)
-    try:
+    with staged(job.output, overwrite=job.overwrite) as run:
         init_ray(job.address, job.num_cpus)
         ds = _extract_dataset(job, pairs, cfg, run_id)
         sink = StageTableSink(unpack, run.staging, {"spans": SPANS, "pairs": PAIRS, "rejects": REJECTS},
@@ -861,9 +844,6 @@ def run_extract(job: ExtractJob) -> tuple[str, dict[str, Any]]:
             timings_s={"pairs": t_pairs - t0, "total": time.perf_counter() - t0},
         )
         return run.commit(manifest), manifest
-    except BaseException:
-        run.abort()
-        raise
 
 
 # --- querygen and silver ----------------------------------------------------------------
@@ -915,8 +895,7 @@ def run_querygen(job: QueryGenJob) -> tuple[str, dict[str, Any]]:
     picked = pick_chunks(read_table(job.chunks, "chunks", ["chunk_id", "paper_id", "chunk_index", "text",
                                                            "heading_path"]), paper_ids, job.seed)
     config = {"chunks": job.chunks, "n_papers": job.n_papers, "seed": job.seed, "llm": _jsonable(job.llm.to_dict())}
-    run = RunDir(job.output, overwrite=job.overwrite)
-    try:
+    with staged(job.output, overwrite=job.overwrite) as run:
         init_ray(job.address, job.num_cpus)
         blocks = [picked.slice(i, job.batch_rows) for i in range(0, max(1, picked.num_rows), job.batch_rows)]
         ds = ray.data.from_arrow(blocks).map_batches(
@@ -936,9 +915,6 @@ def run_querygen(job: QueryGenJob) -> tuple[str, dict[str, Any]]:
             timings_s={"total": time.perf_counter() - t0},
         )
         return run.commit(manifest), manifest
-    except BaseException:
-        run.abort()
-        raise
 
 
 @dataclass
@@ -1011,8 +987,7 @@ def run_silver(job: SilverJob) -> tuple[str, dict[str, Any]]:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(job.tokenizer)
-    data = RunDir(os.path.join(out, "data"), overwrite=job.overwrite)
-    try:
+    with staged(os.path.join(out, "data"), overwrite=job.overwrite) as data:
         written = silver.write_silver(data.staging, train, dev, tokenizer=tokenizer, max_length=job.max_length,
                                       stride=job.stride)
         config = {"chunks": job.chunks, "index": job.index, "n_papers": job.n_papers, "seed": job.seed,
@@ -1028,9 +1003,6 @@ def run_silver(job: SilverJob) -> tuple[str, dict[str, Any]]:
             inputs=[job.chunks, job.index, qg_dir, ret_dir, ex_dir],
             tables={}, counts=counts, timings_s={"total": time.perf_counter() - t0})
         return data.commit(manifest), manifest
-    except BaseException:
-        data.abort()
-        raise
 
 
 def _teacher_rows(extract_dir: str, chunks_run: str, teacher_model: str) -> tuple[list[dict[str, Any]], int]:

@@ -16,7 +16,8 @@ import os
 import platform
 import shutil
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import pyarrow as pa
@@ -85,6 +86,17 @@ class RunDir:
 
     def abort(self) -> None:
         shutil.rmtree(self.staging, ignore_errors=True)
+
+
+@contextmanager
+def staged(output: str, overwrite: bool = False) -> Iterator[RunDir]:
+    """``with staged(out) as run: ... run.commit(manifest)``; the staging folder goes if anything fails."""
+    run = RunDir(output, overwrite=overwrite)
+    try:
+        yield run
+    except BaseException:
+        run.abort()
+        raise
 
 
 def new_run_id(command: str, config: Mapping[str, Any]) -> str:
