@@ -7,6 +7,15 @@ to FastAPI/uvicorn, which tokenizes with the model's chat template and runs ``mo
 Everything works offline: the model is built here from a config with random weights, and the tokenizer is a
 small BPE trained on a few built-in sentences, so no hub access is ever needed.
 
+A random model only emits word salad. For pipelines whose steps must get usable answers, use
+`make_scripted_chat_model`: it trains a tiny model for well under a minute on CPU so that a prompt containing a
+given marker string is answered, greedily, with a given response::
+
+    model_dir = make_scripted_chat_model(tmp_path / "model", [("Write the short search query", "bm25 recall")])
+    with OpenAIServer(model_dir, tmp_path) as server:
+        body = server.chat([{"role": "user", "content": "Write the short search query for: ..."}], temperature=0)
+        assert body["choices"][0]["message"]["content"] == "bm25 recall"
+
 Typical use::
 
     from llmserver import OpenAIServer, make_tiny_chat_model, require_server  # tests/ is on sys.path
@@ -245,9 +254,6 @@ _UNKNOWN_CHARS = "éüñ–—’“”ρλ×≤∑"
 _GLUE_BEFORE = ("", " ", "\n", "\n\n", ": ", "(", '"')
 _GLUE_AFTER = ("", " ", "\n", "\n\n", ".", "?", ",", ":", '"', ")")
 
-# Bumped whenever training changes in a way that changes the weights, so cached builds are not reused.
-_SCRIPTED_RECIPE = "scripted-chat-v1"
-
 
 class _PromptMaker:
     """Random chat prompts of about a given size, holding one given marker (or none) somewhere in them.
@@ -304,14 +310,14 @@ class _PromptMaker:
     def piece(self) -> str:
         rng = self.rng
         kind = rng.random()
-        if kind < 0.3 or (kind < 0.55 and not self.filler):
-            return " ".join(self.sentence() for _ in range(rng.randint(1, 4)))
-        if kind < 0.4:
+        if kind < 0.1:
             # An answer, whole or in part: real prompts quote the output format, or the previous step's answer.
             text = rng.choice(self.answers)
             start = 0 if rng.random() < 0.5 else rng.randrange(len(text))
             end = len(text) if rng.random() < 0.5 else rng.randint(start + 1, len(text))
             return text[start:end].strip() or self.word()
+        if kind < 0.4 or (kind < 0.6 and not self.filler):
+            return " ".join(self.sentence() for _ in range(rng.randint(1, 4)))
         if kind < 0.6:
             text = rng.choice(self.filler)
             start = rng.randrange(len(text))
@@ -393,44 +399,51 @@ def make_scripted_chat_model(
     """Write a tiny chat model to `path` that answers prompts containing a marker with that marker's response.
 
     `script` lists ``(marker, response)`` pairs. Under greedy decoding (``temperature=0``) of the chat template
-    with ``add_generation_prompt=True``, a conversation in which any message contains ``marker`` (verbatim,
-    anywhere: system or user message, start, middle or end, next to any other text) is answered with exactly
-    ``response`` followed by ``<|im_end|>``. With `default`, prompts containing no marker are answered with
-    `default`; without it their answer is unspecified. A prompt should hold at most one marker: with several,
-    the answer is unspecified. Markers must be distinct and none may contain another. Responses must be
-    printable ASCII (other characters are ``<unk>`` for this tokenizer); a response that does not decode back
-    to itself raises ValueError. Unlike the markers, a response is free text: JSON with quotes and brackets is
-    fine.
+    with ``add_generation_prompt=True``, which is what `transformers serve` does, a conversation in which any
+    message contains ``marker`` verbatim (system or user message; at the start, in the middle or at the end;
+    next to any other text) is answered with exactly ``response``, then ``<|im_end|>``. With `default`,
+    prompts that contain no marker are answered with `default`; without it, their answer is unspecified, and
+    so is the answer to a prompt holding two markers. Markers must be distinct and none may contain another;
+    responses are any non-empty text (JSON with quotes and brackets, newlines, non-ASCII) other than the
+    special tokens (ValueError otherwise).
 
-    How it works: the tokenizer is the same small BPE as `make_tiny_chat_model`, trained on a corpus that
-    also holds the script (so responses become a few whole-word tokens) and `filler`, and each marker is then
-    added as a single token matched in the raw text before normalisation. A Llama model (2 layers, hidden
-    128, 4 heads, RoPE base 1e6 so that content lookups barely depend on distance) is trained with AdamW on
-    freshly generated prompts: filler of random length (20 to `max_prompt_chars` characters, log-uniform)
-    with the marker inserted at a random place, the loss taken only on the response tokens and
-    ``<|im_end|>``. Every 25 steps a fixed set of held-out prompts (every marker at several lengths) is
-    scored by teacher forcing; training stops once every response token wins its position by at least
-    `min_margin` logits, which means greedy decoding reproduces every held-out response exactly, with room
-    for numerical noise. `steps` is the most steps it may take (typically it needs 100 to 200, about 20 to
-    45 s on one CPU thread). If the margin is not reached by then, `verify` raises RuntimeError; with
-    ``verify=False`` the model is saved anyway. Prompts far longer than those trained on still work (checked
-    up to about 9,000 tokens with the repository's real prompt builders); ``max_position_embeddings`` is 32768.
+    How it works. Tokenizer: the BPE of `make_tiny_chat_model`, trained on its corpus plus the script, a
+    filler word list and `filler`; then every marker and every response is added as one token, matched in
+    the raw text before normalisation. The model never has to spell an answer out: it has to notice which
+    marker token is present and emit the matching response token, then ``<|im_end|>`` (two generated
+    tokens). A side effect worth knowing: a response's text inside a prompt (say, a question produced by one
+    step and quoted in the next) is also that one token; training prompts contain such quotes, so they do
+    not change the answer. Model: Llama, 2 layers, hidden 128, 4 heads, RoPE base 1e6, trained with AdamW
+    on freshly generated prompts (filler of 20 to `max_prompt_chars` characters, log-uniform, with the
+    marker put at a random place), the loss only on the answer and ``<|im_end|>``. Two tricks keep far
+    longer prompts working: a random jump in the position ids of half the prompts (marker-to-answer
+    distances up to 100k tokens at no cost) and a random attention bias of up to log(64) on ordinary prompt
+    tokens, which weighs them as if the prompt were up to 64 times longer and forces a sharp look-up of the
+    marker instead of an average over the prompt.
 
-    `filler` is optional extra text (for instance a few synthetic papers) used both for the tokenizer and as
-    surrounding text in training prompts, which brings training closer to real prompts and makes those
-    shorter in tokens.
+    Every 25 steps, held-out prompts (every case at several lengths, up to 4 x `max_prompt_chars`) are scored
+    by teacher forcing, and training stops once, in every one, each answer token beats the runner-up by at
+    least `min_margin` logits: greedy decoding then reproduces every held-out answer exactly, with room for
+    numerical noise. `steps` is the most it may take; typically 125 to 175 steps, 25 to 50 s on one busy
+    CPU thread. Should it still fall short, `verify` raises RuntimeError (with ``verify=False`` the model is
+    saved anyway). Checked by hand with this repository's real prompt builders (querygen, extraction
+    prompts over synthetic papers): exact answers up to 23k-token prompts. ``max_position_embeddings`` is
+    131072; serving long prompts on CPU is the slow part (seconds for 20k tokens).
 
-    Deterministic on a given machine: the same arguments give byte-identical files (training runs on
-    `threads` torch threads, 1 by default, which is also fastest for a model this small; the caller's thread
-    count and torch RNG state are restored). Across machines or torch builds the floating-point results of
-    training may differ in the last bits, so the weights may not be bitwise identical, but the greedy
-    answers are checked (`verify`) before the model is written.
+    `filler`: optional extra text (a few synthetic papers, say), used for the tokenizer and as text around
+    markers in training prompts; it makes real prompts shorter in tokens and training closer to them.
 
-    With `cache_dir`, a finished build is kept under ``cache_dir/<key>`` (the key hashes every argument, the
-    package versions and this module's source) and later calls with the same arguments copy it to `path`
-    instead of training again; pytest's ``config.cache.mkdir(...)`` is a good place for it. `log` receives
-    progress lines. A ``scripted.json`` file next to the weights records the script, the steps taken and the
-    worst held-out margin.
+    Deterministic on a given machine: the same arguments give byte-identical files. Training runs on
+    `threads` torch threads (1 by default, also the fastest for a model this small on a shared machine);
+    the caller's thread count and torch RNG state are restored. Different CPUs or torch builds may round
+    differently, so weights are not promised to be bitwise identical across machines, but each build checks
+    its greedy answers (`verify`) before writing anything.
+
+    With `cache_dir`, a finished build is kept under ``cache_dir/<key>`` (the key hashes all arguments,
+    package versions and this file's source) and later calls with the same arguments copy it to `path`
+    instead of training; pytest's ``request.config.cache.mkdir("scripted-chat-model")`` is a good place.
+    `log` receives progress lines. ``scripted.json`` next to the weights records the script, the steps
+    taken and the worst held-out margin.
     """
     script = [(str(marker), str(response)) for marker, response in script]
     markers = [marker for marker, _ in script]
@@ -438,6 +451,8 @@ def make_scripted_chat_model(
         raise ValueError("script needs at least one (marker, response) pair")
     if len(set(markers)) != len(markers) or not all(markers):
         raise ValueError("markers must be distinct, non-empty strings")
+    if not all(response for _, response in script) or default == "":
+        raise ValueError("responses must be non-empty")
     for a in markers:
         for b in markers:
             if a != b and a in b:
@@ -466,7 +481,7 @@ def make_scripted_chat_model(
     import transformers
 
     source = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
-    versions = [torch.__version__, transformers.__version__, tokenizers.__version__, _SCRIPTED_RECIPE, source]
+    versions = [torch.__version__, transformers.__version__, tokenizers.__version__, source]
     key = hashlib.sha256(json.dumps([options, versions], sort_keys=True).encode()).hexdigest()[:20]
     cached = Path(cache_dir) / key
     if not (cached / "scripted.json").is_file():
@@ -495,13 +510,12 @@ def _build_scripted_model(path: Path, options: dict, filler: list[str], log: Cal
     max_chars, min_margin = options["max_prompt_chars"], options["min_margin"]
     rng = random.Random(f"scripted-train-{seed}")
 
-    # Tokenizer: the stock corpus plus the script (so text around and inside the script tokenizes compactly),
-    # the filler words and the caller's filler text. Then every marker and every answer becomes one added
-    # token, matched in the raw text before normalisation: the model only has to notice whether a marker token
-    # is present and emit the matching answer token, then <|im_end|>. (Answers spelt as word pieces need
-    # position tracking that a two-layer model learns slowly and that prompts quoting the answer format, as
-    # real ones do, easily derail.)
-    answers = list(dict.fromkeys([response for _, response in script] + ([default] if default is not None else [])))
+    # Tokenizer: the stock corpus plus the script (so pieces of it tokenize compactly), the filler words and
+    # the caller's filler text; then every marker and every answer becomes one added token. (Answers spelt
+    # out as word pieces need position tracking that a two-layer model learns slowly, and that prompts quoting
+    # the answer format, as real ones do, easily derail.)
+    answers = [response for _, response in script] + ([default] if default is not None else [])
+    answers = list(dict.fromkeys(answers))
     if set(answers) & set(markers):
         raise ValueError("a response may not also be a marker")
     corpus = list(_TOKENIZER_CORPUS) * 3
@@ -516,7 +530,7 @@ def _build_scripted_model(path: Path, options: dict, filler: list[str], log: Cal
     def target_of(answer: str) -> list[int]:
         ids = tokenizer.encode(answer, add_special_tokens=False)
         if len(ids) != 1 or tokenizer.decode(ids, skip_special_tokens=True) != answer:
-            raise ValueError(f"response {answer!r} does not decode back to itself (leading blank?)")
+            raise ValueError(f"response {answer!r} does not decode back to itself")
         return [ids[0], EOS_TOKEN_ID]
 
     cases = [(marker, target_of(response)) for marker, response in script]
@@ -533,8 +547,9 @@ def _build_scripted_model(path: Path, options: dict, filler: list[str], log: Cal
     checks = [
         (encode(held_out.messages(marker, n_chars)), target)
         for marker, target in cases
-        for n_chars in (30, 200, 800, max_chars // 2, max_chars, 4 * max_chars)
+        for n_chars in (30, 200, 800, max_chars // 2, max_chars)
     ]
+    long_checks = [(encode(held_out.messages(marker, 4 * max_chars)), target) for marker, target in cases]
     maker = _PromptMaker(rng, markers, answers, filler, tokenizer, noise_vocab)
 
     token_budget, peak_lr, warmup, check_every = 2000, 2e-3, 20, 25
@@ -550,25 +565,16 @@ def _build_scripted_model(path: Path, options: dict, filler: list[str], log: Cal
                 num_layers=2,
                 kv_heads=4,
                 rope_theta=1e6,
-                max_positions=32768,
+                max_positions=131072,
             )
             model.train()
-            # Attention temperature: every step, all queries are scaled by a random factor below 1, so the
-            # model has to win its lookups with a fraction of its attention logits; at full strength (what
-            # is saved), the marker then stands out far more than training lengths need, which is what keeps
-            # much longer prompts (more tokens competing for attention) working.
-            temperature = [1.0]
-            hooks = [
-                layer.self_attn.q_proj.register_forward_hook(lambda module, args, out: out * temperature[0])
-                for layer in model.model.layers
-            ]
             optimizer = torch.optim.AdamW(model.parameters(), lr=peak_lr, weight_decay=0.01, betas=(0.9, 0.98))
             started = time.monotonic()
             worst, step = -math.inf, 0
             while step < steps:
                 step += 1
-                # One batch of prompts of similar length (log-uniform over steps), padded on the right; no
-                # attention mask is needed, since causal attention never looks at the padding after a row.
+                # One batch of prompts of similar length (log-uniform over steps), padded on the right (causal
+                # attention never looks at the padding after a row).
                 n_chars = math.exp(rng.uniform(math.log(20), math.log(max_chars)))
                 batch, tokens = [], 0
                 while tokens < token_budget:
@@ -579,24 +585,35 @@ def _build_scripted_model(path: Path, options: dict, filler: list[str], log: Cal
                 width = max(len(prompt) + len(target) for prompt, target in batch)
                 input_ids = torch.full((len(batch), width), PAD_TOKEN_ID)
                 position_ids = torch.arange(width).repeat(len(batch), 1)
+                # Additive attention bias (also carrying the causal mask): log(w) on every ordinary prompt
+                # token counts it w times in every softmax, as if the prompt were w times longer. Without
+                # it, a model trained on short prompts can get away with averaging over the whole prompt,
+                # which fades out on long ones; with it, it has to attend to the marker sharply.
+                mask = torch.zeros(len(batch), 1, width, width)
                 rows, cols, labels = [], [], []
                 for row, (prompt, target) in enumerate(batch):
                     input_ids[row, : len(prompt) + len(target)] = torch.tensor(prompt + target)
+                    ordinary = (input_ids[row] >= len(SPECIAL_TOKENS)) & (input_ids[row] < noise_vocab)
+                    ordinary[len(prompt) - 3 :] = False  # not the assistant header, nor the answer
+                    # Ramped up over the first 100 steps (in a trial, the look-up was found sooner so).
+                    mask[row, 0, :, ordinary] = rng.uniform(0.0, math.log(64.0)) * min(1.0, step / 100)
                     if rng.random() < 0.5:
                         # A jump in the position ids somewhere in the prompt: rotary attention only sees
                         # relative positions, so this shows the model marker-to-answer distances of long
-                        # prompts (up to 30k tokens) without the cost of running them.
+                        # prompts (up to 100k tokens) without the cost of running them.
                         cut = rng.randrange(1, len(prompt) - 2)
-                        position_ids[row, cut:] += int(math.exp(rng.uniform(math.log(100), math.log(30000))))
+                        position_ids[row, cut:] += int(math.exp(rng.uniform(math.log(100), math.log(100_000))))
                     rows += [row] * len(target)
                     cols += range(len(prompt) - 1, len(prompt) + len(target) - 1)  # positions predicting target
                     labels += target
+                mask.masked_fill_(torch.ones(width, width, dtype=torch.bool).triu(1), -math.inf)
+                # Linear warm-up, then a cosine that would end at 10% of the peak after `steps` steps.
                 lr = peak_lr * min(1.0, step / warmup) * (0.55 + 0.45 * math.cos(math.pi * step / steps))
                 for group in optimizer.param_groups:
                     group["lr"] = lr
-                temperature[0] = rng.uniform(0.4, 1.0)
-                hidden = model.model(input_ids=input_ids, position_ids=position_ids).last_hidden_state
-                temperature[0] = 1.0
+                hidden = model.model(
+                    input_ids=input_ids, position_ids=position_ids, attention_mask=mask
+                ).last_hidden_state
                 logits = model.lm_head(hidden[rows, cols])
                 loss = torch.nn.functional.cross_entropy(logits, torch.tensor(labels))
                 optimizer.zero_grad(set_to_none=True)
@@ -605,21 +622,21 @@ def _build_scripted_model(path: Path, options: dict, filler: list[str], log: Cal
                 optimizer.step()
                 if step % check_every == 0 or step == steps:
                     worst = min(_greedy_margins(model, checks))
+                    if worst >= min_margin:  # the long prompts cost most, so only once the rest pass
+                        worst = min(worst, *_greedy_margins(model, long_checks))
                     log(
                         f"step {step}: loss {loss.item():.4f}, worst held-out margin {worst:.2f}, "
                         f"{time.monotonic() - started:.1f}s"
                     )
                     if worst >= min_margin:
                         break
-            for hook in hooks:
-                hook.remove()
             model.eval()
     finally:
         torch.set_num_threads(saved_threads)
     if worst < min_margin and options["verify"]:
         raise RuntimeError(
             f"scripted model not reliable after {step} steps: worst held-out margin {worst:.2f} < {min_margin} "
-            "(raise `steps`, or shorten the responses)"
+            "(raise `steps`, or try another seed)"
         )
 
     path.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,78 @@
+"""The silver job end to end on the example corpus, against a real local OpenAI-compatible server.
+
+The served model is a tiny chat model trained in the test to answer each of the pipeline's
+prompts with a fixed reply (tests/llmserver.py), so every step has something real to chew on:
+query types, questions, search queries and teacher answers all travel over HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from llmserver import OpenAIServer, make_scripted_chat_model, require_server
+
+from verbatim_batch.embedding import DEFAULT_MODEL
+from verbatim_batch.extract.llm import LLMConfig
+from verbatim_batch.pipeline import ChunkJob, EmbedJob, IndexJob, SilverJob, run_chunk, run_embed, run_index, run_silver
+from verbatim_batch.runs import read_manifest, read_table
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+pytestmark = pytest.mark.slow
+CORPUS = Path(__file__).resolve().parents[1] / "verbatim_batch" / "examples" / "corpus"
+TEACHER = '{"doc_0": ["we train"], "doc_1": ["the results"], "doc_2": [], "doc_3": [], "doc_4": []}'
+SCRIPT = [
+    ("Which 3 of the question types", '["Definition", "Quantification", "Comparison"]'),
+    ("Write one question of type", "What is the method used for training?"),
+    ("Write the short search query", "training method dataset"),
+    ("<doc_0>", TEACHER),
+]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    require_server()
+    work = tmp_path_factory.mktemp("silver-llm")
+    model = make_scripted_chat_model(work / "model", SCRIPT)
+    with OpenAIServer(model, work) as srv:
+        yield srv
+
+
+def test_silver_job_end_to_end(served, ray_local, tmp_path):
+    chunks, _ = run_chunk(ChunkJob(input=str(CORPUS), output=str(tmp_path / "chunks"), format="md",
+                                   metadata=str(CORPUS / "metadata.jsonl")))
+    emb, _ = run_embed(EmbedJob(chunks=chunks, output=str(tmp_path / "emb")))
+    index, _ = run_index(IndexJob(embeddings=emb, chunks=chunks, output=str(tmp_path / "index")))
+    llm = LLMConfig(model=served.model, base_url=served.base_url, max_tokens=96, max_in_flight=2, timeout_s=300)
+    data, manifest = run_silver(SilverJob(chunks=chunks, index=index, output=str(tmp_path / "silver"), llm=llm,
+                                          n_papers=4, seed=1, tokenizer=DEFAULT_MODEL, max_length=128, stride=32))
+    counts = manifest["counts"]
+    # papers -> queries -> rows -> kept -> train/dev, as the paper reports them
+    assert counts["papers"] == 4 and counts["queries"] == 12  # 3 question types per chunk
+    assert counts["rows"] >= counts["queries"] and counts["rows_failed"] == 0
+    assert counts["kept"] == counts["train"] + counts["dev"] <= counts["rows"]
+    assert counts["kept"] + sum(v for k, v in counts.items() if k.startswith("dropped.")) == counts["rows"]
+    queries = read_table(str(tmp_path / "silver" / "querygen"), "queries").to_pylist()
+    assert {q["question_type"] for q in queries} == {"Definition", "Quantification", "Comparison"}
+    assert {q["query"] for q in queries} == {"training method dataset"}
+    teacher = json.loads(read_manifest(str(tmp_path / "silver" / "teacher"))["config"])
+    assert teacher["extractor_config"]["style"] == "paragraph"
+
+    from datasets import load_dataset
+
+    files = {s: str(Path(data) / f"{s}.parquet") for s in ("train", "dev")
+             if pq.read_metadata(str(Path(data) / f"{s}.parquet")).num_rows}
+    ds = load_dataset("parquet", data_files=files)
+    rows = [r for split in ds.values() for r in split]
+    assert len(rows) == counts["kept"]
+    assert {r["source"] for r in rows} <= {"gold", "retrieved"}
+    for r in rows:
+        assert r["label"] == (1 if r["spans"] else 0)
+        for s in r["spans"]:
+            assert r["chunk"][s["start"]:s["end"]] == s["text"]  # the verbatim promise holds in training data
+    windows = load_dataset("parquet", data_files={s: str(Path(data) / "windows" / f"{s}.parquet") for s in files})
+    first = next(iter(windows.values()))[0]
+    assert len(first["input_ids"]) == len(first["labels"]) <= 128 and -100 in first["labels"]
