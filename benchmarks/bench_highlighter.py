@@ -1,7 +1,8 @@
 """Highlighter throughput: batched extraction vs one pair per forward pass, same model, same run.
 
     .venv/bin/python benchmarks/bench_highlighter.py --small                 # 4 x 256 ModernBERT, minutes on 2 CPUs
-    .venv/bin/python benchmarks/bench_highlighter.py --pairs 24              # ModernBERT-base shape, fewer pairs
+    .venv/bin/python benchmarks/bench_highlighter.py --small --threads 1     # steadier on a shared machine
+    .venv/bin/python benchmarks/bench_highlighter.py --pairs 8 --group 8 --budgets 2048 16384   # ModernBERT-base
     .venv/bin/python benchmarks/bench_highlighter.py --tiny --pairs 16 --gpu-target   # CPU check of the GPU path
     python benchmarks/bench_highlighter.py --gpu-target --device cuda --dtype bfloat16  # on one GPU, no Ray
 
@@ -21,8 +22,8 @@ query plus a run of paper text cut to fill the rest.
 
 Two ways to run the same pairs through the same model instance:
 
-* **batched** - ``Highlighter.extract(queries, chunks)``: all pairs tokenised in one call, their
-  windows sorted by length and packed into forward passes of at most ``token_budget`` padded
+* **batched** - ``Highlighter.extract(queries, chunks)``: the pairs of a group tokenised in one call,
+  their windows sorted by length and packed into forward passes of at most ``token_budget`` padded
   tokens, once per ``--budgets`` value (only the budget is switched between runs).
 * **reference** - the way the paper's released highlighters run (``process()`` of the model code
   shipped with ``KRLabsOrg/verbatim-rag-modern-bert-v2`` and ``KRLabsOrg/acl-verbatim-modernbert``,
@@ -39,16 +40,18 @@ the part left on the CPU, so n / its time is a ceiling on pairs/s for one proces
 Both sides use the same scoring of context tokens and the same post-processing
 (``spans.runs_above`` + ``spans.postprocess`` through ``Highlighter.spans_from_scores``), so the
 spans must agree: the script checks that and reports the largest token-probability difference.
-Pairs go to each method in groups of ``--group`` (64, what one extract-job actor call gets by
-default), so the batched path packs within a group. Each method is warmed up; then, group by
-group, every method runs on the group, in an order that rotates every group, so that slow spells
-of a shared machine hit all methods alike. A repeat is one pass over all groups; there are
-``--repeats`` of them and the median repeat's wall time counts. pairs/s and tokens/s (real tokens of all
-windows) come from that median. Process CPU time (all threads) is recorded too: on a shared
-machine it moves less than wall time. Host time (tokenisation + span post-processing, i.e. wall minus
-forward passes) is reported per pair, as it bounds pairs/s however fast the device is.
 
-Prints JSON; ``--json PATH`` also writes it.
+Timing: pairs go to each method in groups of ``--group`` (64, what one extract-job actor call
+gets by default; 512 with ``--gpu-target``), so the batched path packs within a group. Every
+method is warmed up. Then, group by group, each method runs on the group, in an order that
+rotates every group, so slow spells of a shared machine hit all methods alike. A repeat is one
+pass over all groups; the median of ``--repeats`` repeats counts. pairs/s and tokens/s (real
+tokens of all windows) come from that median. Process CPU time (all threads) is recorded too.
+Host time (tokenisation + span post-processing: wall minus forward passes) is reported per
+pair, as it bounds pairs/s however fast the device is.
+
+Prints JSON; ``--json PATH`` also writes it (with ``--key NAME``, under that key of the file, so
+several runs share one file).
 """
 
 from __future__ import annotations
@@ -208,8 +211,9 @@ def main(argv=None) -> int:
     ap.add_argument("--target-tokens", type=int, default=1500)
     ap.add_argument("--baseline-pairs", type=int, default=None,
                     help="run the one-pair loop on only the first N pairs (default: all; GPU target: 256)")
-    ap.add_argument("--group", type=int, default=64,
-                    help="pairs per extract call (64: the extract job's --batch-rows); 0: all pairs in one call")
+    ap.add_argument("--group", type=int, default=None,
+                    help="pairs per extract call (default 64, the extract job's --batch-rows; GPU target 512); "
+                    "0: all pairs in one call")
     ap.add_argument("--check-pairs", type=int, default=16, help="pairs whose spans and probabilities are compared")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None)
@@ -282,7 +286,7 @@ def main(argv=None) -> int:
     methods = {"reference_one_pair_per_forward": None, **{f"batched_budget_{b}": b for b in budgets}}
     runs: dict[str, list[dict]] = {m: [] for m in methods}
     names = list(methods)
-    group = args.group or n
+    group = (512 if args.gpu_target else 64) if args.group is None else (args.group or n)
     groups = [(s, min(n, s + group)) for s in range(0, n, group)]
     keys = ("wall_s", "cpu_s", "pairs", "tokens", "padded_tokens", "forwards", "tokenize_s", "forward_s")
     for rep in range(args.repeats):
