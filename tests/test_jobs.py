@@ -15,6 +15,12 @@ REPO = Path(__file__).resolve().parents[1]
 def cluster(tmp_path):
     if ray_cli() is None:
         pytest.skip("the `ray` CLI is not installed")
+    import ray
+
+    # A second Ray instance on the machine (the session's local Ray) keeps the new head's job agent
+    # from registering ("No available agent"); pipeline code starts a local Ray again when needed.
+    if ray.is_initialized():
+        ray.shutdown()
     with LocalRayCluster(tmp_path) as c:
         yield c
 
