@@ -452,6 +452,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"\nrecall@5 on the {len(labels)} bundled labelled queries: "
           + ", ".join(f"{m} {v:.2f}" for m, v in recall.items()))
     _show_spans(os.path.join(out, "spans"))
+    print(f"\nA readable report with the spans highlighted: {os.path.join(out, 'spans', 'report.html')}")
     print(f"\nOutputs under {out}. Load the span table with:")
     print(f"  {sys.executable} -c \"import pyarrow.parquet as pq; "
           f"print(pq.read_table('{out}/spans/spans').to_pandas().head())\"")
