@@ -126,6 +126,19 @@ def _check_head_loaded(model, weights: list[Path]) -> None:
                          "it is not a trained token classifier")
 
 
+def _merge_windows(parts: list[np.ndarray], n_windows: int) -> TokenScores:
+    """Context tokens of all windows of a pair -> one score per token, the max where windows overlap."""
+    if not parts:
+        return TokenScores([], np.zeros(0, dtype=np.float32), n_windows)
+    rows = np.concatenate(parts)
+    order = np.lexsort((rows[:, 1], rows[:, 0]))
+    rows = rows[order]
+    starts = np.flatnonzero(np.r_[True, (np.diff(rows[:, 0]) != 0) | (np.diff(rows[:, 1]) != 0)])
+    best = np.maximum.reduceat(rows[:, 2], starts)
+    segments = [(int(a), int(b)) for a, b in rows[starts, :2]]
+    return TokenScores(segments, best.astype(np.float32), n_windows)
+
+
 class Highlighter:
     """Loads one token classifier; ``extract`` maps (query, chunk) pairs to spans."""
 
@@ -229,25 +242,17 @@ class Highlighter:
         windows = enc["input_ids"]
         owners = enc["overflow_to_sample_mapping"]
         probs = self._forward(windows)
-        merged: dict[int, dict[tuple[int, int], float]] = {k: {} for k in range(len(ok))}
+        parts: dict[int, list[np.ndarray]] = {k: [] for k in range(len(ok))}
         n_windows = dict.fromkeys(range(len(ok)), 0)
         for w, owner in enumerate(owners):
-            seq_ids = enc.sequence_ids(w)
-            offsets = enc["offset_mapping"][w]
-            seen = merged[owner]
             n_windows[owner] += 1
-            for t, sid in enumerate(seq_ids):
-                if sid != 1:
-                    continue
-                s, e = offsets[t]
-                if e <= s:
-                    continue
-                p = float(probs[w][t])
-                if p > seen.get((s, e), -1.0):
-                    seen[(s, e)] = p
+            sid = np.array(enc.sequence_ids(w), dtype=np.float32)  # None (special tokens) -> nan
+            offsets = np.asarray(enc["offset_mapping"][w], dtype=np.int64).reshape(-1, 2)
+            keep = (sid == 1) & (offsets[:, 1] > offsets[:, 0])
+            if keep.any():
+                parts[owner].append(np.column_stack([offsets[keep], probs[w][keep].astype(np.float64)]))
         for k, i in enumerate(ok):
-            segs = sorted(merged[k])
-            results[i] = TokenScores(segs, np.array([merged[k][s] for s in segs], dtype=np.float32), n_windows[k])
+            results[i] = _merge_windows(parts[k], n_windows[k])
         self.stats["pairs"] += len(ok)
         self.stats["windows"] += len(windows)
         return results
