@@ -1,4 +1,4 @@
-"""Index layer: FAISS dense index, BM25 full-text index and rank fusion (pure library code, no Ray)."""
+"""Index layer: FAISS dense index (with incremental updates), BM25 full-text index and rank fusion (no Ray)."""
 
 from .bm25 import STOPWORDS, TOKENIZER_VERSION, Bm25Index, tokenize
 from .dense import (
@@ -12,6 +12,7 @@ from .dense import (
     set_nprobe,
 )
 from .fusion import rrf
+from .update import plan_update, update_dense
 
 __all__ = [
     "DENSE_FILE",
@@ -21,10 +22,12 @@ __all__ = [
     "DenseSpec",
     "build_dense",
     "load_dense",
+    "plan_update",
     "resolve_spec",
     "rrf",
     "save_dense",
     "search_dense",
     "set_nprobe",
     "tokenize",
+    "update_dense",
 ]
