@@ -35,6 +35,13 @@ def _add_ray_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-cpus", type=int, help="CPUs for a local Ray (default: all)")
 
 
+def _add_run_args(p: argparse.ArgumentParser, previous: str | None) -> None:
+    p.add_argument("--run-id", help="name the run; rerunning with the same id after a crash resumes it "
+                   "(committed work is skipped) and a committed run is left as is")
+    if previous:
+        p.add_argument("--previous", help=previous)
+
+
 def _add_chunk_args(p: argparse.ArgumentParser) -> None:
     d = ChunkerConfig()
     p.add_argument("--min-chars", type=int, default=d.min_chars, help="merge chunks shorter than this")
@@ -60,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metadata", help="metadata table (.parquet/.jsonl/.csv) joined by paper id")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     p.add_argument("--concurrency", type=int, help="max parallel ingest tasks")
+    _add_run_args(p, "an earlier chunk run: its unchanged papers are copied, not chunked again")
     _add_chunk_args(p)
     _add_ray_args(p)
 
@@ -75,7 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-rows", type=int, default=1024, help="rows per actor call (sorted and packed inside)")
     p.add_argument("--concurrency", type=int, help="model actors (default: one per GPU, else 1)")
     p.add_argument("--threads", type=int, help="torch threads per CPU actor")
+    p.add_argument("--stage-retries", type=int, default=2, help="retries of a failed batch (recorded in the manifest)")
     p.add_argument("--overwrite", action="store_true")
+    _add_run_args(p, "an earlier embed run: vectors of unchanged chunks (same text and context) are copied")
     _add_ray_args(p)
 
     p = sub.add_parser("index", help="build FAISS + BM25 indexes from an embeddings run")
@@ -88,7 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nprobe", type=int)
     p.add_argument("--pq-m", type=int)
     p.add_argument("--no-bm25", action="store_true", help="skip the full-text index")
+    p.add_argument("--max-drift", type=float, default=0.2,
+                   help="with --previous: rebuild when (removed + added) / vectors since the last build exceeds this")
     p.add_argument("--overwrite", action="store_true")
+    _add_run_args(p, "the index of the embed run --embeddings carried vectors from: updated instead of rebuilt")
     _add_ray_args(p)
 
     p = sub.add_parser("retrieve", help="top-k chunks per query: dense, BM25 and hybrid")
@@ -102,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nprobe", type=int, help="IVF lists to probe (default: the index's)")
     p.add_argument("--concurrency", type=int)
     p.add_argument("--overwrite", action="store_true")
+    _add_run_args(p, "an earlier retrieval run, reused as is when index and queries are the same")
     _add_ray_args(p)
 
     p = sub.add_parser("extract", help="extract verbatim evidence spans for (query, chunk) pairs")
@@ -118,7 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-rows", type=int, default=64, help="pairs per actor call (sorted and packed inside)")
     p.add_argument("--concurrency", type=int, help="model actors (default: one per GPU, else 1)")
     p.add_argument("--threads", type=int, help="torch threads per CPU actor")
+    p.add_argument("--stage-retries", type=int, default=2, help="retries of a failed batch (recorded in the manifest)")
     p.add_argument("--overwrite", action="store_true")
+    _add_run_args(p, "an earlier extract run: pairs with the same input and extractor keep its results")
     _add_ray_args(p)
 
     p = sub.add_parser("evaluate", help="score predicted spans against a gold pairs file (paper metrics)")
@@ -153,6 +169,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stride", type=int, default=256, help="tokens shared by neighbouring windows")
     p.add_argument("--overwrite", action="store_true")
     _add_llm_args(p)
+    _add_ray_args(p)
+
+    p = sub.add_parser("nightly", help="incremental run against the last committed one; moves ROOT/current")
+    p.add_argument("--input", required=True, help="the corpus: folder of .md files, or Parquet/JSONL")
+    p.add_argument("--queries", required=True, help="JSONL or Parquet with query (and query_id)")
+    p.add_argument("--root", required=True, help="folder holding runs/ and the current pointer")
+    p.add_argument("--metadata", help="metadata table joined by paper id")
+    p.add_argument("--format", choices=["auto", "md", "parquet", "jsonl"], default="auto")
+    p.add_argument("--embed-model", help="embedding model, hub id or path (default: the bundled MiniLM)")
+    p.add_argument("--method", default="hybrid", help="retrieval method whose top-k become pairs")
+    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--max-drift", type=float, default=0.2, help="index drift since the last build before a rebuild")
+    p.add_argument("--keep-runs", type=int, default=7, help="committed runs kept (older ones are deleted)")
+    p.add_argument("--stage-retries", type=int, default=2, help="retries of a failed batch (recorded)")
+    p.add_argument("--embed-batch-rows", type=int, default=1024, help="chunks per embedding actor call")
+    p.add_argument("--extract-batch-rows", type=int, default=64, help="pairs per extraction actor call")
+    p.add_argument("--chunk-min-chars", type=int, default=ChunkerConfig().min_chars)
+    p.add_argument("--chunk-max-chars", type=int, default=ChunkerConfig().max_chars)
+    p.add_argument("--heading-levels", type=_levels, default=ChunkerConfig().heading_levels)
+    p.add_argument("--normalize", type=_normalizations, default=())
+    _add_extractor_args(p)
+    _add_run_args(p, None)
     _add_ray_args(p)
 
     p = sub.add_parser("demo", help="run the pipeline on the bundled example corpus (offline, CPU)")
@@ -282,7 +320,7 @@ def cmd_chunk(args: argparse.Namespace) -> int:
         input=args.input, output=args.output, format=args.format, metadata=args.metadata,
         chunker=_chunker(args), max_paper_bytes=int(args.max_paper_mb * 1024 * 1024),
         store_text=not args.no_store_text, overwrite=args.overwrite, address=args.address,
-        num_cpus=args.num_cpus, concurrency=args.concurrency,
+        num_cpus=args.num_cpus, concurrency=args.concurrency, run_id=args.run_id, previous=args.previous,
     )
     path, manifest = run_chunk(job)
     _report(path, manifest)
@@ -300,7 +338,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
     job = EmbedJob(
         chunks=args.chunks, output=args.output, embedder=EmbedderConfig(**fields), batch_rows=args.batch_rows,
         concurrency=args.concurrency, threads=args.threads, overwrite=args.overwrite, address=args.address,
-        num_cpus=args.num_cpus,
+        num_cpus=args.num_cpus, run_id=args.run_id, previous=args.previous, max_retries=args.stage_retries,
     )
     path, manifest = run_embed(job)
     _report(path, manifest)
@@ -314,7 +352,8 @@ def cmd_index(args: argparse.Namespace) -> int:
     spec = DenseSpec(kind=args.kind, nlist=args.nlist, nprobe=args.nprobe, pq_m=args.pq_m)
     job = IndexJob(
         embeddings=args.embeddings, chunks=args.chunks, output=args.output, dense=spec, bm25=not args.no_bm25,
-        overwrite=args.overwrite, address=args.address, num_cpus=args.num_cpus,
+        overwrite=args.overwrite, address=args.address, num_cpus=args.num_cpus, run_id=args.run_id,
+        previous=args.previous, max_drift=args.max_drift,
     )
     path, manifest = run_index(job)
     _report(path, manifest)
@@ -342,7 +381,8 @@ def cmd_retrieve(args: argparse.Namespace) -> int:
     )
     job = RetrieveJob(
         index=args.index, queries=args.queries, output=args.output, retriever=cfg, concurrency=args.concurrency,
-        overwrite=args.overwrite, address=args.address, num_cpus=args.num_cpus,
+        overwrite=args.overwrite, address=args.address, num_cpus=args.num_cpus, run_id=args.run_id,
+        previous=args.previous,
     )
     path, manifest = run_retrieve(job)
     _report(path, manifest)
@@ -356,7 +396,8 @@ def cmd_extract(args: argparse.Namespace) -> int:
         output=args.output, extractor=_extractor(args), pairs=args.pairs, retrieval=args.retrieval,
         chunks=args.chunks, queries=args.queries, method=args.method, top_k=args.top_k, batch_rows=args.batch_rows,
         concurrency=args.concurrency, threads=args.threads, max_chunk_chars=args.max_chunk_chars,
-        overwrite=args.overwrite, address=args.address, num_cpus=args.num_cpus,
+        overwrite=args.overwrite, address=args.address, num_cpus=args.num_cpus, run_id=args.run_id,
+        previous=args.previous, max_retries=args.stage_retries,
     )
     path, manifest = run_extract(job)
     _report(path, manifest)
@@ -399,6 +440,34 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         for t, result in results.items():
             print(f"\n== {args.extractor} at threshold {t} ==")
             print(format_table(result))
+    return 0
+
+
+def cmd_nightly(args: argparse.Namespace) -> int:
+    from .embedding import EmbedderConfig
+    from .nightly import NightlyJob, run_nightly
+
+    if args.embed_model is None:  # the bundled embedder needs no hub
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    chunker = ChunkerConfig(heading_levels=args.heading_levels, min_chars=args.chunk_min_chars,
+                            max_chars=args.chunk_max_chars, normalization=args.normalize)
+    job = NightlyJob(
+        input=args.input, queries=args.queries, root=args.root, metadata=args.metadata, format=args.format,
+        chunker=chunker, embedder=EmbedderConfig(model=args.embed_model) if args.embed_model else None,
+        extractor=_extractor(args), method=args.method, top_k=args.top_k, max_drift=args.max_drift,
+        keep_runs=args.keep_runs, run_id=args.run_id, max_retries=args.stage_retries, address=args.address,
+        num_cpus=args.num_cpus, embed_batch_rows=args.embed_batch_rows, extract_batch_rows=args.extract_batch_rows)
+    path, manifest = run_nightly(job)
+    counts = manifest["counts"]
+    print(f"nightly run {manifest['run_id']} committed to {path}; current -> {manifest['run_id']}")
+    print("  papers: " + ", ".join(f"{counts.get('chunks.papers_' + k, 0)} {k}"
+                                   for k in ("unchanged", "changed", "added", "removed")))
+    c = {k.split(".", 1)[1]: v for k, v in counts.items() if k.startswith(("embeddings.", "spans."))}
+    print(f"  chunks embedded {c.get('embedded', 0)}, carried {c.get('carried', 0)}; "
+          f"index {manifest.get('index_update', {}).get('action')}")
+    print(f"  pairs extracted {c.get('extracted_pairs', 0)}, carried {c.get('carried_pairs', 0)}; "
+          f"{c.get('spans', 0)} spans")
+    print(f"  load the current span table: pandas.read_parquet('{os.path.join(args.root, 'current/spans/spans')}')")
     return 0
 
 
@@ -526,6 +595,9 @@ def _with_config(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .faults import mark_driver
+
+    mark_driver()  # crash tests can aim a fault at this process from a worker
     args = _with_config(argv)
     if args.command == "synth":
         from .synth import main as synth_main
@@ -534,7 +606,8 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {
         "chunk": cmd_chunk, "embed": cmd_embed, "index": cmd_index, "retrieve": cmd_retrieve,
         "extract": cmd_extract, "evaluate": cmd_evaluate,
-        "querygen": cmd_querygen, "silver": cmd_silver, "demo": cmd_demo, "verify": cmd_verify, "report": cmd_report,
+        "querygen": cmd_querygen, "silver": cmd_silver, "demo": cmd_demo,
+        "nightly": cmd_nightly, "verify": cmd_verify, "report": cmd_report,
     }
     try:
         return handlers[args.command](args)

@@ -9,15 +9,25 @@ reason; nothing is dropped and one bad paper never affects another.
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 
 from . import corpus
 from .chunking import ChunkerConfig, build_context, chunk_markdown, first_heading, verify_chunks
-from .tables import CHUNKS, PAPERS, QUARANTINE, QuarantineReason, chunk_id
+from .tables import CHUNKS, PAPERS, QUARANTINE, QuarantineReason, chunk_id, stable_hash
 
 DEFAULT_MAX_PAPER_BYTES = 16 * 1024 * 1024
+
+# Papers an incremental run found unchanged (internal: the chunk job replaces them with the earlier rows).
+UNCHANGED = pa.schema([pa.field("paper_id", pa.string(), nullable=False), pa.field("source", pa.string())])
+METADATA_FIELDS = ("title", "authors", "year", "venue", "url", "language")
+
+
+def paper_fingerprint(sha256: str, metadata: tuple) -> str:
+    """What a paper's chunks and embeddings depend on: its normalised text and its metadata."""
+    return stable_hash(sha256, json.dumps(list(metadata), sort_keys=True, default=str))
 
 
 @dataclass
@@ -28,6 +38,9 @@ class IngestStage:
     metadata_uri: str | None = None
     duplicates: dict[str, str] = field(default_factory=dict)  # paper_id -> source that wins
     store_text: bool = True
+    # paper_id -> paper_fingerprint of an earlier run: a paper that still matches is not chunked again
+    # but listed in the "unchanged" table, for the job to carry its earlier rows
+    unchanged: dict[str, str] = field(default_factory=dict)
 
     def __call__(self, batch: pa.Table) -> dict[str, pa.Table]:
         meta = corpus.load_metadata(self.metadata_uri) if self.metadata_uri else {}
@@ -36,6 +49,7 @@ class IngestStage:
         papers = {name: [] for name in PAPERS.names}
         chunks = {name: [] for name in CHUNKS.names}
         bad = {name: [] for name in QUARANTINE.names}
+        same = {name: [] for name in UNCHANGED.names}
 
         def quarantine(pid, source, reason_detail, n_bytes, raw):
             reason, _, detail = reason_detail.partition(": ")
@@ -66,6 +80,18 @@ class IngestStage:
             if problem:
                 quarantine(pid, source, problem, n_bytes, raw)
                 continue
+            if self.unchanged and pid in self.unchanged:
+                try:
+                    norm = corpus.normalize_text(text, self.chunker.normalization)
+                    meta_row = meta.get(pid, (None,) * 6)
+                    fp = paper_fingerprint(hashlib.sha256(norm.encode("utf-8")).hexdigest(),
+                                           (meta_row[0] or first_heading(norm), *meta_row[1:]))
+                except Exception:  # noqa: BLE001 - the full path below quarantines it with a reason
+                    fp = None
+                if fp == self.unchanged[pid]:
+                    same["paper_id"].append(pid)
+                    same["source"].append(source)
+                    continue
             try:
                 text = corpus.normalize_text(text, self.chunker.normalization)
                 paper_chunks = chunk_markdown(text, self.chunker)
@@ -97,6 +123,7 @@ class IngestStage:
             "papers": pa.Table.from_pydict(papers, schema=PAPERS),
             "chunks": pa.Table.from_pydict(chunks, schema=CHUNKS),
             "quarantine": pa.Table.from_pydict(bad, schema=QUARANTINE),
+            "unchanged": pa.Table.from_pydict(same, schema=UNCHANGED),
         }
 
     @staticmethod

@@ -29,8 +29,18 @@ from ray.data.block import BlockAccessor, BlockMetadata
 
 from . import corpus
 from .chunking import FORCED_SPLIT, OVERSIZED_BLOCK, UNDERSIZED, ChunkerConfig
+from .faults import fault_point
 from .ingest import DEFAULT_MAX_PAPER_BYTES, IngestStage
-from .runs import build_manifest, new_run_id, read_manifest, staged
+from .runs import (
+    build_manifest,
+    committed_run,
+    completed_keys,
+    new_run_id,
+    read_manifest,
+    read_writes,
+    record_write,
+    staged,
+)
 from .tables import CHUNKS, PAPERS, QUARANTINE, RETRIEVAL, stable_hash
 
 log = logging.getLogger(__name__)
@@ -87,9 +97,12 @@ class CorpusDatasource(Datasource):
         fs, max_bytes, ids_only, fmt = self.fs, self.max_paper_bytes, self.ids_only, self.fmt
 
         def make(group: list[corpus.SourceFile]):
-            if fmt == "md":
-                return lambda: reader(fs, group, max_bytes, ids_only)
-            return lambda: reader(fs, group[0], max_bytes, ids_only)
+            def read():
+                fault_point("chunk.read")
+                return reader(fs, group, max_bytes, ids_only) if fmt == "md" else reader(fs, group[0], max_bytes,
+                                                                                          ids_only)
+
+            return read
 
         return [
             ReadTask(
@@ -161,6 +174,15 @@ class TableSinkResult:
     counts: Counter = field(default_factory=Counter)
 
 
+RETRIES_COLUMN = "_retries"  # stage actors report retried batches in this column (stripped before writing)
+
+
+def _write_parquet_atomic(table: pa.Table, path: str) -> None:
+    tmp = f"{path}.tmp"
+    pq.write_table(table, tmp, compression="zstd")
+    os.replace(tmp, path)
+
+
 class StageTableSink(Datasink):
     """Runs a multi-table stage on each block and writes ``<staging>/<table>/part-<key>.parquet``.
 
@@ -168,8 +190,13 @@ class StageTableSink(Datasink):
     chunks, quarantine). Running it inside the write task, fused with the read,
     keeps its outputs out of Ray's object store: packing three tables into one
     block to pass them between operators cost about a third of the stage's time.
-    The file key hashes the sources a write task holds, so the same input gives the
+    The file key hashes the row keys a write task holds, so the same input gives the
     same file names, and rows keep their input order.
+
+    Every write ends with a record in ``_writes/part-<key>.json`` (row counts, counts,
+    the row keys it covers), written after its table files: a write is done exactly
+    when its record exists. ``completed_keys`` reads them back so a resumed run skips
+    that work, and ``finish`` sums them into the result, old writes included.
     """
 
     def __init__(
@@ -189,12 +216,20 @@ class StageTableSink(Datasink):
         ]
 
     def write(self, blocks: Iterable, ctx) -> dict[str, Any]:
-        outputs = [self.stage(BlockAccessor.for_block(block).to_arrow()) for block in blocks]
+        retries = 0
+        outputs = []
+        for block in blocks:
+            table = BlockAccessor.for_block(block).to_arrow()
+            if RETRIES_COLUMN in table.column_names:
+                retries += pa.compute.sum(table[RETRIES_COLUMN]).as_py() or 0
+                table = table.drop_columns([RETRIES_COLUMN])
+            outputs.append(self.stage(table))
         outputs = [o for o in outputs if any(t.num_rows for t in o.values())]
         outputs.sort(key=lambda o: min(self._keys(o), default=""))  # same order whatever order blocks came in
-        key = stable_hash(*sorted(k for o in outputs for k in self._keys(o)), size=10)
-        out: dict[str, Any] = {"rows": {}, "files": {}, "counts": {}}
-        counts: Counter = Counter()
+        keys = sorted(k for o in outputs for k in self._keys(o))
+        key = stable_hash(*keys, size=10)
+        out: dict[str, Any] = {"rows": {}, "files": {}, "counts": {}, "keys": keys}
+        counts: Counter = Counter({"stage_retries": retries} if retries else {})
         for name, schema in self.schemas.items():
             parts = [o[name] for o in outputs if name in o and o[name].num_rows]
             if not parts:
@@ -204,24 +239,34 @@ class StageTableSink(Datasink):
             folder = os.path.join(self.staging, name)
             os.makedirs(folder, exist_ok=True)
             path = os.path.join(folder, f"part-{key}.parquet")
-            pq.write_table(table if table.schema == schema else table.cast(schema), path, compression="zstd")
+            _write_parquet_atomic(table if table.schema == schema else table.cast(schema), path)
             out["rows"][name] = table.num_rows
             out["files"][name] = os.path.relpath(path, self.staging)
+            fault_point("sink.write")  # some of this write's tables are on disk, its record is not
         out["counts"] = dict(counts)
-        return out
+        if keys or retries:
+            record_write(self.staging, f"part-{key}", out)
+        return {k: v for k, v in out.items() if k != "keys"}
 
     def on_write_complete(self, write_result) -> None:
-        for ret in write_result.write_returns:
-            self.result.rows.update(ret["rows"])
-            for name, path in ret["files"].items():
-                self.result.files[name].append(path)
-            self.result.counts.update(ret["counts"])
+        self.finish()
+
+    def finish(self) -> TableSinkResult:
+        """Sum every completed write (this run's and a resumed run's) into ``result``; empty tables exist."""
+        result = TableSinkResult()
+        for rec in read_writes(self.staging):
+            result.rows.update(rec["rows"])
+            for name, path in rec["files"].items():
+                result.files[name].append(path)
+            result.counts.update(rec["counts"])
         for name, schema in self.schemas.items():  # every table exists, even when empty
-            if not self.result.files.get(name):
+            if not result.files.get(name):
                 folder = os.path.join(self.staging, name)
                 os.makedirs(folder, exist_ok=True)
                 pq.write_table(schema.empty_table(), os.path.join(folder, "part-empty.parquet"))
-                self.result.files[name].append(os.path.join(name, "part-empty.parquet"))
+                result.files[name].append(os.path.join(name, "part-empty.parquet"))
+        self.result = result
+        return result
 
 
 def _counts(name: str, table: pa.Table) -> dict[str, int]:
@@ -264,6 +309,8 @@ class ChunkJob:
     address: str | None = None
     num_cpus: int | None = None
     concurrency: int | None = None
+    run_id: str | None = None  # rerunning with the same id skips a committed run
+    previous: str | None = None  # an earlier chunk run: its unchanged papers are carried, not chunked again
 
     def config(self) -> dict[str, Any]:
         return {
@@ -277,11 +324,56 @@ class ChunkJob:
         }
 
 
+def _unchanged_map(job: ChunkJob) -> dict[str, str]:
+    """paper_id -> fingerprint of every paper of ``job.previous`` (empty when the chunker changed)."""
+    from .ingest import METADATA_FIELDS, paper_fingerprint
+
+    if not job.previous:
+        return {}
+    prev = _manifest_config(job.previous)
+    if prev.get("chunker_config_hash") != job.chunker.hash or prev.get("store_text") != job.store_text:
+        log.info("chunk: %s used another chunker config; every paper is chunked again", job.previous)
+        return {}
+    papers = pq.read_table(_committed_table_dir(job.previous, "papers"),
+                           columns=["paper_id", "sha256", *METADATA_FIELDS]).to_pydict()
+    return {pid: paper_fingerprint(sha, tuple(papers[f][i] for f in METADATA_FIELDS))
+            for i, (pid, sha) in enumerate(zip(papers["paper_id"], papers["sha256"], strict=True))}
+
+
+def _carry_papers(previous: str, staging: str, ids: list[str]) -> dict[str, int]:
+    """Copy ``previous``'s papers and chunks rows of the unchanged ``ids`` into the staging folder."""
+    keys = pa.array(sorted(ids), pa.string())
+    rows = {}
+    for name in ("papers", "chunks"):
+        prev_dir = _committed_table_dir(previous, name)
+        rows[name] = 0
+        for f in sorted(os.listdir(prev_dir)):
+            if not f.endswith(".parquet"):
+                continue
+            table = pq.read_table(os.path.join(prev_dir, f))
+            table = table.filter(pa.compute.is_in(table["paper_id"], value_set=keys))
+            if table.num_rows:
+                path = os.path.join(staging, name, f"part-carried-{stable_hash(f, size=8)}.parquet")
+                _write_parquet_atomic(table, path)
+                rows[name] += table.num_rows
+    return rows
+
+
 def run_chunk(job: ChunkJob) -> tuple[str, dict[str, Any]]:
-    """Chunk a corpus into a committed run folder; returns ``(path, manifest)``."""
+    """Chunk a corpus into a committed run folder; returns ``(path, manifest)``.
+
+    With ``previous``, papers whose text and metadata are unchanged are not chunked: their rows are
+    copied from that run, so the output is still the whole corpus.
+    """
+    import shutil
+
+    from .ingest import UNCHANGED
+
     t0 = time.perf_counter()
     fmt = corpus.detect_format(job.input) if job.format == "auto" else job.format
-    with staged(job.output, overwrite=job.overwrite) as run:
+    if done_manifest := committed_run(job.output, job.run_id):
+        return job.output, done_manifest
+    with staged(job.output, overwrite=job.overwrite, run_id=job.run_id) as run:
         init_ray(job.address, job.num_cpus)
         fs, files = corpus.list_sources(job.input, fmt)
         if job.metadata:  # a metadata file inside the input folder is not a paper
@@ -289,31 +381,53 @@ def run_chunk(job: ChunkJob) -> tuple[str, dict[str, Any]]:
             files = [f for f in files if f.path != meta_path]
         duplicates, n_records = find_duplicates(fs, files, fmt, job.max_paper_bytes)
         t_scan = time.perf_counter()
-        stage = IngestStage(
-            chunker=job.chunker, metadata_uri=job.metadata, duplicates=duplicates, store_text=job.store_text
-        )
+        unchanged = _unchanged_map(job)
+        stage = IngestStage(chunker=job.chunker, metadata_uri=job.metadata, duplicates=duplicates,
+                            store_text=job.store_text, unchanged=unchanged)
         if job.metadata:
             corpus.load_metadata(job.metadata)  # fail fast on a bad metadata file
         cpus = int(ray.cluster_resources().get("CPU", 1))
         ds = read_corpus(CorpusDatasource(fs, files, fmt, job.max_paper_bytes, parallelism=max(200, 4 * cpus)))
-        sink = StageTableSink(stage, run.staging, INGEST_TABLES)
+        sink = StageTableSink(stage, run.staging, INGEST_TABLES | {"unchanged": UNCHANGED},
+                              key_columns={"papers": "source", "quarantine": "source", "unchanged": "source"})
         ds.write_datasink(sink, concurrency=job.concurrency)
         t_ingest = time.perf_counter()
-        result = sink.result
-        accounted = result.rows["papers"] + result.rows["quarantine"]
+        result = sink.finish()
+        accounted = result.rows["papers"] + result.rows["quarantine"] + result.rows["unchanged"]
         if accounted != n_records:
-            raise RuntimeError(f"{n_records} input records but {accounted} papers + quarantined: rows were lost")
+            raise RuntimeError(f"{n_records} input records but {accounted} papers + quarantined + unchanged: "
+                               "rows were lost")
+        incremental = {}
+        if job.previous and unchanged:
+            same = pq.read_table(os.path.join(run.staging, "unchanged"), columns=["paper_id"])["paper_id"]
+            carried = _carry_papers(job.previous, run.staging, same.to_pylist())
+            new_ids = set(pq.read_table(os.path.join(run.staging, "papers"), columns=["paper_id"])["paper_id"]
+                          .to_pylist()) - set(same.to_pylist())
+            bad_ids = set(pq.read_table(os.path.join(run.staging, "quarantine"), columns=["paper_id"])["paper_id"]
+                          .to_pylist())
+            present = new_ids | set(same.to_pylist()) | bad_ids
+            incremental = {
+                "papers_unchanged": len(same), "papers_changed": len(new_ids & unchanged.keys()),
+                "papers_added": len(new_ids - unchanged.keys()), "papers_removed": len(unchanged.keys() - present),
+                "chunks_carried": carried["chunks"],
+            }
+            for name in ("papers", "chunks"):
+                result.rows[name] += carried[name]
+                result.files[name].append("carried")
+        shutil.rmtree(os.path.join(run.staging, "unchanged"), ignore_errors=True)
         counts = {
             "records_in": n_records,
             "papers": result.rows["papers"],
             "chunks": result.rows["chunks"],
             "quarantined": result.rows["quarantine"],
             "duplicate_ids": len(duplicates),
+            "papers_chunked": result.rows["papers"] - incremental.get("papers_unchanged", 0),
+            **incremental,
             **result.counts,
         }
-        config = job.config() | {"format": fmt}
+        config = job.config() | {"format": fmt} | ({"previous": job.previous} if job.previous else {})
         manifest = build_manifest(
-            run_id=new_run_id("chunk", config),
+            run_id=job.run_id or new_run_id("chunk", config),
             command="chunk",
             config=config,
             inputs=[job.input] + ([job.metadata] if job.metadata else []),
@@ -352,10 +466,30 @@ def _model_actor_args(concurrency: int | None, batch_rows: int) -> dict[str, Any
     return {"concurrency": concurrency or 1, "num_cpus": 1, "batch_size": batch_rows}
 
 
+def _with_retries(call: Callable[[pa.Table], pa.Table], batch: pa.Table, retries: int, what: str) -> pa.Table:
+    """``call(batch)``, retried up to ``retries`` times with backoff on an exception (a transient fault: a
+    flaky file system, an OOM on a shared GPU). The retry count rides along in ``RETRIES_COLUMN`` (first
+    row) for the sink to add up into the manifest; the last failure is raised."""
+    for attempt in range(retries + 1):
+        try:
+            fault_point(f"{what}.batch")
+            out = call(batch)
+            break
+        except Exception as exc:  # noqa: BLE001 - anything may be transient; bounded
+            if attempt == retries:
+                raise
+            log.warning("%s batch failed (attempt %d of %d), retrying: %s", what, attempt + 1, retries + 1, exc)
+            time.sleep(min(30.0, 0.5 * 2**attempt))
+    marks = [0] * out.num_rows
+    if marks:
+        marks[0] = attempt
+    return out.append_column(RETRIES_COLUMN, pa.array(marks, pa.int32()))
+
+
 class _EmbedActor:
     """One Embedder per actor (per GPU); torch threads sized to the node on CPU."""
 
-    def __init__(self, config, threads: int | None = None) -> None:
+    def __init__(self, config, threads: int | None = None, retries: int = 2) -> None:
         import torch
 
         from .embedding import Embedder
@@ -363,9 +497,10 @@ class _EmbedActor:
         if threads:
             torch.set_num_threads(threads)
         self.embedder = Embedder(config)
+        self.retries = retries
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        return self.embedder(batch)
+        return _with_retries(self.embedder, batch, self.retries, "embed")
 
 
 def _as_table(name: str):
@@ -373,6 +508,11 @@ def _as_table(name: str):
         return {name: table}
 
     return wrap
+
+
+def _drop_keys(batch: pa.Table, column: str, keys: pa.Array) -> pa.Table:
+    """Rows whose ``column`` is not in ``keys`` (work a resumed or incremental run already has)."""
+    return batch.filter(pa.compute.invert(pa.compute.is_in(batch[column], value_set=keys)))
 
 
 @dataclass
@@ -386,42 +526,97 @@ class EmbedJob:
     overwrite: bool = False
     address: str | None = None
     num_cpus: int | None = None
+    run_id: str | None = None  # rerunning with the same id resumes a killed run / skips a committed one
+    previous: str | None = None  # an earlier embed run: vectors of unchanged chunks are carried over
+    max_retries: int = 2
+
+
+def _carry_embeddings(job: EmbedJob, chunks_dir: str, config: dict[str, Any], staging: str,
+                      done: set[str]) -> tuple[set[str], str | None]:
+    """Copy the vectors of ``job.previous`` whose chunk is unchanged (same id, same context) and embedder is
+    the same (config and weights); returns the chunk ids carried and why nothing was carried, if so."""
+    if not job.previous:
+        return set(), None
+    prev = json.loads(read_manifest(job.previous)["config"])
+    for key in ("embedder_hash", "model_revision", "dim"):
+        if prev.get(key) != config[key]:
+            return set(), f"embedder changed ({key})"
+    new = pq.read_table(chunks_dir, columns=["chunk_id", "context"])
+    old = pq.read_table(_committed_table_dir(prev["chunks"], "chunks"), columns=["chunk_id", "context"])
+    same = new.join(old, "chunk_id", right_suffix="_old")
+    same = same.filter(pa.compute.equal(same["context"], same["context_old"]))["chunk_id"]
+    prev_dir = _committed_table_dir(job.previous, "embeddings")
+    carried: set[str] = set()
+    for f in sorted(os.listdir(prev_dir)):
+        if not f.endswith(".parquet"):
+            continue
+        name = f"{CARRIED_PREFIX}{stable_hash(job.previous, f, size=8)}"
+        table = pq.read_table(os.path.join(prev_dir, f))
+        table = table.filter(pa.compute.is_in(table["chunk_id"], value_set=same))
+        keys = table["chunk_id"].to_pylist()
+        carried.update(keys)
+        if not table.num_rows or set(keys) <= done:  # nothing here, or written by the run being resumed
+            continue
+        os.makedirs(os.path.join(staging, "embeddings"), exist_ok=True)
+        _write_parquet_atomic(table, os.path.join(staging, "embeddings", f"{name}.parquet"))
+        record_write(staging, name, {"rows": {"embeddings": table.num_rows}, "keys": keys,
+                                     "files": {"embeddings": os.path.join("embeddings", f"{name}.parquet")},
+                                     "counts": {"carried": table.num_rows}})
+    return carried, None
 
 
 def run_embed(job: EmbedJob) -> tuple[str, dict[str, Any]]:
-    """Embed every chunk of a chunk run into an embeddings table."""
+    """Embed every chunk of a chunk run into an embeddings table (only the new ones, given ``previous``)."""
     from transformers import AutoConfig
 
-    from .embedding import EmbedderConfig
+    from .embedding import EmbedderConfig, weights_fingerprint
     from .tables import embeddings_schema
 
     t0 = time.perf_counter()
     cfg = job.embedder or EmbedderConfig()
     chunks_dir = _committed_table_dir(job.chunks, "chunks")
-    with staged(job.output, overwrite=job.overwrite) as run:
+    model_cfg = AutoConfig.from_pretrained(cfg.model, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
+    dim = int(model_cfg.hidden_size)
+    config = {"chunks": job.chunks, "embedder": cfg.to_dict(), "embedder_hash": cfg.hash, "dim": dim,
+              "model_revision": weights_fingerprint(cfg)}
+    if done_manifest := committed_run(job.output, job.run_id):
+        return job.output, done_manifest
+    run_id = job.run_id or new_run_id("embed", config)
+    with staged(job.output, overwrite=job.overwrite, run_id=job.run_id, resume=True) as run:
         init_ray(job.address, job.num_cpus)
-        model_cfg = AutoConfig.from_pretrained(
-            cfg.model, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code
-        )
-        dim = int(model_cfg.hidden_size)
         schema = embeddings_schema(dim, pa.float16() if cfg.output_dtype == "float16" else pa.float32())
-        ds = ray.data.read_parquet(chunks_dir).select_columns(["chunk_id", "paper_id", "context", "text"])
-        actor = _model_actor_args(job.concurrency, job.batch_rows)
-        threads = job.threads or (None if _gpus() else max(1, int(ray.cluster_resources().get("CPU", 1))))
-        ds = ds.map_batches(
-            _EmbedActor, fn_constructor_kwargs={"config": cfg, "threads": threads}, batch_format="pyarrow", **actor
-        )
+        done = completed_keys(run.staging)
+        carried, not_carried = _carry_embeddings(job, chunks_dir, config, run.staging, done)
+        skip = done | carried
+        all_ids = pq.read_table(chunks_dir, columns=["chunk_id"])["chunk_id"]
+        skip_ids = pa.array(sorted(skip), pa.string())
+        todo = len(all_ids) - (pa.compute.sum(pa.compute.is_in(all_ids, value_set=skip_ids)).as_py() or 0)
         sink = StageTableSink(_as_table("embeddings"), run.staging, {"embeddings": schema},
                               key_columns={"embeddings": "chunk_id"})
-        ds.write_datasink(sink)
-        result = sink.result
-        config = {"chunks": job.chunks, "embedder": cfg.to_dict(), "embedder_hash": cfg.hash, "dim": dim}
+        if todo:  # no model is loaded when every chunk is carried or already done
+            ds = ray.data.read_parquet(chunks_dir).select_columns(["chunk_id", "paper_id", "context", "text"])
+            if skip:
+                ds = ds.map_batches(_drop_keys, fn_kwargs={"column": "chunk_id", "keys": skip_ids},
+                                    batch_format="pyarrow")
+            actor = _model_actor_args(job.concurrency, job.batch_rows)
+            threads = job.threads or (None if _gpus() else max(1, int(ray.cluster_resources().get("CPU", 1))))
+            ds = ds.map_batches(_EmbedActor, batch_format="pyarrow", **actor,
+                                fn_constructor_kwargs={"config": cfg, "threads": threads, "retries": job.max_retries})
+            ds.write_datasink(sink)
+        result = sink.finish()
+        if result.rows["embeddings"] != len(all_ids):
+            raise RuntimeError(f"{len(all_ids)} chunks but {result.rows['embeddings']} embeddings written")
+        counts = {"chunks_in": len(all_ids), "embedded": todo, "carried": len(carried), **result.counts}
+        counts["carried"] = len(carried)
         manifest = build_manifest(
-            run_id=new_run_id("embed", config), command="embed", config=config, inputs=[job.chunks],
+            run_id=run_id, command="embed", config=config | ({"previous": job.previous} if job.previous else {}),
+            inputs=[job.chunks] + ([job.previous] if job.previous else []),
             tables={"embeddings": {"rows": result.rows["embeddings"], "files": len(result.files["embeddings"])}},
-            counts={"chunks_in": result.rows["embeddings"], **result.counts},
+            counts=counts | ({"resumed_rows": len(done)} if done else {}),
             timings_s={"total": time.perf_counter() - t0},
         )
+        if not_carried:
+            log.info("embed: nothing carried from %s: %s", job.previous, not_carried)
         return run.commit(manifest), manifest
 
 
@@ -435,13 +630,18 @@ class IndexJob:
     overwrite: bool = False
     address: str | None = None
     num_cpus: int | None = None
+    run_id: str | None = None  # rerunning with the same id skips a committed run
+    previous: str | None = None  # an earlier index run to update instead of building from scratch
+    max_drift: float = 0.2  # (removed + added) / old vectors above which the index is rebuilt
 
+
+CARRIED_PREFIX = "part-carried-"  # table files an incremental run copied from the run before
 
 def build_index_files(embeddings_dir: str, chunks_dir: str, folder: str, spec, bm25: bool) -> dict[str, Any]:
     """Build FAISS (+ BM25) into ``folder``: ``dense/``, ``bm25/``, ``ids.parquet`` (row -> chunk)."""
     import numpy as np
 
-    from .index import Bm25Index, build_dense, save_dense
+    from .index import build_dense, save_dense
 
     files = sorted(os.path.join(embeddings_dir, f) for f in os.listdir(embeddings_dir) if f.endswith(".parquet"))
     metas = [pq.ParquetFile(f) for f in files]
@@ -463,44 +663,146 @@ def build_index_files(embeddings_dir: str, chunks_dir: str, folder: str, spec, b
     save_dense(index, os.path.join(folder, "dense"))
     ids = pa.concat_tables(pq.read_table(f, columns=["chunk_id", "paper_id"]) for f in files)
     ids = ids.append_column("row", pa.array(range(n), pa.int64()))
-    if len(set(ids["chunk_id"].to_pylist())) != n:
+    timings = {"dense_build": t_dense, **_write_ids_and_bm25(ids, chunks_dir, folder, bm25)}
+    return {"n": n, "dim": dim, "spec": dataclasses.asdict(resolved), "timings": timings, "update": "rebuilt"}
+
+
+def _write_ids_and_bm25(ids: pa.Table, chunks_dir: str, folder: str, bm25: bool) -> dict[str, float]:
+    """``ids.parquet`` (row -> chunk) and the BM25 index over the chunk texts in row order."""
+    from .index import Bm25Index
+
+    if len(set(ids["chunk_id"].to_pylist())) != ids.num_rows:
         raise ValueError("duplicate chunk ids in the embeddings table")
     pq.write_table(ids, os.path.join(folder, "ids.parquet"))
-    timings = {"dense_build": t_dense}
-    if bm25:
-        t0 = time.perf_counter()
-        texts = pq.read_table(chunks_dir, columns=["chunk_id", "text"])
-        joined = ids.select(["chunk_id", "row"]).join(texts, "chunk_id", join_type="left outer").sort_by("row")
-        missing = joined["text"].null_count
-        if missing:
-            raise ValueError(f"{missing} embedded chunks are missing from {chunks_dir}")
-        Bm25Index.build(joined["text"].to_pylist()).save(os.path.join(folder, "bm25"))
-        timings["bm25_build"] = time.perf_counter() - t0
-    return {"n": n, "dim": dim, "spec": dataclasses.asdict(resolved), "timings": timings}
+    if not bm25:
+        return {}
+    t0 = time.perf_counter()
+    texts = pq.read_table(chunks_dir, columns=["chunk_id", "text"])
+    joined = ids.select(["chunk_id", "row"]).join(texts, "chunk_id", join_type="left outer").sort_by("row")
+    missing = joined["text"].null_count
+    if missing:
+        raise ValueError(f"{missing} embedded chunks are missing from {chunks_dir}")
+    Bm25Index.build(joined["text"].to_pylist()).save(os.path.join(folder, "bm25"))
+    return {"bm25_build": time.perf_counter() - t0}
+
+
+def _vectors(table: pa.Table):
+    import numpy as np
+
+    col = table["vector"].combine_chunks()
+    flat = col.values.to_numpy(zero_copy_only=False)
+    return np.ascontiguousarray(flat.reshape(len(col), col.type.list_size), dtype=np.float32)
+
+
+def update_index_files(previous: str, embeddings_dir: str, chunks_dir: str, folder: str, bm25: bool,
+                       max_drift: float, since_rebuild: tuple[int, int]) -> dict[str, Any] | None:
+    """Update ``previous``'s index for an embed run that carried vectors from the one it indexed.
+
+    Kept rows are the carried chunks (same id, same vector); everything else the old index holds is
+    removed and the newly embedded chunks are added after the kept rows. Returns None when the drift
+    calls for a rebuild (or the old index cannot tell what it holds). Drift is counted since the last
+    rebuild (``since_rebuild``: vectors then, vectors removed or added since), not per night.
+    """
+    import numpy as np
+
+    from .index import load_dense, plan_update, save_dense, update_dense
+
+    t0 = time.perf_counter()
+    files = sorted(f for f in os.listdir(embeddings_dir) if f.endswith(".parquet"))
+    carried = pa.concat_tables(
+        [pq.read_table(os.path.join(embeddings_dir, f), columns=["chunk_id"]) for f in files
+         if f.startswith(CARRIED_PREFIX)] or [pa.table({"chunk_id": pa.array([], pa.string())})])["chunk_id"]
+    fresh = [f for f in files if not f.startswith(CARRIED_PREFIX)]
+    old_ids = pq.read_table(os.path.join(previous, "ids.parquet")).sort_by("row")
+    keep = pa.compute.is_in(old_ids["chunk_id"], value_set=carried).to_numpy(zero_copy_only=False)
+    if int(keep.sum()) != len(carried):
+        return None  # carried vectors the old index does not have: it indexed another embed run
+    new_tables = [pq.read_table(os.path.join(embeddings_dir, f), columns=["chunk_id", "paper_id", "vector"])
+                  for f in fresh]
+    n_new = sum(t.num_rows for t in new_tables)
+    removed = np.flatnonzero(~keep)
+    base_n, changed = since_rebuild
+    action, drift = plan_update(base_n, changed + len(removed), n_new, max_drift)
+    if action == "rebuilt":
+        return None
+    dim = pq.ParquetFile(os.path.join(embeddings_dir, files[0])).schema_arrow.field("vector").type.list_size
+    if action == "unchanged":
+        import shutil
+
+        shutil.copytree(os.path.join(previous, "dense"), os.path.join(folder, "dense"))
+        if bm25 and os.path.isdir(os.path.join(previous, "bm25")):
+            shutil.copytree(os.path.join(previous, "bm25"), os.path.join(folder, "bm25"))
+            bm25 = False
+        ids = old_ids
+    else:
+        index = load_dense(os.path.join(previous, "dense"), mmap=False)
+        vectors = np.concatenate([_vectors(t) for t in new_tables]) if n_new else np.zeros((0, dim), np.float32)
+        index = update_dense(index, removed, vectors)
+        save_dense(index, os.path.join(folder, "dense"))
+        kept = old_ids.filter(pa.array(keep)).select(["chunk_id", "paper_id"])
+        added = [t.select(["chunk_id", "paper_id"]) for t in new_tables]
+        ids = pa.concat_tables([kept, *added])
+        ids = ids.append_column("row", pa.array(range(ids.num_rows), pa.int64()))
+    timings = {"dense_update": time.perf_counter() - t0, **_write_ids_and_bm25(ids, chunks_dir, folder, bm25)}
+    return {"n": ids.num_rows, "dim": dim, "timings": timings, "update": action, "drift": drift,
+            "removed": len(removed), "added": n_new, "since_rebuild": [base_n, changed + len(removed) + n_new]}
+
+
+def _index_fingerprint(ids_path: str, embed_config: dict[str, Any], spec: dict[str, Any], bm25: bool) -> str:
+    """Identifies what an index answers: the vectors' model and the chunks in row order."""
+    ids = pq.read_table(ids_path, columns=["chunk_id"])["chunk_id"].to_pylist()
+    return stable_hash(json.dumps([embed_config.get("embedder_hash"), embed_config.get("model_revision"), spec, bm25],
+                                  sort_keys=True), *ids)
 
 
 def run_index(job: IndexJob) -> tuple[str, dict[str, Any]]:
-    """Build the dense and full-text indexes of an embed run (on a GPU node when there is one)."""
+    """Build the dense and full-text indexes of an embed run (on a GPU node when there is one).
+
+    With ``previous`` (the index of the embed run that ``job.embeddings`` carried vectors from), the
+    old index is updated in place (removed chunks out, new ones in, trained structure kept) unless the
+    drift is over ``max_drift``; the manifest says which (``update``: unchanged, added or rebuilt).
+    """
     from .index import DenseSpec
 
     t0 = time.perf_counter()
     emb_dir = _committed_table_dir(job.embeddings, "embeddings")
     chunks_dir = _committed_table_dir(job.chunks, "chunks")
     embed_manifest = read_manifest(job.embeddings)
-    with staged(job.output, overwrite=job.overwrite) as run:
-        init_ray(job.address, job.num_cpus)
-        task = ray.remote(num_cpus=1, num_gpus=1 if _gpus() else 0)(build_index_files)
-        stats = ray.get(task.remote(emb_dir, chunks_dir, run.staging, job.dense or DenseSpec(), job.bm25))
+    embed_config = json.loads(embed_manifest["config"])
+    if done_manifest := committed_run(job.output, job.run_id):
+        return job.output, done_manifest
+    with staged(job.output, overwrite=job.overwrite, run_id=job.run_id) as run:
+        stats = None
+        if job.previous:
+            prev = _manifest_config(job.previous)
+            prev_embed = _manifest_config(prev["embeddings"])
+            if (embed_config.get("previous") == prev["embeddings"] and prev["bm25"] == job.bm25
+                    and prev_embed.get("model_revision") == embed_config.get("model_revision")
+                    and (job.dense is None or dataclasses.asdict(job.dense) == dataclasses.asdict(DenseSpec()))):
+                since = prev.get("since_rebuild") or [read_manifest(job.previous)["counts"]["vectors"], 0]
+                stats = update_index_files(job.previous, emb_dir, chunks_dir, run.staging, job.bm25, job.max_drift,
+                                           tuple(since))
+                if stats:
+                    stats["spec"] = prev["dense"]
+        if stats is None:
+            init_ray(job.address, job.num_cpus)
+            task = ray.remote(num_cpus=1, num_gpus=1 if _gpus() else 0)(build_index_files)
+            stats = ray.get(task.remote(emb_dir, chunks_dir, run.staging, job.dense or DenseSpec(), job.bm25))
         config = {
             "embeddings": job.embeddings, "chunks": job.chunks, "dense": stats["spec"], "bm25": job.bm25,
-            "embedder": json.loads(embed_manifest["config"])["embedder"],
-        }
+            "embedder": embed_config["embedder"],
+            "fingerprint": _index_fingerprint(os.path.join(run.staging, "ids.parquet"), embed_config, stats["spec"],
+                                              job.bm25),
+            "since_rebuild": stats.get("since_rebuild", [stats["n"], 0]),
+        } | ({"previous": job.previous, "max_drift": job.max_drift} if job.previous else {})
+        counts = {"vectors": stats["n"], "dim": stats["dim"]}
+        counts |= {k: stats[k] for k in ("removed", "added") if k in stats}
         manifest = build_manifest(
-            run_id=new_run_id("index", config), command="index", config=config,
+            run_id=job.run_id or new_run_id("index", config), command="index", config=config,
             inputs=[job.embeddings, job.chunks], tables={"ids": {"rows": stats["n"], "files": 1}},
-            counts={"vectors": stats["n"], "dim": stats["dim"]},
-            timings_s={**stats["timings"], "total": time.perf_counter() - t0},
+            counts=counts, timings_s={**stats["timings"], "total": time.perf_counter() - t0},
         )
+        manifest["update"] = {"action": stats["update"], "drift": round(stats.get("drift", 1.0), 6)}
         return run.commit(manifest), manifest
 
 
@@ -525,6 +827,8 @@ class RetrieveJob:
     overwrite: bool = False
     address: str | None = None
     num_cpus: int | None = None
+    run_id: str | None = None  # rerunning with the same id skips a committed run
+    previous: str | None = None  # an earlier retrieval run, reused whole when index and queries are the same
 
 
 def read_queries(path: str) -> tuple[pa.Table, int]:
@@ -554,8 +858,20 @@ def read_rows(path: str) -> pa.Table:
     return pajson.read_json(path)
 
 
+def _retrieval_key(index: str, queries: pa.Table, cfg) -> str:
+    """Same key, same retrieval table: the index's fingerprint, the queries, the retriever settings."""
+    settings = {k: v for k, v in _jsonable(dataclasses.asdict(cfg)).items() if k not in ("index_dir", "device")}
+    return stable_hash(_manifest_config(index).get("fingerprint") or index, json.dumps(settings, sort_keys=True),
+                       *queries["query_id"].to_pylist(), *queries["query"].to_pylist())
+
+
 def run_retrieve(job: RetrieveJob) -> tuple[str, dict[str, Any]]:
-    """Top-k chunks per query for dense, BM25 and hybrid search."""
+    """Top-k chunks per query for dense, BM25 and hybrid search.
+
+    With ``previous``, a run whose key (index fingerprint, queries, settings) matches is copied as is.
+    """
+    import shutil
+
     from .retrieval import RetrieverConfig
 
     t0 = time.perf_counter()
@@ -563,22 +879,35 @@ def run_retrieve(job: RetrieveJob) -> tuple[str, dict[str, Any]]:
     cfg = dataclasses.replace(cfg, index_dir=os.path.abspath(job.index))
     read_manifest(job.index)
     queries, rejected = read_queries(job.queries)
-    with staged(job.output, overwrite=job.overwrite) as run:
-        init_ray(job.address, job.num_cpus)
-        blocks = [queries.slice(i, job.batch_rows) for i in range(0, max(1, queries.num_rows), job.batch_rows)]
-        ds = ray.data.from_arrow(blocks)
-        actor = _model_actor_args(job.concurrency, job.batch_rows)
-        ds = ds.map_batches(_RetrieveActor, fn_constructor_kwargs={"config": cfg}, batch_format="pyarrow", **actor)
-        sink = StageTableSink(_as_table("retrieval"), run.staging, {"retrieval": RETRIEVAL},
-                              key_columns={"retrieval": "query_id"})
-        ds.write_datasink(sink)
-        result = sink.result
-        config = {"index": job.index, "queries": job.queries, "retriever": _jsonable(dataclasses.asdict(cfg))}
+    key = _retrieval_key(job.index, queries, cfg)
+    if done_manifest := committed_run(job.output, job.run_id):
+        return job.output, done_manifest
+    with staged(job.output, overwrite=job.overwrite, run_id=job.run_id) as run:
+        reused = bool(job.previous) and _manifest_config(job.previous).get("key") == key
+        if reused:
+            shutil.copytree(_committed_table_dir(job.previous, "retrieval"), os.path.join(run.staging, "retrieval"))
+            table = pq.read_table(os.path.join(run.staging, "retrieval"), columns=["method"])
+            result = TableSinkResult(rows=Counter({"retrieval": table.num_rows}),
+                                     files={"retrieval": os.listdir(os.path.join(run.staging, "retrieval"))},
+                                     counts=Counter(_counts("retrieval", table)))
+        else:
+            init_ray(job.address, job.num_cpus)
+            blocks = [queries.slice(i, job.batch_rows) for i in range(0, max(1, queries.num_rows), job.batch_rows)]
+            ds = ray.data.from_arrow(blocks)
+            actor = _model_actor_args(job.concurrency, job.batch_rows)
+            ds = ds.map_batches(_RetrieveActor, fn_constructor_kwargs={"config": cfg}, batch_format="pyarrow", **actor)
+            sink = StageTableSink(_as_table("retrieval"), run.staging, {"retrieval": RETRIEVAL},
+                                  key_columns={"retrieval": "query_id"})
+            ds.write_datasink(sink)
+            result = sink.finish()
+        config = {"index": job.index, "queries": job.queries, "retriever": _jsonable(dataclasses.asdict(cfg)),
+                  "key": key} | ({"previous": job.previous} if job.previous else {})
         manifest = build_manifest(
-            run_id=new_run_id("retrieve", config), command="retrieve", config=config,
+            run_id=job.run_id or new_run_id("retrieve", config), command="retrieve", config=config,
             inputs=[job.index, job.queries],
             tables={"retrieval": {"rows": result.rows["retrieval"], "files": len(result.files["retrieval"])}},
-            counts={"queries": queries.num_rows, "rejected_empty_query": rejected, **result.counts},
+            counts={"queries": queries.num_rows, "rejected_empty_query": rejected, "reused": int(reused),
+                    **result.counts},
             timings_s={"total": time.perf_counter() - t0},
         )
         return run.commit(manifest), manifest
@@ -598,7 +927,8 @@ def _jsonable(value):
 class _ExtractActor:
     """One extractor (one model) per actor; batches of pairs in, packed pairs+spans out."""
 
-    def __init__(self, config, run_id: str, threads: int | None = None, max_chunk_chars: int | None = None) -> None:
+    def __init__(self, config, run_id: str, threads: int | None = None, max_chunk_chars: int | None = None,
+                 retries: int = 2) -> None:
         from .extract import build_extractor
         from .extract.stage import DEFAULT_MAX_CHUNK_CHARS, ExtractStage
 
@@ -607,11 +937,25 @@ class _ExtractActor:
 
             torch.set_num_threads(threads)
         self.stage = ExtractStage(build_extractor(config), run_id, max_chunk_chars or DEFAULT_MAX_CHUNK_CHARS)
+        self.retries = retries
 
-    def __call__(self, batch: pa.Table) -> pa.Table:
+    def _packed(self, batch: pa.Table) -> pa.Table:
         from .extract.stage import pack
 
         return pack(self.stage(batch))
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        from .extract.stage import pack
+        from .tables import PAIR_INPUT
+
+        try:
+            return _with_retries(self._packed, batch, self.retries, "extract")
+        except Exception as exc:  # noqa: BLE001 - retries spent: error rows, the job goes on
+            rows = batch.select(PAIR_INPUT.names).to_pylist()
+            error = f"stage_failed: {type(exc).__name__}: {exc}"[:500]
+            out = pack(self.stage.tables(rows, {}, [error] * len(rows), None))
+            marks = [self.retries] + [0] * (out.num_rows - 1) if out.num_rows else []
+            return out.append_column(RETRIES_COLUMN, pa.array(marks, pa.int32()))
 
 
 @dataclass
@@ -633,6 +977,9 @@ class ExtractJob:
     overwrite: bool = False
     address: str | None = None
     num_cpus: int | None = None
+    run_id: str | None = None  # rerunning with the same id resumes a killed run / skips a committed one
+    previous: str | None = None  # an earlier extract run: results of unchanged pairs are carried over
+    max_retries: int = 2
 
 
 def _manifest_config(run_dir: str) -> dict[str, Any]:
@@ -798,7 +1145,7 @@ def _extract_dataset(job: ExtractJob, pairs: pa.Table, cfg, run_id: str) -> ray.
             _LLMInterpret, fn_constructor_kwargs={"config": cfg, "run_id": run_id}, batch_format="pyarrow",
             concurrency=job.concurrency or 1, num_cpus=1)
         return ds.union(ray.data.from_arrow(bad)) if bad is not None else ds
-    kwargs = {"config": cfg, "run_id": run_id, "max_chunk_chars": job.max_chunk_chars}
+    kwargs = {"config": cfg, "run_id": run_id, "max_chunk_chars": job.max_chunk_chars, "retries": job.max_retries}
     if isinstance(cfg, LLMConfig):  # http: I/O bound actors, no GPU; blocks keep a query's pairs together
         ds = ray.data.from_arrow(_query_blocks(pairs, job.batch_rows))
         return ds.map_batches(_ExtractActor, batch_format="pyarrow", batch_size=None, num_cpus=0.5,
@@ -810,8 +1157,57 @@ def _extract_dataset(job: ExtractJob, pairs: pa.Table, cfg, run_id: str) -> ray.
                                                    fn_constructor_kwargs=kwargs)
 
 
+_EXTRACT_TABLES = ("spans", "pairs", "rejects")
+
+
+def _carry_pairs(job: ExtractJob, pairs: pa.Table, config: dict[str, Any], staging: str, done: set[str]) -> set[str]:
+    """Copy the rows of ``job.previous`` for pairs whose input (query, chunk text, paper, offset) and
+    extractor (config hash, weights) are unchanged and that did not fail; returns their pair ids."""
+    from .tables import PAIRS, REJECTS, SPANS, pair_input_hash
+
+    if not job.previous:
+        return set()
+    prev = _manifest_config(job.previous)
+    if prev.get("extractor_hash") != config["extractor_hash"] or (
+            config.get("model_revision") and prev.get("model_revision") != config["model_revision"]):
+        return set()
+    cols = pairs.select(["pair_id", "query", "chunk", "paper_id", "chunk_start"]).to_pydict()
+    wanted = {pid: pair_input_hash(q, c, p, s) for pid, q, c, p, s in zip(*cols.values(), strict=True)}
+    old = pq.read_table(_committed_table_dir(job.previous, "pairs"), columns=["pair_id", "input_hash", "error"])
+    carried = {pid for pid, h, err in zip(*old.to_pydict().values(), strict=True)
+               if err is None and h is not None and wanted.get(pid) == h}
+    if not carried:
+        return carried
+    keys = pa.array(sorted(carried), pa.string())
+    for name, schema in zip(_EXTRACT_TABLES, (SPANS, PAIRS, REJECTS), strict=True):
+        prev_dir = _committed_table_dir(job.previous, name)
+        for f in sorted(os.listdir(prev_dir)):
+            if not f.endswith(".parquet"):
+                continue
+            part = f"part-carried-{stable_hash(job.previous, name, f, size=8)}"
+            table = pq.read_table(os.path.join(prev_dir, f))
+            table = table.filter(pa.compute.is_in(table["pair_id"], value_set=keys))
+            if not table.num_rows:
+                continue
+            ids = table["pair_id"].to_pylist() if name == "pairs" else []
+            if ids and set(ids) <= done:
+                continue
+            path = os.path.join(name, f"{part}.parquet")
+            os.makedirs(os.path.join(staging, name), exist_ok=True)
+            _write_parquet_atomic(table.cast(schema), os.path.join(staging, path))
+            counts = {"carried_pairs": table.num_rows} if name == "pairs" else _counts(name, table)
+            record_write(staging, f"{part}-{name}", {"rows": {name: table.num_rows}, "files": {name: path},
+                                                    "counts": counts, "keys": ids})
+    return carried
+
+
 def run_extract(job: ExtractJob) -> tuple[str, dict[str, Any]]:
-    """Extract verbatim spans for every pair into ``spans/`` and ``pairs/`` tables."""
+    """Extract verbatim spans for every pair into ``spans/`` and ``pairs/`` tables.
+
+    With ``previous``, pairs whose input and extractor are unchanged keep that run's rows; with a
+    ``run_id`` a rerun after a crash extracts only the pairs no completed write covers.
+    """
+    from .extract import weights_fingerprint
     from .extract.stage import unpack
     from .tables import PAIRS, REJECTS, SPANS
 
@@ -822,25 +1218,38 @@ def run_extract(job: ExtractJob) -> tuple[str, dict[str, Any]]:
     kind = type(cfg).__name__.removesuffix("Config").lower()
     config = {"extractor": kind, "extractor_config": _jsonable(cfg.to_dict()), "extractor_hash": cfg.hash,
               "method": job.method, "top_k": job.top_k, **sources}
-    run_id = new_run_id("extract", config)
-    with staged(job.output, overwrite=job.overwrite) as run:
-        init_ray(job.address, job.num_cpus)
-        ds = _extract_dataset(job, pairs, cfg, run_id)
+    if weights := weights_fingerprint(cfg):
+        config["model_revision"] = weights
+    if done_manifest := committed_run(job.output, job.run_id):
+        return job.output, done_manifest
+    run_id = job.run_id or new_run_id("extract", config)
+    with staged(job.output, overwrite=job.overwrite, run_id=job.run_id, resume=True) as run:
+        done = completed_keys(run.staging)
+        carried = _carry_pairs(job, pairs, config, run.staging, done)
+        skip = pa.array(sorted(done | carried), pa.string())
+        todo = pairs.filter(pa.compute.invert(pa.compute.is_in(pairs["pair_id"], value_set=skip)))
         sink = StageTableSink(unpack, run.staging, {"spans": SPANS, "pairs": PAIRS, "rejects": REJECTS},
                               key_columns={"pairs": "pair_id"})
-        ds.write_datasink(sink)
-        result = sink.result
+        if todo.num_rows:  # no model is loaded when every pair is carried or already done
+            init_ray(job.address, job.num_cpus)
+            _extract_dataset(job, todo, cfg, run_id).write_datasink(sink)
+        result = sink.finish()
         if result.rows["pairs"] != pairs.num_rows:
             raise RuntimeError(f"{pairs.num_rows} pairs in but {result.rows['pairs']} pair rows written")
         written = pq.read_table(os.path.join(run.staging, "pairs"),
                                 columns=["error", "n_spans", "n_violations", "model_id", "model_revision"])
         loaded = written.filter(pa.compute.is_valid(written["model_revision"])).slice(0, 1).to_pylist()
         config |= {"model_id": loaded[0]["model_id"], "model_revision": loaded[0]["model_revision"]} if loaded else {}
+        if job.previous:
+            config["previous"] = job.previous
         manifest = build_manifest(
-            run_id=run_id, command="extract", config=config, inputs=[v for v in sources.values() if v],
-            tables={n: {"rows": result.rows[n], "files": len(result.files[n])} for n in ("spans", "pairs", "rejects")},
+            run_id=run_id, command="extract", config=config,
+            inputs=[v for v in sources.values() if v] + ([job.previous] if job.previous else []),
+            tables={n: {"rows": result.rows[n], "files": len(result.files[n])} for n in _EXTRACT_TABLES},
             counts=_extract_counts(written, result.rows["spans"]) | {"rejects": result.rows["rejects"], **{
-                k: v for k, v in result.counts.items() if k.startswith("rejects.")}},
+                k: v for k, v in result.counts.items() if k.startswith("rejects.") or k == "stage_retries"}}
+            | {"extracted_pairs": todo.num_rows, "carried_pairs": len(carried)}
+            | ({"resumed_pairs": len(done)} if done else {}),
             timings_s={"pairs": t_pairs - t0, "total": time.perf_counter() - t0},
         )
         return run.commit(manifest), manifest

@@ -198,6 +198,10 @@ def write_report(run_dir: str, manifest: dict[str, Any] | None = None, n_samples
             manifest = json.load(fh)
     report = build_report(run_dir, manifest)
     rows = samples(run_dir, manifest, n_samples) if manifest.get("command") == "extract" else []
+    spans_run = os.path.join(run_dir, "spans")
+    if manifest.get("command") == "nightly" and os.path.exists(os.path.join(spans_run, MANIFEST_FILE)):
+        with open(os.path.join(spans_run, MANIFEST_FILE), encoding="utf-8") as fh:
+            rows = samples(spans_run, json.load(fh), n_samples)
     with open(os.path.join(run_dir, REPORT_JSON), "w", encoding="utf-8") as fh:
         json.dump(report, fh, indent=2, sort_keys=True, default=str)
     with open(os.path.join(run_dir, REPORT_HTML), "w", encoding="utf-8") as fh:

@@ -24,10 +24,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import __version__
+from .faults import fault_point
 from .tables import MANIFEST, SCHEMA_VERSION, config_hash, stable_hash
 
 log = logging.getLogger(__name__)
 MANIFEST_FILE = "manifest.json"
+WRITES_DIR = "_writes"  # one JSON record per completed write, in the staging folder until commit
 
 
 class OutputExistsError(FileExistsError):
@@ -43,30 +45,36 @@ def _local(path: str) -> str:
 
 
 class RunDir:
-    """A staging folder that becomes ``output`` on ``commit``."""
+    """A staging folder that becomes ``output`` on ``commit``.
 
-    def __init__(self, output: str, overwrite: bool = False) -> None:
+    With a ``run_id`` the staging folder is named after it, so a rerun with the same
+    id finds the work a killed run left there: ``resume=True`` keeps it (stages
+    whose sink records completed writes, see ``pipeline.StageTableSink``), otherwise
+    it is emptied. Staging folders of other ids are removed either way.
+    """
+
+    def __init__(self, output: str, overwrite: bool = False, run_id: str | None = None, resume: bool = False) -> None:
         self.output = _local(output)
         self.overwrite = overwrite
         if os.path.exists(self.output) and not overwrite:
             raise OutputExistsError(f"{self.output} exists; pass --overwrite to replace it")
         parent, name = os.path.split(self.output)
         os.makedirs(parent, exist_ok=True)
+        token = _safe_token(run_id) if run_id else uuid.uuid4().hex[:12]
+        self.staging = os.path.join(parent, f".{name}.staging-{token}")
         for stale in os.listdir(parent):  # leftovers of killed runs of this output
-            if stale.startswith(f".{name}.staging-"):
-                shutil.rmtree(os.path.join(parent, stale), ignore_errors=True)
-        self.staging = os.path.join(parent, f".{name}.staging-{uuid.uuid4().hex[:12]}")
-        os.makedirs(self.staging)
+            path = os.path.join(parent, stale)
+            if stale.startswith(f".{name}.staging-") and (path != self.staging or not resume):
+                shutil.rmtree(path, ignore_errors=True)
+        self.resumed = os.path.isdir(self.staging)
+        os.makedirs(self.staging, exist_ok=True)
 
     def commit(self, manifest: Mapping[str, Any]) -> str:
         """Write the manifest, then move the staging folder into place."""
         validate_manifest(manifest)
-        tmp = os.path.join(self.staging, MANIFEST_FILE + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(manifest, fh, indent=2, sort_keys=True)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, os.path.join(self.staging, MANIFEST_FILE))
+        fault_point("commit")
+        shutil.rmtree(os.path.join(self.staging, WRITES_DIR), ignore_errors=True)  # a run is tables + manifest
+        write_atomic(os.path.join(self.staging, MANIFEST_FILE), json.dumps(manifest, indent=2, sort_keys=True))
         try:  # the report is derived from the run; it never stops a commit
             from .report import write_report
 
@@ -88,14 +96,79 @@ class RunDir:
         shutil.rmtree(self.staging, ignore_errors=True)
 
 
+def _safe_token(run_id: str) -> str:
+    if not run_id or any(c in run_id for c in "/\\\0") or run_id.startswith("."):
+        raise ValueError(f"run id {run_id!r} must be a plain name (no slashes, not starting with a dot)")
+    return run_id
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` so readers see the old file or the whole new one, never a part."""
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def record_write(staging: str, name: str, record: dict[str, Any]) -> None:
+    """Mark one write as complete (its table files must already be in place)."""
+    folder = os.path.join(staging, WRITES_DIR)
+    os.makedirs(folder, exist_ok=True)
+    write_atomic(os.path.join(folder, f"{name}.json"), json.dumps(record, sort_keys=True))
+
+
+def read_writes(staging: str) -> list[dict[str, Any]]:
+    folder = os.path.join(staging, WRITES_DIR)
+    if not os.path.isdir(folder):
+        return []
+    out = []
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".json"):
+            with open(os.path.join(folder, name), encoding="utf-8") as fh:
+                out.append(json.load(fh))
+    return out
+
+
+def completed_keys(staging: str) -> set[str]:
+    """Row keys covered by completed writes; files of writes that never completed are removed."""
+    records = read_writes(staging)
+    keep = {os.path.normpath(p) for rec in records for p in rec["files"].values()}
+    for root, _, files in os.walk(staging):
+        if os.path.basename(root) == WRITES_DIR:
+            continue
+        for f in files:
+            rel = os.path.normpath(os.path.relpath(os.path.join(root, f), staging))
+            if rel not in keep:  # a write killed part-way, or a temp file
+                os.remove(os.path.join(staging, rel))
+    return {k for rec in records for k in rec.get("keys", [])}
+
+
+def committed_run(output: str, run_id: str | None) -> dict[str, Any] | None:
+    """The manifest of ``output`` when it is already committed by run ``run_id`` (so a rerun can skip it)."""
+    if not run_id:
+        return None
+    try:
+        manifest = read_manifest(output)
+    except FileNotFoundError:
+        return None
+    return manifest if manifest.get("run_id") == run_id else None
+
+
 @contextmanager
-def staged(output: str, overwrite: bool = False) -> Iterator[RunDir]:
-    """``with staged(out) as run: ... run.commit(manifest)``; the staging folder goes if anything fails."""
-    run = RunDir(output, overwrite=overwrite)
+def staged(output: str, overwrite: bool = False, run_id: str | None = None, resume: bool = False) -> Iterator[RunDir]:
+    """``with staged(out) as run: ... run.commit(manifest)``.
+
+    Without a run id the staging folder goes if anything fails. With one it stays, so a
+    rerun with the same id can pick up the completed writes (a failed run is resumable).
+    """
+    run = RunDir(output, overwrite=overwrite, run_id=run_id, resume=resume)
     try:
         yield run
     except BaseException:
-        run.abort()
+        if run_id is None:
+            run.abort()
         raise
 
 
@@ -174,3 +247,73 @@ def read_table(run_dir: str, table: str, columns: list[str] | None = None) -> pa
     """One table of a committed run, e.g. ``read_table(out, "chunks")``."""
     read_manifest(run_dir)
     return pq.read_table(os.path.join(_local(run_dir), table), columns=columns)
+
+
+# --- a root of runs with a `current` pointer (nightly) --------------------------------------
+
+RUNS_DIR = "runs"
+CURRENT_FILE = "CURRENT"  # the current run's id, for object stores and scripts
+CURRENT_LINK = "current"  # symlink to runs/<id>: pd.read_parquet("ROOT/current/spans/spans")
+
+
+def current_run(root: str) -> str | None:
+    """The id of the run ``root``'s ``current`` pointer names (None before the first commit)."""
+    path = os.path.join(_local(root), CURRENT_FILE)
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as fh:
+        return fh.read().strip() or None
+
+
+def set_current(root: str, run_id: str) -> None:
+    """Point ``current`` at a committed run: the id file and the symlink are each replaced atomically."""
+    root = _local(root)
+    target = os.path.join(RUNS_DIR, run_id)
+    read_manifest(os.path.join(root, target))  # only committed runs become current
+    tmp_link = os.path.join(root, f".{CURRENT_LINK}.tmp-{uuid.uuid4().hex[:8]}")
+    os.symlink(target, tmp_link)
+    os.replace(tmp_link, os.path.join(root, CURRENT_LINK))
+    write_atomic(os.path.join(root, CURRENT_FILE), run_id + "\n")
+
+
+def current_table(root: str, table: str, stage: str | None = None, columns: list[str] | None = None) -> pa.Table:
+    """A table of the current run, e.g. ``current_table(root, "spans")`` (works where symlinks do not)."""
+    run_id = current_run(root)
+    if run_id is None:
+        raise FileNotFoundError(f"{root} has no current run yet")
+    stage = stage or {"spans": "spans", "pairs": "spans", "rejects": "spans", "papers": "chunks",
+                      "chunks": "chunks", "quarantine": "chunks", "embeddings": "embeddings",
+                      "retrieval": "retrieval"}.get(table, table)
+    return read_table(os.path.join(_local(root), RUNS_DIR, run_id, stage), table, columns)
+
+
+def prune_runs(root: str, keep: int, protect: tuple[str, ...] = ()) -> list[str]:
+    """Delete committed runs beyond the ``keep`` newest and unfinished runs older than the newest commit.
+
+    The current run and ``protect`` are never deleted. Returns the ids removed.
+    """
+    root = _local(root)
+    runs_dir = os.path.join(root, RUNS_DIR)
+    if not os.path.isdir(runs_dir):
+        return []
+    current = current_run(root)
+    committed, unfinished = [], []
+    for name in os.listdir(runs_dir):
+        path = os.path.join(runs_dir, name)
+        if name.startswith(".") or not os.path.isdir(path):
+            continue
+        try:
+            committed.append((read_manifest(path)["created_at"], name))
+        except FileNotFoundError:
+            unfinished.append((os.path.getmtime(path), name))
+    committed.sort(reverse=True)
+    newest = _dt.datetime.fromisoformat(committed[0][0]).timestamp() if committed else None
+    doomed = [name for _, name in committed[max(keep, 1):]]
+    doomed += [name for mtime, name in unfinished if newest is not None and mtime < newest]
+    removed = []
+    for name in doomed:
+        if name in (current, *protect):
+            continue
+        shutil.rmtree(os.path.join(runs_dir, name), ignore_errors=True)
+        removed.append(name)
+    return sorted(removed)

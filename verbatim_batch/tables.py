@@ -248,6 +248,9 @@ PAIRS = _schema(
         pa.field("model_revision", pa.string()),
         pa.field("config_hash", pa.string(), nullable=False),
         pa.field("extra", pa.string()),  # unknown pairs-file fields, as a JSON object
+        # hash of what the extractor saw (query, chunk text, paper id, chunk offset): an incremental run
+        # reuses a pair's result only when this and the extractor's fingerprint are unchanged
+        pa.field("input_hash", pa.string()),
     ],
 )
 
@@ -339,6 +342,11 @@ def chunk_id(paper_id: str, text: str | bytes, chunker_config_hash: str, occurre
     in a paper does not change the ids of later, unchanged chunks.
     """
     return stable_hash(paper_id, text, chunker_config_hash, str(occurrence))
+
+
+def pair_input_hash(query: str | None, chunk: str | None, paper_id: str | None, chunk_start: int | None) -> str:
+    """What an extractor's output for a pair depends on, besides the extractor itself."""
+    return stable_hash(query or "", chunk or "", paper_id or "", str(chunk_start), size=10)
 
 
 def text_chunk_id(text: str) -> str:

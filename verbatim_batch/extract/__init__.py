@@ -38,3 +38,20 @@ def build_extractor(config):
     if isinstance(config, LLMConfig):
         return LLMExtractor(config)
     raise TypeError(f"not an extractor config: {type(config).__name__}")
+
+
+def weights_fingerprint(config) -> str | None:
+    """The weights hash the extractor would record, without loading it (None for a remote LLM endpoint,
+    whose model is known only by the name in its config)."""
+    from .highlighter import HighlighterConfig
+    from .semantic import SemanticConfig
+
+    if isinstance(config, HighlighterConfig):
+        from ..models import fingerprint, resolve_model_dir, safetensors_files
+
+        return fingerprint(safetensors_files(resolve_model_dir(config.model, config.revision, "highlighter model")))
+    if isinstance(config, SemanticConfig):
+        from ..embedding import weights_fingerprint as embedder_fingerprint
+
+        return embedder_fingerprint(config.embedder_config())
+    return None

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from ..tables import PAIR_INPUT, PAIRS, REJECTS, SPANS
+from ..tables import PAIR_INPUT, PAIRS, REJECTS, SPANS, pair_input_hash
 from .spans import PairResult, verbatim_spans
 
 DEFAULT_MAX_CHUNK_CHARS = 200_000
@@ -130,6 +130,7 @@ class ExtractStage:
                 "query": row["query"], "rank": row["rank"], "relevant": row["relevant"], "n_spans": len(spans),
                 "relevance": res.relevance, "latency_ms": latency_ms if i in results else None,
                 "error": res.error, "n_violations": violations, "extra": row["extra"],
+                "input_hash": pair_input_hash(row["query"], row["chunk"], row["paper_id"], row["chunk_start"]),
             })
             for rej in res.rejects:
                 reject_rows.append({

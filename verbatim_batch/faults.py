@@ -1,0 +1,70 @@
+"""Fault injection for crash tests: kill a process at a named point of a run.
+
+Off unless ``VERBATIM_BATCH_FAULT`` is set, so production pays one dict lookup per
+point. The value is ``POINT[#N][@MARKER]`` with optional ``;target=driver``:
+
+- ``POINT``: where to fire (``chunk.read``, ``embed.batch``, ``extract.batch``,
+  ``sink.write``, ``commit``, ``stage.done:<name>`` ...; see ``fault_point`` calls);
+- ``N``: fire on the N-th time this process reaches the point (default 1);
+- ``MARKER``: a file created when the fault fires; while it exists the fault never
+  fires again, in any process, so a restarted worker or a rerun job goes through;
+- ``action=raise`` raises ``InjectedFault`` (a transient error the stage retries)
+  instead of killing;
+- ``target=driver`` kills the driver (the process that called ``mark_driver``) instead
+  of the process that reached the point, e.g. a driver killed while workers read.
+
+The kill is ``SIGKILL``: no cleanup, no ``finally``, exactly like the OOM killer or a
+lost node.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections import Counter
+
+ENV = "VERBATIM_BATCH_FAULT"
+DRIVER_ENV = "VERBATIM_BATCH_DRIVER_PID"
+_hits: Counter = Counter()
+
+
+def mark_driver() -> None:
+    """Record this process as the driver (workers started after this inherit it)."""
+    os.environ.setdefault(DRIVER_ENV, str(os.getpid()))
+
+
+class InjectedFault(RuntimeError):
+    """The error ``action=raise`` throws."""
+
+
+def _parse(spec: str) -> tuple[str, int, str | None, dict[str, str]]:
+    spec, *opts = spec.split(";")
+    options = {"target": "self", "action": "kill"}
+    for opt in opts:
+        key, _, value = opt.partition("=")
+        options[key.strip()] = value.strip()
+    spec, _, marker = spec.partition("@")
+    point, _, nth = spec.partition("#")
+    return point.strip(), int(nth or 1), marker.strip() or None, options
+
+
+def fault_point(name: str) -> None:
+    """SIGKILL here when ``VERBATIM_BATCH_FAULT`` names this point (see the module doc)."""
+    spec = os.environ.get(ENV)
+    if not spec:
+        return
+    point, nth, marker, options = _parse(spec)
+    if point != name:
+        return
+    _hits[name] += 1
+    if _hits[name] < nth:
+        return
+    if marker is not None:
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return
+    if options["action"] == "raise":
+        raise InjectedFault(f"injected fault at {name}")
+    pid = int(os.environ.get(DRIVER_ENV, os.getpid())) if options["target"] == "driver" else os.getpid()
+    os.kill(pid, signal.SIGKILL)

@@ -1,0 +1,212 @@
+"""Nightly runs: re-extract a corpus incrementally against the last committed run.
+
+Layout of a nightly root::
+
+    ROOT/
+      runs/<run_id>/            one immutable folder per run
+        plan.json               the run it builds on (fixed at its first start, so a resume agrees)
+        chunks/ embeddings/ index/ retrieval/ spans/    committed stage runs
+        manifest.json           written last: the run is committed when it exists
+        report.json report.html
+      CURRENT                   id of the newest committed run
+      current -> runs/<run_id>  the same, as a symlink
+
+Each stage takes the stage of the base run as ``previous`` and does only what changed: papers are
+chunked when their text or metadata changed, chunks embedded when their text or context changed, the
+FAISS index updated (or rebuilt past ``max_drift``), retrieval reused when index and queries are the
+same, and pairs extracted when their query, chunk or the extractor changed. Every stage is committed
+under the run's id, so rerunning with ``--run-id`` after a crash skips the stages already committed
+and the completed writes of the one that was interrupted.
+
+Readers load the current span table with one call::
+
+    pandas.read_parquet("ROOT/current/spans/spans")
+    duckdb.sql("SELECT * FROM 'ROOT/current/spans/spans/*.parquet'")
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .chunking import ChunkerConfig
+from .faults import fault_point
+from .runs import (
+    RUNS_DIR,
+    build_manifest,
+    committed_run,
+    current_run,
+    new_run_id,
+    prune_runs,
+    set_current,
+    validate_manifest,
+    write_atomic,
+)
+
+STAGES = ("chunks", "embeddings", "index", "retrieval", "spans")
+PLAN_FILE = "plan.json"
+
+
+@dataclass
+class NightlyJob:
+    """Settings of a nightly run (the CLI and jobs/nightly.py build one)."""
+
+    input: str
+    queries: str
+    root: str
+    metadata: str | None = None
+    format: str = "auto"
+    chunker: ChunkerConfig = field(default_factory=ChunkerConfig)
+    embedder: Any = None  # EmbedderConfig; None: the offline default
+    extractor: Any = None  # extractor config; None: the offline semantic default
+    dense: Any = None  # index.DenseSpec; None: auto
+    method: str = "hybrid"
+    top_k: int = 5
+    max_drift: float = 0.2
+    keep_runs: int = 7
+    run_id: str | None = None
+    embed_batch_rows: int = 1024
+    extract_batch_rows: int = 64
+    max_retries: int = 2
+    address: str | None = None
+    num_cpus: int | None = None
+
+    def config(self) -> dict[str, Any]:
+        from .embedding import EmbedderConfig
+        from .extract.semantic import SemanticConfig
+        from .pipeline import _jsonable
+
+        return {"input": self.input, "queries": self.queries, "metadata": self.metadata, "format": self.format,
+                "chunker_config_hash": self.chunker.hash, "embedder_hash": (self.embedder or EmbedderConfig()).hash,
+                "extractor_hash": (self.extractor or SemanticConfig()).hash, "method": self.method,
+                "top_k": self.top_k, "max_drift": self.max_drift,
+                "dense": _jsonable(self.dense.__dict__) if self.dense is not None else None}
+
+
+def _plan(run_dir: str, root: str, config: dict[str, Any]) -> dict[str, Any]:
+    """The run's plan: its base run, fixed when it first starts so that a resumed run builds on the same."""
+    path = os.path.join(run_dir, PLAN_FILE)
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as fh:
+            plan = json.load(fh)
+        if plan["config"] != config:
+            raise ValueError(f"{run_dir} was started with another config; use a new run id")
+        return plan
+    os.makedirs(run_dir, exist_ok=True)
+    plan = {"base": current_run(root), "config": config}
+    write_atomic(path, json.dumps(plan, indent=2, sort_keys=True))
+    return plan
+
+
+def run_nightly(job: NightlyJob) -> tuple[str, dict[str, Any]]:
+    """One incremental run under ``job.root``; moves ``current`` to it once it is committed."""
+    from .embedding import EmbedderConfig
+    from .extract.semantic import SemanticConfig
+    from .pipeline import (
+        ChunkJob,
+        EmbedJob,
+        ExtractJob,
+        IndexJob,
+        RetrieveJob,
+        run_chunk,
+        run_embed,
+        run_extract,
+        run_index,
+        run_retrieve,
+    )
+
+    t0 = time.perf_counter()
+    root = os.path.abspath(job.root)
+    config = job.config()
+    run_id = job.run_id or new_run_id("nightly", config)
+    run_dir = os.path.join(root, RUNS_DIR, run_id)
+    if done := committed_run(run_dir, run_id):
+        if current_run(root) is None:
+            set_current(root, run_id)
+        return run_dir, done
+    plan = _plan(run_dir, root, config)
+    base = os.path.join(root, RUNS_DIR, plan["base"]) if plan["base"] else None
+
+    def out(stage: str) -> str:
+        return os.path.join(run_dir, stage)
+
+    def prev(stage: str) -> str | None:
+        return os.path.join(base, stage) if base else None
+
+    ray_args = {"address": job.address, "num_cpus": job.num_cpus, "run_id": run_id}
+    steps = [
+        ("chunks", lambda: run_chunk(ChunkJob(
+            input=job.input, output=out("chunks"), format=job.format, metadata=job.metadata, chunker=job.chunker,
+            previous=prev("chunks"), **ray_args))),
+        ("embeddings", lambda: run_embed(EmbedJob(
+            chunks=out("chunks"), output=out("embeddings"), embedder=job.embedder or EmbedderConfig(),
+            batch_rows=job.embed_batch_rows, previous=prev("embeddings"), max_retries=job.max_retries,
+            **ray_args))),
+        ("index", lambda: run_index(IndexJob(
+            embeddings=out("embeddings"), chunks=out("chunks"), output=out("index"), dense=job.dense,
+            previous=prev("index"), max_drift=job.max_drift, **ray_args))),
+        ("retrieval", lambda: run_retrieve(RetrieveJob(
+            index=out("index"), queries=job.queries, output=out("retrieval"), previous=prev("retrieval"),
+            **ray_args))),
+        ("spans", lambda: run_extract(ExtractJob(
+            output=out("spans"), extractor=job.extractor or SemanticConfig(), retrieval=out("retrieval"),
+            method=job.method, top_k=job.top_k, batch_rows=job.extract_batch_rows, previous=prev("spans"),
+            max_retries=job.max_retries, **ray_args))),
+    ]
+    manifests: dict[str, dict[str, Any]] = {}
+    timings: dict[str, float] = {}
+    for name, step in steps:
+        t = time.perf_counter()
+        _, manifests[name] = step()
+        timings[name] = time.perf_counter() - t
+        fault_point(f"stage.done:{name}")
+    manifest = build_manifest(
+        run_id=run_id, command="nightly", config=config | {"base": plan["base"]},
+        inputs=[job.input, job.queries] + ([job.metadata] if job.metadata else []),
+        tables={name: info for m in manifests.values() for name, info in m["tables"].items()},
+        counts=_counts(manifests), timings_s=timings | {"total": time.perf_counter() - t0},
+    )
+    manifest["stages"] = {name: name for name in STAGES}
+    manifest["index_update"] = manifests["index"].get("update", {"action": "rebuilt"})
+    validate_manifest(manifest)
+    fault_point("commit")
+    write_atomic(os.path.join(run_dir, "manifest.json"), json.dumps(manifest, indent=2, sort_keys=True))
+    _report(run_dir, manifest)
+    set_current(root, run_id)
+    manifest["pruned"] = prune_runs(root, job.keep_runs, protect=(run_id,))
+    return run_dir, manifest
+
+
+def _counts(manifests: dict[str, dict[str, Any]]) -> dict[str, int]:
+    """The numbers that say what a night did, from its stages' manifests."""
+    picks = {
+        "chunks": ("papers", "chunks", "quarantined", "papers_chunked", "papers_unchanged", "papers_changed",
+                   "papers_added", "papers_removed", "chunks_carried"),
+        "embeddings": ("embedded", "carried", "stage_retries"),
+        "index": ("vectors", "removed", "added"),
+        "retrieval": ("queries", "reused"),
+        "spans": ("pairs", "extracted_pairs", "carried_pairs", "pairs_with_spans", "pairs_abstained",
+                  "pairs_failed", "spans", "verbatim_violations", "rejects", "stage_retries"),
+    }
+    counts = {}
+    for stage, keys in picks.items():
+        got = manifests[stage]["counts"]
+        for key in keys:
+            if key in got:
+                counts[f"{stage}.{key}"] = int(got[key])
+    return counts
+
+
+def _report(run_dir: str, manifest: dict[str, Any]) -> None:
+    from .report import write_report
+
+    try:
+        write_report(run_dir, manifest)
+    except Exception as exc:  # noqa: BLE001 - the report never stops a commit
+        import logging
+
+        logging.getLogger(__name__).warning("could not write the nightly report for %s: %s", run_dir, exc)
+
