@@ -1,18 +1,34 @@
-"""A real Ray cluster of `ray start` processes on loopback, for job-submission tests.
+"""A real Ray cluster of `ray start` processes on this machine, for job-submission tests.
+
+Nodes join and clients talk through 127.0.0.1 (GCS address, dashboard, Jobs API), but Ray itself
+turns ``--node-ip-address 127.0.0.1`` into the machine's routable IP and binds GCS, raylets and
+agents on all interfaces; it has no loopback-only mode.
 
 Each node is ``ray start --block`` in its own process group, so stopping the cluster
 signals exactly those processes: unlike ``ray stop --force``, it never touches another
 Ray instance on the machine (such as the test session's local Ray).
+
+Each node also gets its own ``--temp-dir`` (sessions, sockets, logs, runtime_resources) under a short
+folder in /tmp that ``stop`` removes. Two nodes on one machine must not share one: each node's
+runtime-env agent owns ``runtime_resources/`` and re-extracts a job's working_dir there, deleting the
+copy a job driver on the other node is running from. It also keeps the cluster out of /tmp/ray, where
+``ray start --head`` would repoint ``session_latest`` and the "current cluster" address of other Rays.
+Every node's dashboard agent gets a free HTTP port too (Ray's default, 52365, is fixed: whichever
+Ray on the machine binds it first wins, and a head whose agent lost it answers job submissions with
+"No available agent"); so does the head's Ray Client server (default 10001).
+Set ``RAYCLUSTER_KEEP_TEMP=1`` to keep the nodes' Ray logs after ``stop``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -42,9 +58,14 @@ class LocalRayCluster:
         self.gcs_port, self.dash_port = free_port(), free_port()
         self.head_cpus = head_cpus
         self.procs: list[subprocess.Popen] = []
+        # Short: Ray's unix socket paths under it must stay within 107 bytes.
+        self.temp_root = Path(tempfile.mkdtemp(prefix="raycluster-", dir="/tmp" if os.path.isdir("/tmp") else None))
         self.env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
         self.env["PATH"] = f"{BIN}{os.pathsep}{self.env.get('PATH', '')}"  # jobs run this environment's python
         self.env["RAY_AUTH_MODE"] = self.env.get("RAY_AUTH_MODE", "token")
+        # On SIGTERM a node drains first, for up to 30 s, until its raylet is idle; the head never is while
+        # detached actors (job supervisor, Ray Data's stats actor) live on it. Nothing here needs a drain.
+        self.env.setdefault("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "0")
 
     @property
     def gcs_address(self) -> str:
@@ -56,6 +77,8 @@ class LocalRayCluster:
 
     def _start(self, args: list[str], name: str) -> None:
         log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 - kept open for the process's life
+        temp_dir = self.temp_root / f"n{len(self.procs)}"
+        args = [*args, "--temp-dir", str(temp_dir), "--dashboard-agent-listen-port", str(free_port())]
         proc = subprocess.Popen([self.ray, "start", "--block", "--disable-usage-stats", *args], stdout=log,
                                 stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
         self.procs.append(proc)
@@ -63,15 +86,86 @@ class LocalRayCluster:
     def start_head(self) -> None:
         self._start(["--head", "--node-ip-address", "127.0.0.1", "--port", str(self.gcs_port),
                      "--dashboard-host", "127.0.0.1", "--dashboard-port", str(self.dash_port),
-                     "--num-cpus", str(self.head_cpus)], "head")
+                     "--ray-client-server-port", str(free_port()), "--num-cpus", str(self.head_cpus)], "head")
         self._wait(lambda: self._http_ok(f"{self.dashboard}/api/version"), "the head's dashboard")
         self._wait(self._jobs_ready, "the head's job agent")
 
-    def add_worker(self, num_cpus: int = 1, resources: str | None = None, name: str = "worker") -> None:
+    def add_worker(self, num_cpus: int = 1, resources: str | None = None, name: str = "worker",
+                   num_gpus: int | None = None) -> None:
+        """Join a node to the head; ``num_gpus`` declares GPU slots (fake ones on a machine without GPUs)."""
         args = ["--address", self.gcs_address, "--node-ip-address", "127.0.0.1", "--num-cpus", str(num_cpus)]
+        if num_gpus is not None:
+            args += ["--num-gpus", str(num_gpus)]
         if resources:
             args += ["--resources", resources]
         self._start(args, name)
+
+    def state(self, resource: str, *filters: str, detail: bool = False) -> list[dict]:
+        """``ray list <resource> --format json`` from the head's state API (e.g. ``state("actors", "job_id=01")``)."""
+        cmd = [self.ray, "list", resource, "--address", self.dashboard, "--format", "json", "--limit", "10000"]
+        for f in filters:
+            cmd += ["--filter", f]
+        if detail:
+            cmd.append("--detail")
+        done = subprocess.run(cmd, capture_output=True, text=True, env=self.env, timeout=60)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed: {(done.stdout + done.stderr)[-2000:]}")
+        return json.loads(done.stdout)
+
+    def wait_for_nodes(self, n: int, timeout: float = 120.0) -> list[dict]:
+        """Wait until ``n`` nodes are ALIVE in the head's node table; returns them."""
+        alive: list[dict] = []
+
+        def ready() -> bool:
+            nonlocal alive
+            try:
+                alive = [node for node in self.state("nodes", detail=True) if node.get("state") == "ALIVE"]
+            except (RuntimeError, ValueError, subprocess.TimeoutExpired):
+                return False
+            return len(alive) >= n
+
+        self._wait(ready, f"{n} alive nodes", timeout)
+        return alive
+
+    def process_tree(self) -> dict[int, float]:
+        """``{pid: create_time}`` of the node processes and everything they started so far (gcs, raylets,
+        dashboard, workers, job drivers); take it just before ``stop`` and pass it to ``leftovers``."""
+        import psutil
+
+        tree: dict[int, float] = {}
+        for proc in self.procs:
+            try:
+                procs = [psutil.Process(proc.pid)]
+                procs += procs[0].children(recursive=True)
+            except psutil.NoSuchProcess:
+                continue
+            for p in procs:
+                try:
+                    tree[p.pid] = p.create_time()
+                except psutil.NoSuchProcess:
+                    pass
+        return tree
+
+    def leftovers(self, tree: dict[int, float] | None = None, kill: bool = False) -> list[str]:
+        """Live processes of this cluster: one of ``tree`` (same pid and start time), or any naming its
+        GCS port; ``kill`` SIGKILLs them (after describing them)."""
+        import psutil
+
+        tree = tree or {}
+        marks = (self.gcs_address, f"--gcs_server_port={self.gcs_port}")
+        left = []
+        for proc in psutil.process_iter(["pid", "cmdline", "status", "create_time"]):
+            try:
+                if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                    continue
+                cmdline = " ".join(proc.info["cmdline"] or [])
+                if tree.get(proc.pid) == proc.info["create_time"] or any(m in cmdline for m in marks):
+                    left.append(f"{proc.pid}: {cmdline[:200]}")
+                    if kill:
+                        proc.kill()
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+        return left
 
     def _http_ok(self, url: str) -> bool:
         """The server answers (an auth error counts: Ray 2.60 clusters require a token)."""
@@ -110,23 +204,23 @@ class LocalRayCluster:
         return done
 
     def stop(self) -> None:
-        """SIGTERM each node's process group (workers first), then SIGKILL what is left."""
+        """Stop the nodes one at a time, workers first: SIGTERM ``ray start`` itself, which stops the node's
+        processes (gcs, raylet, agents, workers), then SIGKILL whatever is left of its process group, such
+        as the dashboard's multiprocessing forkserver."""
         for proc in reversed(self.procs):
             if proc.poll() is None:
+                proc.terminate()
                 try:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
                     pass
-        deadline = time.monotonic() + 30
-        for proc in reversed(self.procs):
             try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # stragglers of the group (raylet, workers)
+                os.killpg(proc.pid, signal.SIGKILL)  # stragglers of the group (dashboard forkserver, workers)
             except ProcessLookupError:
                 pass
+            proc.wait()
+        if not os.environ.get("RAYCLUSTER_KEEP_TEMP"):
+            shutil.rmtree(self.temp_root, ignore_errors=True)
 
     def __enter__(self) -> LocalRayCluster:
         try:
