@@ -93,11 +93,13 @@ class Retriever:
             pools["dense"] = search_dense(self.dense, vectors, depth)
         if self.bm25 is not None:
             pools["bm25"] = self.bm25.search(queries, depth)
+        pools = {m: _order_ties(scores, rows, self.chunk_ids) for m, (scores, rows) in pools.items()}
         ranked = {m: [[int(r) for r in row if r >= 0] for row in rows] for m, (_, rows) in pools.items()}
         fused = None
         if "hybrid" in cfg.methods:
             weights = {m: w for m, w in cfg.weights.items() if m in ranked}
-            fused = rrf({m: ranked[m] for m in weights}, weights=weights, k=cfg.k, rrf_k=cfg.rrf_k)
+            fused = rrf({m: ranked[m] for m in weights}, weights=weights, k=cfg.k, rrf_k=cfg.rrf_k,
+                        tie_key=self.chunk_ids.__getitem__)  # ties by chunk id: independent of index order
         out: dict[str, list] = {name: [] for name in RETRIEVAL.names}
 
         def emit(qid, rank, row, score, ranks, method):
@@ -121,6 +123,17 @@ class Retriever:
                 for i, (row, score, _) in enumerate(fused[q]):
                     emit(qid, i + 1, row, score, {m: positions[m].get(row) for m in positions}, "hybrid")
         return pa.Table.from_pydict(out, schema=RETRIEVAL)
+
+
+def _order_ties(scores: np.ndarray, rows: np.ndarray, chunk_ids: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Equal scores in chunk-id order, not index-row order: a chunk's rank must not depend on where an
+    incremental index update put it. Padding (-1 rows) stays last."""
+    scores, rows = scores.copy(), rows.copy()
+    for q in range(len(rows)):
+        valid = [i for i in range(rows.shape[1]) if rows[q, i] >= 0]
+        order = sorted(valid, key=lambda i: (-float(scores[q, i]), chunk_ids[int(rows[q, i])]))
+        scores[q, : len(order)], rows[q, : len(order)] = scores[q, order], rows[q, order]
+    return scores, rows
 
 
 def _known_fields(cls, values: dict) -> dict:

@@ -10,6 +10,7 @@ def rrf(
     weights: dict[str, float] | None = None,
     k: int = 10,
     rrf_k: int = 60,
+    tie_key=None,
 ) -> list[list[tuple[int, float, dict[str, int | None]]]]:
     """Fuse per-method rankings; per query, the top ``k`` as ``(row, score, {method: rank or None})``.
 
@@ -17,7 +18,8 @@ def rrf(
     entries; a row listed twice counts at its first, best rank). The fused score is
     ``sum(weights[m] / (rrf_k + rank_m))`` over the methods that ranked the row,
     ranks 1-based. Order: score descending, then best weighted-in individual rank,
-    then row id. Methods with weight 0 add nothing and bring no candidates of their
+    then row id, or ``tie_key(row)`` when given (e.g. the chunk id, so that the order does not
+    depend on where a chunk sits in the index). Methods with weight 0 add nothing and bring no candidates of their
     own, but still report their ranks for rows the others found.
     """
     if not isinstance(ranked, dict) or not ranked:
@@ -65,7 +67,7 @@ def rrf(
             best = min((r for m, r in entry.items() if r is not None and w[m] > 0), default=None)
             if best is None:  # ranked only by zero-weight methods: not a candidate
                 continue
-            fused.append((-score, best, row, entry))
+            fused.append((-score, best, row if tie_key is None else tie_key(row), row, entry))
         fused.sort(key=lambda item: item[:3])
-        out.append([(row, -neg, entry) for neg, _, row, entry in fused[:k]])
+        out.append([(row, -neg, entry) for neg, _, _, row, entry in fused[:k]])
     return out
