@@ -246,6 +246,7 @@ class StageTableSink(Datasink):
         out["counts"] = dict(counts)
         if keys or retries:
             record_write(self.staging, f"part-{key}", out)
+            fault_point(f"sink.recorded:{next(iter(self.schemas))}")  # this write is done, the stage is not
         return {k: v for k, v in out.items() if k != "keys"}
 
     def on_write_complete(self, write_result) -> None:

@@ -1,0 +1,112 @@
+"""Kill-and-resume: a nightly run killed with SIGKILL at several points, rerun with the same run id,
+ends with exactly the tables of an uninterrupted run; worker crashes and transient errors are absorbed.
+
+Faults are injected with VERBATIM_BATCH_FAULT (see verbatim_batch/faults.py): the process that reaches
+the named point (or, with target=driver, the driver) is sent SIGKILL, as the OOM killer would.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from test_nightly import PAPERS, assert_tables_match, make_corpus, nightly
+
+from verbatim_batch.runs import read_manifest
+
+pytestmark = pytest.mark.slow
+
+TABLES = [("chunks", "papers"), ("chunks", "chunks"), ("chunks", "quarantine"), ("embeddings", "embeddings"),
+          ("index", "ids.parquet"), ("retrieval", "retrieval"), ("spans", "spans"), ("spans", "pairs"),
+          ("spans", "rejects")]
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("resume")
+    corpus = make_corpus(tmp / "corpus", PAPERS[:6])
+    root = tmp / "baseline"
+    nightly(root, corpus, "r1")
+    return {"tmp": tmp, "corpus": corpus, "root": root}
+
+
+def assert_same_run(root: Path, base: Path, run_id: str = "r1") -> None:
+    """Every table of every stage equals the uninterrupted run's: no row missing, none duplicated."""
+    for stage, table in TABLES:
+        got = pq.read_table(root / "runs" / run_id / stage / table)
+        want = pq.read_table(base / "runs" / run_id / stage / table)
+        if table == "embeddings":  # vectors: compared numerically (batch makeup may differ after a resume)
+            got, want = got.sort_by("chunk_id"), want.sort_by("chunk_id")
+            assert got["chunk_id"].equals(want["chunk_id"]), "embeddings: other chunks"
+            np.testing.assert_allclose(np.stack(got["vector"].to_numpy(zero_copy_only=False)),
+                                       np.stack(want["vector"].to_numpy(zero_copy_only=False)), atol=1e-5)
+            got, want = got.drop_columns(["vector"]), want.drop_columns(["vector"])
+        assert_tables_match(got, want, f"{stage}/{table}")
+    manifest = json.loads((root / "runs" / run_id / "manifest.json").read_text())
+    assert manifest["status"] == "committed"
+    assert (root / "current").resolve() == (root / "runs" / run_id).resolve()
+
+
+# Kill points in pipeline order. Each run of the chain is killed at the next point, so every rerun
+# resumes from what the killed ones left behind (staging folders, completed writes, committed stages).
+KILL_POINTS = [
+    ("reading", "chunk.read#1;target=driver"),  # a read task kills the driver while papers are read
+    ("chunk-write", "sink.write#2@{marker};target=driver"),  # a write task has some tables on disk, not its record
+    ("embed-commit", "commit#2"),  # the driver dies committing the embeddings stage (chunks committed)
+    ("mid-extract", "extract.batch#2@{marker};target=driver"),  # the second extraction batch is being computed
+    ("extract-write", "sink.recorded:spans#1@{marker};target=driver"),  # one extract write done, the stage not
+    ("final-commit", "commit#2"),  # every stage committed (spans here: #1), the run's own manifest not yet
+]
+
+
+def test_killed_run_resumes_to_identical_tables(baseline):
+    """SIGKILL at six points, one after another, each rerun with the same run id; then identical tables."""
+    tmp = baseline["tmp"] / "killed"
+    tmp.mkdir()
+    root = tmp / "root"
+    for i, (point, spec) in enumerate(KILL_POINTS):
+        spec = spec.format(marker=tmp / f"fired-{i}")
+        killed = nightly(root, baseline["corpus"], "r1", env={"VERBATIM_BATCH_FAULT": spec}, check=False)
+        log = (killed.stdout + killed.stderr)[-3000:]
+        assert killed.returncode == -signal.SIGKILL, f"not killed at {point}: {log}"
+        assert not (root / "runs" / "r1" / "manifest.json").exists(), point
+        assert not (root / "current").exists(), point
+    spans = read_manifest(str(root / "runs" / "r1" / "spans"))["counts"]  # committed before the last kill
+    assert spans["resumed_pairs"] >= 16, "the extract write done before the kill was redone"
+    assert spans["extracted_pairs"] == spans["pairs"] - spans["resumed_pairs"]
+    resumed = nightly(root, baseline["corpus"], "r1")
+    assert "committed" in resumed.stdout
+    assert_same_run(root, baseline["root"])
+    assert not list((root / "runs" / "r1").glob(".*staging*")), "staging folders left behind"
+
+
+def test_actor_crash_and_transient_error_are_absorbed(baseline):
+    """An extraction actor killed mid-run is restarted by Ray; a batch that raises once is retried;
+    the run completes in one go with the same tables, and the retry is in the manifest."""
+    tmp = baseline["tmp"] / "absorbed"
+    tmp.mkdir()
+    root = tmp / "root"
+    crash = nightly(root, baseline["corpus"], "r1",
+                    env={"VERBATIM_BATCH_FAULT": f"extract.batch#2@{tmp / 'fired'}"})
+    assert (tmp / "fired").exists(), "the fault never fired"
+    assert_same_run(root, baseline["root"])
+    assert "committed" in crash.stdout
+
+    root2 = tmp / "root2"
+    nightly(root2, baseline["corpus"], "r1", env={"VERBATIM_BATCH_FAULT": f"embed.batch@{tmp / 'raised'};action=raise"})
+    assert (tmp / "raised").exists()
+    counts = json.loads((root2 / "runs" / "r1" / "manifest.json").read_text())["counts"]
+    assert counts["embeddings.stage_retries"] == 1
+    assert_same_run(root2, baseline["root"])
+
+
+def test_rerun_of_a_committed_run_changes_nothing(baseline):
+    root = baseline["root"]
+    before = {p: p.stat().st_mtime_ns for p in (root / "runs" / "r1").rglob("*.parquet")}
+    again = nightly(root, baseline["corpus"], "r1")
+    assert "committed" in again.stdout
+    assert {p: p.stat().st_mtime_ns for p in (root / "runs" / "r1").rglob("*.parquet")} == before
