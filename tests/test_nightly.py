@@ -122,7 +122,10 @@ def test_first_run_commits_and_sets_current(nights):
     assert os.path.realpath(root / "current") == os.path.realpath(root / "runs" / "n3")
     for stage in ("chunks", "embeddings", "index", "retrieval", "spans"):
         assert read_manifest(str(root / "runs" / "n3" / stage))["run_id"] == "n3"
-    assert (root / "runs" / "n3" / "report.html").exists()
+    report = json.loads((root / "runs" / "n3" / "report.json").read_text())
+    assert report["stage_counts"]["spans"]["pairs"] == manifest["counts"]["spans.pairs"]
+    assert report["index_update"]["action"] == "added" and 0 <= report["abstention_rate"] <= 1
+    assert '<div class="pair"' in (root / "runs" / "n3" / "report.html").read_text()  # spans shown in place
 
 
 def test_unchanged_corpus_does_no_model_work(nights):

@@ -62,10 +62,26 @@ def build_report(run_dir: str, manifest: dict[str, Any] | None = None) -> dict[s
     if total > 0 and counts.get("papers_bytes"):
         rate["mb_per_s"] = counts["papers_bytes"] / 1e6 / total
     out["throughput"] = rate
-    quarantine = _table(run_dir, "quarantine", ["reason"])
+    where = {"quarantine": run_dir, "pairs": run_dir, "rejects": run_dir}
+    if manifest.get("command") == "nightly":  # a run of stage runs: figures per stage, tables in theirs
+        where = {"quarantine": os.path.join(run_dir, "chunks"), "pairs": os.path.join(run_dir, "spans"),
+                 "rejects": os.path.join(run_dir, "spans")}
+        stages: dict[str, dict[str, Any]] = {}
+        for key, value in counts.items():
+            stage, _, name = key.partition(".")
+            stages.setdefault(stage, {})[name] = value
+        for stage, figures in stages.items():
+            seconds = float(timings.get(stage) or 0.0)
+            figures["seconds"] = seconds
+            out.setdefault("stage_counts", {})[stage] = figures
+        out["index_update"] = manifest.get("index_update")
+        out["throughput"] = {f"{stage}_{k}_per_s": v / float(timings[stage]) for stage, k in (
+            ("chunks", "papers_chunked"), ("embeddings", "embedded"), ("spans", "extracted_pairs"))
+            if float(timings.get(stage) or 0) > 0 and (v := counts.get(f"{stage}.{k}"))}
+    quarantine = _table(where["quarantine"], "quarantine", ["reason"])
     if quarantine is not None:
         out["quarantine_by_reason"] = _reasons(quarantine["reason"].to_pylist())
-    pairs = _table(run_dir, "pairs", ["n_spans", "error", "n_violations"])
+    pairs = _table(where["pairs"], "pairs", ["n_spans", "error", "n_violations"])
     if pairs is not None:
         n_spans = pairs["n_spans"].to_pylist()
         errors = pairs["error"].to_pylist()
@@ -76,7 +92,7 @@ def build_report(run_dir: str, manifest: dict[str, Any] | None = None) -> dict[s
             "max": max(ok, default=0)}
         out["abstention_rate"] = sum(1 for n in ok if n == 0) / len(ok) if ok else None
         out["verbatim_violations"] = sum(v or 0 for v in pairs["n_violations"].to_pylist())
-    rejects = _table(run_dir, "rejects", ["reason"])
+    rejects = _table(where["rejects"], "rejects", ["reason"])
     if rejects is not None:
         out["rejects"] = rejects.num_rows
         out["rejects_by_reason"] = _reasons(rejects["reason"].to_pylist())
@@ -172,6 +188,7 @@ def render_html(report: dict[str, Any], sample_rows: list[dict[str, Any]]) -> st
     body = [f"<h1>verbatim-batch {html.escape(str(report.get('command')))} run</h1>",
             _kv_table("Summary", summary), _kv_table("Tables (rows)", report.get("tables", {})),
             _kv_table("Time per stage (s)", report.get("timings_s", {})),
+            *(_kv_table(f"Stage: {stage}", figures) for stage, figures in report.get("stage_counts", {}).items()),
             _kv_table("Throughput", report.get("throughput", {})),
             _kv_table("Quarantined by reason", report.get("quarantine_by_reason", {})),
             _kv_table("Errors by reason", report.get("errors_by_reason", {})),
