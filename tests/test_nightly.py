@@ -50,7 +50,8 @@ def nightly(root: Path, corpus: Path, run_id: str, *extra: str, env: dict | None
            "--input", str(corpus), "--metadata", str(corpus / "metadata.jsonl"),
            "--queries", str(corpus.parent / "queries.jsonl"), "--root", str(root), "--run-id", run_id,
            "--num-cpus", "2", "--extract-batch-rows", "16", "--embed-batch-rows", "64", *extra]
-    base = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "VERBATIM_BATCH_FAULT")}
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("RAY_ADDRESS", "VERBATIM_BATCH_FAULT", "VERBATIM_BATCH_DRIVER_PID")}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
                           env=base | {"HF_HUB_OFFLINE": "1"} | (env or {}))
     if check:

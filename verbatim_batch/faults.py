@@ -29,8 +29,9 @@ _hits: Counter = Counter()
 
 
 def mark_driver() -> None:
-    """Record this process as the driver (workers started after this inherit it)."""
-    os.environ.setdefault(DRIVER_ENV, str(os.getpid()))
+    """Record this process as the driver (workers started after this inherit it; a value inherited from a
+    parent process is replaced, or a fault aimed at "the driver" would kill that parent)."""
+    os.environ[DRIVER_ENV] = str(os.getpid())
 
 
 class InjectedFault(RuntimeError):
