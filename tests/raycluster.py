@@ -35,6 +35,28 @@ import urllib.request
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
+NAME_LABEL = "raycluster-node"  # every node carries its name here (see ``node_names``)
+
+# Polls the state API from one process (a `ray list` CLI call costs seconds of CPU to start) until an
+# actor whose class, repr or name contains one of argv[2] (comma-separated) is ALIVE; prints it as JSON.
+_WATCH_ACTOR = """
+import dataclasses, json, sys, time
+from ray.util.state import list_actors
+address, names = sys.argv[1], sys.argv[2].split(",")
+while True:
+    try:
+        actors = list_actors(address=address, filters=[("state", "=", "ALIVE")], detail=True, limit=10000,
+                             raise_on_missing_output=False)
+    except Exception:
+        actors = []
+    for a in actors:
+        a = a if isinstance(a, dict) else dataclasses.asdict(a)
+        label = " ".join(str(a.get(k) or "") for k in ("class_name", "repr_name", "name"))
+        if any(n in label for n in names):
+            print(json.dumps(a, default=str), flush=True)
+            sys.exit(0)
+    time.sleep(0.5)
+"""
 
 
 def free_port() -> int:
@@ -58,6 +80,8 @@ class LocalRayCluster:
         self.gcs_port, self.dash_port = free_port(), free_port()
         self.head_cpus = head_cpus
         self.procs: list[subprocess.Popen] = []
+        self.names: list[str] = []  # the node of each process in ``procs`` ("head", a worker's name)
+        self.stopped: set[str] = set()  # nodes stopped on purpose (``stop_node``)
         # Short: Ray's unix socket paths under it must stay within 107 bytes.
         self.temp_root = Path(tempfile.mkdtemp(prefix="raycluster-", dir="/tmp" if os.path.isdir("/tmp") else None))
         self.env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
@@ -78,10 +102,12 @@ class LocalRayCluster:
     def _start(self, args: list[str], name: str) -> None:
         log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 - kept open for the process's life
         temp_dir = self.temp_root / f"n{len(self.procs)}"
-        args = [*args, "--temp-dir", str(temp_dir), "--dashboard-agent-listen-port", str(free_port())]
+        args = [*args, "--temp-dir", str(temp_dir), "--dashboard-agent-listen-port", str(free_port()),
+                "--labels", f"{NAME_LABEL}={name}"]
         proc = subprocess.Popen([self.ray, "start", "--block", "--disable-usage-stats", *args], stdout=log,
                                 stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
         self.procs.append(proc)
+        self.names.append(name)
 
     def start_head(self) -> None:
         self._start(["--head", "--node-ip-address", "127.0.0.1", "--port", str(self.gcs_port),
@@ -98,7 +124,36 @@ class LocalRayCluster:
             args += ["--num-gpus", str(num_gpus)]
         if resources:
             args += ["--resources", resources]
+        if name in self.names:
+            raise ValueError(f"there is a node called {name} already")
         self._start(args, name)
+
+    def stop_node(self, name: str, sig: int = signal.SIGKILL, timeout: float = 30.0) -> None:
+        """Stop one node while the cluster goes on. SIGKILL (default) goes to the node's whole process group
+        at once (``ray start``, raylet, agents, workers), as when a machine is lost: nothing drains or says
+        goodbye, and the GCS finds the node dead by its missed health checks. SIGTERM goes to ``ray start``
+        alone, which stops the node's processes in order (what ``ray stop`` on that machine does)."""
+        proc = self.procs[self.names.index(name)]
+        self.stopped.add(name)
+        if proc.poll() is None and sig != signal.SIGKILL:
+            os.kill(proc.pid, sig)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=timeout)
+
+    def node_names(self) -> dict[str, str]:
+        """``{node_id: name}`` of every node the head knows, alive or dead ("head", a worker's name)."""
+        return {n["node_id"]: n.get("labels", {}).get(NAME_LABEL, "") for n in self.state("nodes", detail=True)}
+
+    def node_ids(self, state: str = "ALIVE") -> set[str]:
+        """Ids of the nodes in ``state`` in the head's node table."""
+        return {n["node_id"] for n in self.state("nodes", detail=True) if n.get("state") == state}
 
     def state(self, resource: str, *filters: str, detail: bool = False) -> list[dict]:
         """``ray list <resource> --format json`` from the head's state API (e.g. ``state("actors", "job_id=01")``)."""
@@ -111,6 +166,26 @@ class LocalRayCluster:
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed: {(done.stdout + done.stderr)[-2000:]}")
         return json.loads(done.stdout)
+
+    def wait_for_actor(self, *names: str, timeout: float = 300.0, job: subprocess.Popen | None = None) -> dict:
+        """The first ALIVE actor whose class, repr or name contains one of ``names`` (its state-API record);
+        fails when ``job`` (e.g. ``start_job``'s process) ends first or nothing shows up in ``timeout``."""
+        watch = subprocess.Popen([sys.executable, "-c", _WATCH_ACTOR, self.dashboard, ",".join(names)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=self.env)
+        deadline = time.monotonic() + timeout
+        try:
+            while watch.poll() is None:
+                if job is not None and job.poll() is not None:
+                    raise RuntimeError(f"the job ended (rc {job.returncode}) before an actor {names} was alive")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no actor {names} alive in {timeout:.0f}s")
+                time.sleep(0.2)
+            return json.loads(watch.stdout.read())
+        finally:
+            if watch.poll() is None:
+                watch.kill()
+            watch.wait()
+            watch.stdout.close()
 
     def wait_for_nodes(self, n: int, timeout: float = 120.0) -> list[dict]:
         """Wait until ``n`` nodes are ALIVE in the head's node table; returns them."""
@@ -186,7 +261,7 @@ class LocalRayCluster:
     def _wait(self, ready, what: str, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if any(p.poll() is not None for p in self.procs):
+            if any(p.poll() is not None for p, n in zip(self.procs, self.names, strict=True) if n not in self.stopped):
                 raise RuntimeError(f"a ray process exited while waiting for {what}: see {self.workdir}/*.log")
             if ready():
                 return
@@ -202,6 +277,23 @@ class LocalRayCluster:
                 return done
             time.sleep(3)  # the node's agent is still starting
         return done
+
+    def start_job(self, *entrypoint: str, cwd: Path, submission_id: str, log: Path) -> subprocess.Popen:
+        """``ray job submit --submission-id ... -- entrypoint`` in the background: the returned process tails
+        the job's logs into ``log`` and exits when the job ends (1 when it FAILED; 0 when it SUCCEEDED or
+        was STOPPED: ask ``job_status``). ``stop_job`` ends a job that should not go on."""
+        cmd = [self.ray, "job", "submit", "--address", self.dashboard, "--working-dir", str(cwd),
+               "--submission-id", submission_id, "--", *entrypoint]
+        with open(log, "wb") as out:
+            return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=cwd, env=self.env)
+
+    def job_status(self, submission_id: str) -> str:
+        jobs = self.state("jobs", f"submission_id={submission_id}")
+        return jobs[0]["status"] if jobs else "UNKNOWN"
+
+    def stop_job(self, submission_id: str) -> None:
+        subprocess.run([self.ray, "job", "stop", "--address", self.dashboard, submission_id], capture_output=True,
+                       env=self.env, timeout=120)
 
     def stop(self) -> None:
         """Stop the nodes one at a time, workers first: SIGTERM ``ray start`` itself, which stops the node's
