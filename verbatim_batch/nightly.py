@@ -27,11 +27,11 @@ Readers load the current span table with one call::
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import storage
 from .chunking import ChunkerConfig
 from .faults import fault_point
 from .runs import (
@@ -88,14 +88,13 @@ class NightlyJob:
 
 def _plan(run_dir: str, root: str, config: dict[str, Any]) -> dict[str, Any]:
     """The run's plan: its base run, fixed when it first starts so that a resumed run builds on the same."""
-    path = os.path.join(run_dir, PLAN_FILE)
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as fh:
-            plan = json.load(fh)
+    path = storage.join(run_dir, PLAN_FILE)
+    if storage.exists(path):
+        plan = json.loads(storage.read_text(path))
         if plan["config"] != config:
             raise ValueError(f"{run_dir} was started with another config; use a new run id")
         return plan
-    os.makedirs(run_dir, exist_ok=True)
+    storage.makedirs(run_dir)
     plan = {"base": current_run(root), "config": config}
     write_atomic(path, json.dumps(plan, indent=2, sort_keys=True))
     return plan
@@ -119,22 +118,22 @@ def run_nightly(job: NightlyJob) -> tuple[str, dict[str, Any]]:
     )
 
     t0 = time.perf_counter()
-    root = os.path.abspath(job.root)
+    root = storage.normalize(job.root)
     config = job.config()
     run_id = job.run_id or new_run_id("nightly", config)
-    run_dir = os.path.join(root, RUNS_DIR, run_id)
+    run_dir = storage.join(root, RUNS_DIR, run_id)
     if done := committed_run(run_dir, run_id):
         if current_run(root) is None:
             set_current(root, run_id)
         return run_dir, done
     plan = _plan(run_dir, root, config)
-    base = os.path.join(root, RUNS_DIR, plan["base"]) if plan["base"] else None
+    base = storage.join(root, RUNS_DIR, plan["base"]) if plan["base"] else None
 
     def out(stage: str) -> str:
-        return os.path.join(run_dir, stage)
+        return storage.join(run_dir, stage)
 
     def prev(stage: str) -> str | None:
-        return os.path.join(base, stage) if base else None
+        return storage.join(base, stage) if base else None
 
     ray_args = {"address": job.address, "num_cpus": job.num_cpus, "run_id": run_id}
     steps = [
@@ -173,7 +172,7 @@ def run_nightly(job: NightlyJob) -> tuple[str, dict[str, Any]]:
     manifest["index_update"] = manifests["index"].get("update", {"action": "rebuilt"})
     validate_manifest(manifest)
     fault_point("commit")
-    write_atomic(os.path.join(run_dir, "manifest.json"), json.dumps(manifest, indent=2, sort_keys=True))
+    write_atomic(storage.join(run_dir, "manifest.json"), json.dumps(manifest, indent=2, sort_keys=True))
     _report(run_dir, manifest)
     set_current(root, run_id)
     manifest["pruned"] = prune_runs(root, job.keep_runs, protect=(run_id,))

@@ -27,7 +27,7 @@ import ray
 from ray.data import Datasink, Datasource, ReadTask
 from ray.data.block import BlockAccessor, BlockMetadata
 
-from . import corpus
+from . import corpus, storage
 from .chunking import FORCED_SPLIT, OVERSIZED_BLOCK, UNDERSIZED, ChunkerConfig
 from .faults import fault_point
 from .ingest import DEFAULT_MAX_PAPER_BYTES, IngestStage
@@ -177,10 +177,7 @@ class TableSinkResult:
 RETRIES_COLUMN = "_retries"  # stage actors report retried batches in this column (stripped before writing)
 
 
-def _write_parquet_atomic(table: pa.Table, path: str) -> None:
-    tmp = f"{path}.tmp"
-    pq.write_table(table, tmp, compression="zstd")
-    os.replace(tmp, path)
+_write_parquet_atomic = storage.write_parquet
 
 
 class StageTableSink(Datasink):
@@ -236,12 +233,12 @@ class StageTableSink(Datasink):
                 continue
             table = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
             counts.update(_counts(name, table))
-            folder = os.path.join(self.staging, name)
-            os.makedirs(folder, exist_ok=True)
-            path = os.path.join(folder, f"part-{key}.parquet")
-            _write_parquet_atomic(table if table.schema == schema else table.cast(schema), path)
+            folder = storage.join(self.staging, name)
+            storage.makedirs(folder)
+            _write_parquet_atomic(table if table.schema == schema else table.cast(schema),
+                                  storage.join(folder, f"part-{key}.parquet"))
             out["rows"][name] = table.num_rows
-            out["files"][name] = os.path.relpath(path, self.staging)
+            out["files"][name] = f"{name}/part-{key}.parquet"
             fault_point("sink.write")  # some of this write's tables are on disk, its record is not
         out["counts"] = dict(counts)
         if keys or retries:
@@ -262,10 +259,10 @@ class StageTableSink(Datasink):
             result.counts.update(rec["counts"])
         for name, schema in self.schemas.items():  # every table exists, even when empty
             if not result.files.get(name):
-                folder = os.path.join(self.staging, name)
-                os.makedirs(folder, exist_ok=True)
-                pq.write_table(schema.empty_table(), os.path.join(folder, "part-empty.parquet"))
-                result.files[name].append(os.path.join(name, "part-empty.parquet"))
+                folder = storage.join(self.staging, name)
+                storage.makedirs(folder)
+                _write_parquet_atomic(schema.empty_table(), storage.join(folder, "part-empty.parquet"))
+                result.files[name].append(f"{name}/part-empty.parquet")
         self.result = result
         return result
 
@@ -335,8 +332,8 @@ def _unchanged_map(job: ChunkJob) -> dict[str, str]:
     if prev.get("chunker_config_hash") != job.chunker.hash or prev.get("store_text") != job.store_text:
         log.info("chunk: %s used another chunker config; every paper is chunked again", job.previous)
         return {}
-    papers = pq.read_table(_committed_table_dir(job.previous, "papers"),
-                           columns=["paper_id", "sha256", *METADATA_FIELDS]).to_pydict()
+    papers = storage.read_parquet(_committed_table_dir(job.previous, "papers"),
+                                  columns=["paper_id", "sha256", *METADATA_FIELDS]).to_pydict()
     return {pid: paper_fingerprint(sha, tuple(papers[f][i] for f in METADATA_FIELDS))
             for i, (pid, sha) in enumerate(zip(papers["paper_id"], papers["sha256"], strict=True))}
 
@@ -348,13 +345,14 @@ def _carry_papers(previous: str, staging: str, ids: list[str]) -> dict[str, int]
     for name in ("papers", "chunks"):
         prev_dir = _committed_table_dir(previous, name)
         rows[name] = 0
-        for f in sorted(os.listdir(prev_dir)):
+        for f in storage.listdir(prev_dir):
             if not f.endswith(".parquet"):
                 continue
-            table = pq.read_table(os.path.join(prev_dir, f))
+            table = storage.read_parquet(storage.join(prev_dir, f))
             table = table.filter(pa.compute.is_in(table["paper_id"], value_set=keys))
             if table.num_rows:
-                path = os.path.join(staging, name, f"part-carried-{stable_hash(f, size=8)}.parquet")
+                storage.makedirs(storage.join(staging, name))
+                path = storage.join(staging, name, f"part-carried-{stable_hash(f, size=8)}.parquet")
                 _write_parquet_atomic(table, path)
                 rows[name] += table.num_rows
     return rows
@@ -366,8 +364,6 @@ def run_chunk(job: ChunkJob) -> tuple[str, dict[str, Any]]:
     With ``previous``, papers whose text and metadata are unchanged are not chunked: their rows are
     copied from that run, so the output is still the whole corpus.
     """
-    import shutil
-
     from .ingest import UNCHANGED
 
     t0 = time.perf_counter()
@@ -400,11 +396,11 @@ def run_chunk(job: ChunkJob) -> tuple[str, dict[str, Any]]:
                                "rows were lost")
         incremental = {}
         if job.previous and unchanged:
-            same = pq.read_table(os.path.join(run.staging, "unchanged"), columns=["paper_id"])["paper_id"]
+            same = storage.read_parquet(storage.join(run.staging, "unchanged"), ["paper_id"])["paper_id"]
             carried = _carry_papers(job.previous, run.staging, same.to_pylist())
-            new_ids = set(pq.read_table(os.path.join(run.staging, "papers"), columns=["paper_id"])["paper_id"]
+            new_ids = set(storage.read_parquet(storage.join(run.staging, "papers"), ["paper_id"])["paper_id"]
                           .to_pylist()) - set(same.to_pylist())
-            bad_ids = set(pq.read_table(os.path.join(run.staging, "quarantine"), columns=["paper_id"])["paper_id"]
+            bad_ids = set(storage.read_parquet(storage.join(run.staging, "quarantine"), ["paper_id"])["paper_id"]
                           .to_pylist())
             present = new_ids | set(same.to_pylist()) | bad_ids
             incremental = {
@@ -415,7 +411,7 @@ def run_chunk(job: ChunkJob) -> tuple[str, dict[str, Any]]:
             for name in ("papers", "chunks"):
                 result.rows[name] += carried[name]
                 result.files[name].append("carried")
-        shutil.rmtree(os.path.join(run.staging, "unchanged"), ignore_errors=True)
+        storage.rmtree(storage.join(run.staging, "unchanged"))
         counts = {
             "records_in": n_records,
             "papers": result.rows["papers"],
@@ -449,8 +445,8 @@ def run_chunk(job: ChunkJob) -> tuple[str, dict[str, Any]]:
 def _committed_table_dir(run_dir: str, table: str) -> str:
     """``RUN_DIR/<table>`` of a committed run (raises if the run has no manifest)."""
     read_manifest(run_dir)
-    path = os.path.join(os.path.abspath(run_dir), table)
-    if not os.path.isdir(path):
+    path = storage.join(storage.normalize(run_dir), table)
+    if not storage.isdir(path):
         raise FileNotFoundError(f"{run_dir} has no {table}/ table")
     return path
 
@@ -542,26 +538,26 @@ def _carry_embeddings(job: EmbedJob, chunks_dir: str, config: dict[str, Any], st
     for key in ("embedder_hash", "model_revision", "dim"):
         if prev.get(key) != config[key]:
             return set(), f"embedder changed ({key})"
-    new = pq.read_table(chunks_dir, columns=["chunk_id", "context"])
-    old = pq.read_table(_committed_table_dir(prev["chunks"], "chunks"), columns=["chunk_id", "context"])
+    new = storage.read_parquet(chunks_dir, columns=["chunk_id", "context"])
+    old = storage.read_parquet(_committed_table_dir(prev["chunks"], "chunks"), columns=["chunk_id", "context"])
     same = new.join(old, "chunk_id", right_suffix="_old")
     same = same.filter(pa.compute.equal(same["context"], same["context_old"]))["chunk_id"]
     prev_dir = _committed_table_dir(job.previous, "embeddings")
     carried: set[str] = set()
-    for f in sorted(os.listdir(prev_dir)):
+    for f in storage.listdir(prev_dir):
         if not f.endswith(".parquet"):
             continue
         name = f"{CARRIED_PREFIX}{stable_hash(job.previous, f, size=8)}"
-        table = pq.read_table(os.path.join(prev_dir, f))
+        table = storage.read_parquet(storage.join(prev_dir, f))
         table = table.filter(pa.compute.is_in(table["chunk_id"], value_set=same))
         keys = table["chunk_id"].to_pylist()
         carried.update(keys)
         if not table.num_rows or set(keys) <= done:  # nothing here, or written by the run being resumed
             continue
-        os.makedirs(os.path.join(staging, "embeddings"), exist_ok=True)
-        _write_parquet_atomic(table, os.path.join(staging, "embeddings", f"{name}.parquet"))
+        storage.makedirs(storage.join(staging, "embeddings"))
+        _write_parquet_atomic(table, storage.join(staging, "embeddings", f"{name}.parquet"))
         record_write(staging, name, {"rows": {"embeddings": table.num_rows}, "keys": keys,
-                                     "files": {"embeddings": os.path.join("embeddings", f"{name}.parquet")},
+                                     "files": {"embeddings": f"embeddings/{name}.parquet"},
                                      "counts": {"carried": table.num_rows}})
     return carried, None
 
@@ -589,7 +585,7 @@ def run_embed(job: EmbedJob) -> tuple[str, dict[str, Any]]:
         done = completed_keys(run.staging)
         carried, not_carried = _carry_embeddings(job, chunks_dir, config, run.staging, done)
         skip = done | carried
-        all_ids = pq.read_table(chunks_dir, columns=["chunk_id"])["chunk_id"]
+        all_ids = storage.read_parquet(chunks_dir, columns=["chunk_id"])["chunk_id"]
         skip_ids = pa.array(sorted(skip), pa.string())
         todo = len(all_ids) - (pa.compute.sum(pa.compute.is_in(all_ids, value_set=skip_ids)).as_py() or 0)
         sink = StageTableSink(_as_table("embeddings"), run.staging, {"embeddings": schema},
@@ -644,8 +640,8 @@ def build_index_files(embeddings_dir: str, chunks_dir: str, folder: str, spec, b
 
     from .index import build_dense, save_dense
 
-    files = sorted(os.path.join(embeddings_dir, f) for f in os.listdir(embeddings_dir) if f.endswith(".parquet"))
-    metas = [pq.ParquetFile(f) for f in files]
+    files = [storage.join(embeddings_dir, f) for f in storage.listdir(embeddings_dir) if f.endswith(".parquet")]
+    metas = [storage.parquet_file(f) for f in files]
     n = sum(m.metadata.num_rows for m in metas)
     if n == 0:
         raise ValueError(f"{embeddings_dir} holds no embeddings")
@@ -653,7 +649,7 @@ def build_index_files(embeddings_dir: str, chunks_dir: str, folder: str, spec, b
 
     def batches():
         for f in files:
-            for rb in pq.ParquetFile(f).iter_batches(columns=["vector"], batch_size=65_536):
+            for rb in storage.parquet_file(f).iter_batches(columns=["vector"], batch_size=65_536):
                 col = rb.column(0)
                 flat = col.values.to_numpy(zero_copy_only=False)
                 yield np.ascontiguousarray(flat.reshape(len(col), col.type.list_size), dtype=np.float32)
@@ -661,15 +657,16 @@ def build_index_files(embeddings_dir: str, chunks_dir: str, folder: str, spec, b
     t0 = time.perf_counter()
     index, resolved = build_dense(batches, n, dim, spec)
     t_dense = time.perf_counter() - t0
-    save_dense(index, os.path.join(folder, "dense"))
-    ids = pa.concat_tables(pq.read_table(f, columns=["chunk_id", "paper_id"]) for f in files)
+    ids = pa.concat_tables(storage.read_parquet(f, columns=["chunk_id", "paper_id"]) for f in files)
     ids = ids.append_column("row", pa.array(range(n), pa.int64()))
-    timings = {"dense_build": t_dense, **_write_ids_and_bm25(ids, chunks_dir, folder, bm25)}
+    with storage.local_dir(folder) as local:  # FAISS and bm25s write local files; uploaded when remote
+        save_dense(index, os.path.join(local, "dense"))
+        timings = {"dense_build": t_dense, **_write_ids_and_bm25(ids, chunks_dir, local, bm25)}
     return {"n": n, "dim": dim, "spec": dataclasses.asdict(resolved), "timings": timings, "update": "rebuilt"}
 
 
 def _write_ids_and_bm25(ids: pa.Table, chunks_dir: str, folder: str, bm25: bool) -> dict[str, float]:
-    """``ids.parquet`` (row -> chunk) and the BM25 index over the chunk texts in row order."""
+    """``ids.parquet`` (row -> chunk) and the BM25 index over the chunk texts in row order (``folder``: local)."""
     from .index import Bm25Index
 
     if len(set(ids["chunk_id"].to_pylist())) != ids.num_rows:
@@ -678,7 +675,7 @@ def _write_ids_and_bm25(ids: pa.Table, chunks_dir: str, folder: str, bm25: bool)
     if not bm25:
         return {}
     t0 = time.perf_counter()
-    texts = pq.read_table(chunks_dir, columns=["chunk_id", "text"])
+    texts = storage.read_parquet(chunks_dir, columns=["chunk_id", "text"])
     joined = ids.select(["chunk_id", "row"]).join(texts, "chunk_id", join_type="left outer").sort_by("row")
     missing = joined["text"].null_count
     if missing:
@@ -709,16 +706,16 @@ def update_index_files(previous: str, embeddings_dir: str, chunks_dir: str, fold
     from .index import load_dense, plan_update, save_dense, update_dense
 
     t0 = time.perf_counter()
-    files = sorted(f for f in os.listdir(embeddings_dir) if f.endswith(".parquet"))
+    files = [f for f in storage.listdir(embeddings_dir) if f.endswith(".parquet")]
     carried = pa.concat_tables(
-        [pq.read_table(os.path.join(embeddings_dir, f), columns=["chunk_id"]) for f in files
+        [storage.read_parquet(storage.join(embeddings_dir, f), columns=["chunk_id"]) for f in files
          if f.startswith(CARRIED_PREFIX)] or [pa.table({"chunk_id": pa.array([], pa.string())})])["chunk_id"]
     fresh = [f for f in files if not f.startswith(CARRIED_PREFIX)]
-    old_ids = pq.read_table(os.path.join(previous, "ids.parquet")).sort_by("row")
+    old_ids = storage.read_parquet(storage.join(previous, "ids.parquet")).sort_by("row")
     keep = pa.compute.is_in(old_ids["chunk_id"], value_set=carried).to_numpy(zero_copy_only=False)
     if int(keep.sum()) != len(carried):
         return None  # carried vectors the old index does not have: it indexed another embed run
-    new_tables = [pq.read_table(os.path.join(embeddings_dir, f), columns=["chunk_id", "paper_id", "vector"])
+    new_tables = [storage.read_parquet(storage.join(embeddings_dir, f), columns=["chunk_id", "paper_id", "vector"])
                   for f in fresh]
     n_new = sum(t.num_rows for t in new_tables)
     removed = np.flatnonzero(~keep)
@@ -726,32 +723,32 @@ def update_index_files(previous: str, embeddings_dir: str, chunks_dir: str, fold
     action, drift = plan_update(base_n, changed + len(removed), n_new, max_drift)
     if action == "rebuilt":
         return None
-    dim = pq.ParquetFile(os.path.join(embeddings_dir, files[0])).schema_arrow.field("vector").type.list_size
-    if action == "unchanged":
-        import shutil
-
-        shutil.copytree(os.path.join(previous, "dense"), os.path.join(folder, "dense"))
-        if bm25 and os.path.isdir(os.path.join(previous, "bm25")):
-            shutil.copytree(os.path.join(previous, "bm25"), os.path.join(folder, "bm25"))
-            bm25 = False
-        ids = old_ids
-    else:
-        index = load_dense(os.path.join(previous, "dense"), mmap=False)
-        vectors = np.concatenate([_vectors(t) for t in new_tables]) if n_new else np.zeros((0, dim), np.float32)
-        index = update_dense(index, removed, vectors)
-        save_dense(index, os.path.join(folder, "dense"))
-        kept = old_ids.filter(pa.array(keep)).select(["chunk_id", "paper_id"])
-        added = [t.select(["chunk_id", "paper_id"]) for t in new_tables]
-        ids = pa.concat_tables([kept, *added])
-        ids = ids.append_column("row", pa.array(range(ids.num_rows), pa.int64()))
-    timings = {"dense_update": time.perf_counter() - t0, **_write_ids_and_bm25(ids, chunks_dir, folder, bm25)}
+    dim = storage.parquet_file(storage.join(embeddings_dir, files[0])).schema_arrow.field("vector").type.list_size
+    with storage.local_dir(folder) as local:
+        if action == "unchanged":
+            storage.copytree(storage.join(previous, "dense"), os.path.join(local, "dense"))
+            if bm25 and storage.isdir(storage.join(previous, "bm25")):
+                storage.copytree(storage.join(previous, "bm25"), os.path.join(local, "bm25"))
+                bm25 = False
+            ids = old_ids
+        else:
+            prev_local = storage.local_copy(previous, read_manifest(previous)["run_id"])
+            index = load_dense(os.path.join(prev_local, "dense"), mmap=False)
+            vectors = np.concatenate([_vectors(t) for t in new_tables]) if n_new else np.zeros((0, dim), np.float32)
+            index = update_dense(index, removed, vectors)
+            save_dense(index, os.path.join(local, "dense"))
+            kept = old_ids.filter(pa.array(keep)).select(["chunk_id", "paper_id"])
+            added = [t.select(["chunk_id", "paper_id"]) for t in new_tables]
+            ids = pa.concat_tables([kept, *added])
+            ids = ids.append_column("row", pa.array(range(ids.num_rows), pa.int64()))
+        timings = {"dense_update": time.perf_counter() - t0, **_write_ids_and_bm25(ids, chunks_dir, local, bm25)}
     return {"n": ids.num_rows, "dim": dim, "timings": timings, "update": action, "drift": drift,
             "removed": len(removed), "added": n_new, "since_rebuild": [base_n, changed + len(removed) + n_new]}
 
 
 def _index_fingerprint(ids_path: str, embed_config: dict[str, Any], spec: dict[str, Any], bm25: bool) -> str:
     """Identifies what an index answers: the vectors' model and the chunks in row order."""
-    ids = pq.read_table(ids_path, columns=["chunk_id"])["chunk_id"].to_pylist()
+    ids = storage.read_parquet(ids_path, columns=["chunk_id"])["chunk_id"].to_pylist()
     return stable_hash(json.dumps([embed_config.get("embedder_hash"), embed_config.get("model_revision"), spec, bm25],
                                   sort_keys=True), *ids)
 
@@ -792,7 +789,7 @@ def run_index(job: IndexJob) -> tuple[str, dict[str, Any]]:
         config = {
             "embeddings": job.embeddings, "chunks": job.chunks, "dense": stats["spec"], "bm25": job.bm25,
             "embedder": embed_config["embedder"],
-            "fingerprint": _index_fingerprint(os.path.join(run.staging, "ids.parquet"), embed_config, stats["spec"],
+            "fingerprint": _index_fingerprint(storage.join(run.staging, "ids.parquet"), embed_config, stats["spec"],
                                               job.bm25),
             "since_rebuild": stats.get("since_rebuild", [stats["n"], 0]),
         } | ({"previous": job.previous, "max_drift": job.max_drift} if job.previous else {})
@@ -854,9 +851,11 @@ def read_rows(path: str) -> pa.Table:
     """A small table from Parquet or JSONL (query files, pair files, labels)."""
     import pyarrow.json as pajson
 
-    if path.endswith(".parquet") or os.path.isdir(path):
-        return pq.read_table(path)
-    return pajson.read_json(path)
+    if path.endswith(".parquet") or storage.isdir(path):
+        return storage.read_parquet(path)
+    fs, local = storage.resolve(path)
+    with fs.open_input_stream(local) as fh:
+        return pajson.read_json(fh)
 
 
 def _retrieval_key(index: str, queries: pa.Table, cfg) -> str:
@@ -871,13 +870,11 @@ def run_retrieve(job: RetrieveJob) -> tuple[str, dict[str, Any]]:
 
     With ``previous``, a run whose key (index fingerprint, queries, settings) matches is copied as is.
     """
-    import shutil
-
     from .retrieval import RetrieverConfig
 
     t0 = time.perf_counter()
     cfg = job.retriever or RetrieverConfig(index_dir=job.index)
-    cfg = dataclasses.replace(cfg, index_dir=os.path.abspath(job.index))
+    cfg = dataclasses.replace(cfg, index_dir=storage.normalize(job.index))
     read_manifest(job.index)
     queries, rejected = read_queries(job.queries)
     key = _retrieval_key(job.index, queries, cfg)
@@ -886,10 +883,10 @@ def run_retrieve(job: RetrieveJob) -> tuple[str, dict[str, Any]]:
     with staged(job.output, overwrite=job.overwrite, run_id=job.run_id) as run:
         reused = bool(job.previous) and _manifest_config(job.previous).get("key") == key
         if reused:
-            shutil.copytree(_committed_table_dir(job.previous, "retrieval"), os.path.join(run.staging, "retrieval"))
-            table = pq.read_table(os.path.join(run.staging, "retrieval"), columns=["method"])
+            storage.copytree(_committed_table_dir(job.previous, "retrieval"), storage.join(run.staging, "retrieval"))
+            table = storage.read_parquet(storage.join(run.staging, "retrieval"), columns=["method"])
             result = TableSinkResult(rows=Counter({"retrieval": table.num_rows}),
-                                     files={"retrieval": os.listdir(os.path.join(run.staging, "retrieval"))},
+                                     files={"retrieval": storage.listdir(storage.join(run.staging, "retrieval"))},
                                      counts=Counter(_counts("retrieval", table)))
         else:
             init_ray(job.address, job.num_cpus)
@@ -995,7 +992,7 @@ def build_pairs(job: ExtractJob) -> tuple[pa.Table, dict[str, Any]]:
     if (job.pairs is None) == (job.retrieval is None):
         raise ValueError("give exactly one of --pairs FILE or --retrieval RUN_DIR")
     if job.pairs is not None:
-        if not os.path.exists(job.pairs):
+        if not storage.exists(job.pairs):
             raise FileNotFoundError(f"pairs file not found: {job.pairs}")
         records = list(read_pair_records(job.pairs))
         wanted = [str(r["chunk_id"]) for r in records if r.get("chunk_id") is not None]
@@ -1174,7 +1171,7 @@ def _carry_pairs(job: ExtractJob, pairs: pa.Table, config: dict[str, Any], stagi
         return set()
     cols = pairs.select(["pair_id", "query", "chunk", "paper_id", "chunk_start"]).to_pydict()
     wanted = {pid: pair_input_hash(q, c, p, s) for pid, q, c, p, s in zip(*cols.values(), strict=True)}
-    old = pq.read_table(_committed_table_dir(job.previous, "pairs"), columns=["pair_id", "input_hash", "error"])
+    old = storage.read_parquet(_committed_table_dir(job.previous, "pairs"), columns=["pair_id", "input_hash", "error"])
     carried = {pid for pid, h, err in zip(*old.to_pydict().values(), strict=True)
                if err is None and h is not None and wanted.get(pid) == h}
     if not carried:
@@ -1182,20 +1179,20 @@ def _carry_pairs(job: ExtractJob, pairs: pa.Table, config: dict[str, Any], stagi
     keys = pa.array(sorted(carried), pa.string())
     for name, schema in zip(_EXTRACT_TABLES, (SPANS, PAIRS, REJECTS), strict=True):
         prev_dir = _committed_table_dir(job.previous, name)
-        for f in sorted(os.listdir(prev_dir)):
+        for f in storage.listdir(prev_dir):
             if not f.endswith(".parquet"):
                 continue
             part = f"part-carried-{stable_hash(job.previous, name, f, size=8)}"
-            table = pq.read_table(os.path.join(prev_dir, f))
+            table = storage.read_parquet(storage.join(prev_dir, f))
             table = table.filter(pa.compute.is_in(table["pair_id"], value_set=keys))
             if not table.num_rows:
                 continue
             ids = table["pair_id"].to_pylist() if name == "pairs" else []
             if ids and set(ids) <= done:
                 continue
-            path = os.path.join(name, f"{part}.parquet")
-            os.makedirs(os.path.join(staging, name), exist_ok=True)
-            _write_parquet_atomic(table.cast(schema), os.path.join(staging, path))
+            path = f"{name}/{part}.parquet"
+            storage.makedirs(storage.join(staging, name))
+            _write_parquet_atomic(table.cast(schema), storage.join(staging, path))
             counts = {"carried_pairs": table.num_rows} if name == "pairs" else _counts(name, table)
             record_write(staging, f"{part}-{name}", {"rows": {name: table.num_rows}, "files": {name: path},
                                                     "counts": counts, "keys": ids})
@@ -1237,8 +1234,8 @@ def run_extract(job: ExtractJob) -> tuple[str, dict[str, Any]]:
         result = sink.finish()
         if result.rows["pairs"] != pairs.num_rows:
             raise RuntimeError(f"{pairs.num_rows} pairs in but {result.rows['pairs']} pair rows written")
-        written = pq.read_table(os.path.join(run.staging, "pairs"),
-                                columns=["error", "n_spans", "n_violations", "model_id", "model_revision"])
+        written = storage.read_parquet(storage.join(run.staging, "pairs"),
+                                       columns=["error", "n_spans", "n_violations", "model_id", "model_revision"])
         loaded = written.filter(pa.compute.is_valid(written["model_revision"])).slice(0, 1).to_pylist()
         config |= {"model_id": loaded[0]["model_id"], "model_revision": loaded[0]["model_revision"]} if loaded else {}
         if job.previous:
@@ -1296,11 +1293,9 @@ def run_querygen(job: QueryGenJob) -> tuple[str, dict[str, Any]]:
         raise ValueError("querygen talks to an OpenAI-compatible endpoint (e.g. `vllm serve` on the cluster): "
                          "use the http backend")
     t0 = time.perf_counter()
-    import pyarrow.dataset as pads
-
     papers_dir = _committed_table_dir(job.chunks, "papers")
-    names = pads.dataset(papers_dir, format="parquet").schema.names
-    papers = pq.read_table(papers_dir, columns=[c for c in ("paper_id", "language", "authors") if c in names])
+    names = storage.dataset(papers_dir).schema.names
+    papers = storage.read_parquet(papers_dir, columns=[c for c in ("paper_id", "language", "authors") if c in names])
     paper_ids = sample_papers(papers, job.n_papers, job.seed)
     picked = pick_chunks(read_table(job.chunks, "chunks", ["chunk_id", "paper_id", "chunk_index", "text",
                                                            "heading_path"]), paper_ids, job.seed)
@@ -1314,7 +1309,7 @@ def run_querygen(job: QueryGenJob) -> tuple[str, dict[str, Any]]:
         sink = StageTableSink(_as_table("queries"), run.staging, {"queries": QUERIES_SCHEMA},
                               key_columns={"queries": "query_id"})
         ds.write_datasink(sink)
-        queries = pq.read_table(os.path.join(run.staging, "queries"))
+        queries = storage.read_parquet(storage.join(run.staging, "queries"))
         errors = [e for e in queries["error"].to_pylist() if e]
         manifest = build_manifest(
             run_id=new_run_id("querygen", config), command="querygen", config=config, inputs=[job.chunks],
@@ -1372,22 +1367,22 @@ def run_silver(job: SilverJob) -> tuple[str, dict[str, Any]]:
     from .runs import read_table
 
     t0 = time.perf_counter()
-    out = os.path.abspath(job.output)
-    os.makedirs(out, exist_ok=True)
+    out = storage.normalize(job.output)
+    storage.makedirs(out)
     common = {"overwrite": job.overwrite, "address": job.address, "num_cpus": job.num_cpus}
-    qg_dir, qg = run_querygen(QueryGenJob(chunks=job.chunks, output=os.path.join(out, "querygen"), llm=job.llm,
+    qg_dir, qg = run_querygen(QueryGenJob(chunks=job.chunks, output=storage.join(out, "querygen"), llm=job.llm,
                                           n_papers=job.n_papers, seed=job.seed, **common))
     queries = read_table(qg_dir, "queries").filter(pa.compute.is_valid(pa.compute.field("query")))
-    qfile = os.path.join(out, "querygen", "queries.parquet")
-    pq.write_table(queries.select(["query_id", "query"]), qfile)
+    qfile = storage.join(out, "querygen", "queries.parquet")
+    storage.write_parquet(queries.select(["query_id", "query"]), qfile)
     ret_dir, _ = run_retrieve(RetrieveJob(
-        index=job.index, queries=qfile, output=os.path.join(out, "retrieval"),
+        index=job.index, queries=qfile, output=storage.join(out, "retrieval"),
         retriever=RetrieverConfig(index_dir=job.index, k=job.top_k, methods=("hybrid",)), **common))
     pairs = _silver_pairs(queries, read_table(ret_dir, "retrieval"), job.top_k)
-    pfile = os.path.join(out, "querygen", "pairs.parquet")
-    pq.write_table(pa.Table.from_pylist(pairs), pfile)
+    pfile = storage.join(out, "querygen", "pairs.parquet")
+    storage.write_parquet(pa.Table.from_pylist(pairs), pfile)
     teacher = dataclasses.replace(job.llm, style="paragraph")
-    ex_dir, ex = run_extract(ExtractJob(output=os.path.join(out, "teacher"), extractor=teacher, pairs=pfile,
+    ex_dir, ex = run_extract(ExtractJob(output=storage.join(out, "teacher"), extractor=teacher, pairs=pfile,
                                         chunks=job.chunks, **common))
     rows, failed = _teacher_rows(ex_dir, job.chunks, teacher.model)
     kept, dropped = silver.filter_rows(rows)
@@ -1397,7 +1392,7 @@ def run_silver(job: SilverJob) -> tuple[str, dict[str, Any]]:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(job.tokenizer)
-    with staged(os.path.join(out, "data"), overwrite=job.overwrite) as data:
+    with staged(storage.join(out, "data"), overwrite=job.overwrite) as data:
         written = silver.write_silver(data.staging, train, dev, tokenizer=tokenizer, max_length=job.max_length,
                                       stride=job.stride)
         config = {"chunks": job.chunks, "index": job.index, "n_papers": job.n_papers, "seed": job.seed,
@@ -1428,7 +1423,7 @@ def _teacher_rows(extract_dir: str, chunks_run: str, teacher_model: str) -> tupl
     known = chunk_lookup(chunks_dir, [p["chunk_id"] for p in pairs])
     import pyarrow.dataset as pads
 
-    heads = pads.dataset(chunks_dir, format="parquet").to_table(
+    heads = storage.dataset(chunks_dir).to_table(
         columns=["chunk_id", "heading_path"], filter=pads.field("chunk_id").isin(list(known))).to_pylist()
     heading = {h["chunk_id"]: h["heading_path"] for h in heads}
     rows = []

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import statistics
 from collections import Counter
 from typing import Any
 
-import pyarrow.parquet as pq
-
+from . import storage
 from .runs import MANIFEST_FILE
 
 REPORT_JSON = "report.json"
@@ -25,15 +23,13 @@ REPORT_HTML = "report.html"
 
 def _table(run_dir: str, name: str, columns: list[str] | None = None):
     """A table of the run (only the columns it has, of those asked for), or None."""
-    path = os.path.join(run_dir, name)
-    if not os.path.isdir(path):
+    path = storage.join(run_dir, name)
+    if not storage.isdir(path):
         return None
     if columns is not None:
-        import pyarrow.dataset as pads
-
-        have = set(pads.dataset(path, format="parquet").schema.names)
+        have = set(storage.dataset(path).schema.names)
         columns = [c for c in columns if c in have]
-    return pq.read_table(path, columns=columns)
+    return storage.read_parquet(path, columns=columns)
 
 
 def _reasons(values: list[str | None]) -> dict[str, int]:
@@ -43,8 +39,7 @@ def _reasons(values: list[str | None]) -> dict[str, int]:
 def build_report(run_dir: str, manifest: dict[str, Any] | None = None) -> dict[str, Any]:
     """The figures of one run folder (committed, or a staging folder with its manifest given)."""
     if manifest is None:
-        with open(os.path.join(run_dir, MANIFEST_FILE), encoding="utf-8") as fh:
-            manifest = json.load(fh)
+        manifest = json.loads(storage.read_text(storage.join(run_dir, MANIFEST_FILE)))
     counts = manifest.get("counts", {})
     timings = manifest.get("timings_s", {})
     total = float(timings.get("total") or 0.0)
@@ -64,8 +59,8 @@ def build_report(run_dir: str, manifest: dict[str, Any] | None = None) -> dict[s
     out["throughput"] = rate
     where = {"quarantine": run_dir, "pairs": run_dir, "rejects": run_dir}
     if manifest.get("command") == "nightly":  # a run of stage runs: figures per stage, tables in theirs
-        where = {"quarantine": os.path.join(run_dir, "chunks"), "pairs": os.path.join(run_dir, "spans"),
-                 "rejects": os.path.join(run_dir, "spans")}
+        where = {"quarantine": storage.join(run_dir, "chunks"), "pairs": storage.join(run_dir, "spans"),
+                 "rejects": storage.join(run_dir, "spans")}
         stages: dict[str, dict[str, Any]] = {}
         for key, value in counts.items():
             stage, _, name = key.partition(".")
@@ -103,13 +98,13 @@ def _chunk_texts(run_dir: str, config: dict[str, Any], pair_rows: list[dict[str,
     """pair_id -> chunk text, from the chunk run or the pairs file the extraction read."""
     from .extract.pairs import chunk_lookup, pairs_from_records, read_pair_records
 
-    if config.get("pairs") and os.path.exists(config["pairs"]):
+    if config.get("pairs") and storage.exists(config["pairs"]):
         table = pairs_from_records(read_pair_records(config["pairs"]))
         wanted = {p["pair_id"] for p in pair_rows}
         return {r["pair_id"]: r["chunk"] for r in table.to_pylist() if r["pair_id"] in wanted and r["chunk"]}
     chunks_run = config.get("chunks")
-    if chunks_run and os.path.isdir(os.path.join(chunks_run, "chunks")):
-        known = chunk_lookup(os.path.join(chunks_run, "chunks"), [p["chunk_id"] for p in pair_rows])
+    if chunks_run and storage.isdir(storage.join(chunks_run, "chunks")):
+        known = chunk_lookup(storage.join(chunks_run, "chunks"), [p["chunk_id"] for p in pair_rows])
         return {p["pair_id"]: known[p["chunk_id"]]["text"] for p in pair_rows if p["chunk_id"] in known}
     return {}
 
@@ -211,16 +206,12 @@ def render_html(report: dict[str, Any], sample_rows: list[dict[str, Any]]) -> st
 def write_report(run_dir: str, manifest: dict[str, Any] | None = None, n_samples: int = 12) -> dict[str, Any]:
     """Write ``report.json`` and ``report.html`` into the run folder; returns the report."""
     if manifest is None:
-        with open(os.path.join(run_dir, MANIFEST_FILE), encoding="utf-8") as fh:
-            manifest = json.load(fh)
+        manifest = json.loads(storage.read_text(storage.join(run_dir, MANIFEST_FILE)))
     report = build_report(run_dir, manifest)
     rows = samples(run_dir, manifest, n_samples) if manifest.get("command") == "extract" else []
-    spans_run = os.path.join(run_dir, "spans")
-    if manifest.get("command") == "nightly" and os.path.exists(os.path.join(spans_run, MANIFEST_FILE)):
-        with open(os.path.join(spans_run, MANIFEST_FILE), encoding="utf-8") as fh:
-            rows = samples(spans_run, json.load(fh), n_samples)
-    with open(os.path.join(run_dir, REPORT_JSON), "w", encoding="utf-8") as fh:
-        json.dump(report, fh, indent=2, sort_keys=True, default=str)
-    with open(os.path.join(run_dir, REPORT_HTML), "w", encoding="utf-8") as fh:
-        fh.write(render_html(report, rows))
+    spans_run = storage.join(run_dir, "spans")
+    if manifest.get("command") == "nightly" and storage.exists(storage.join(spans_run, MANIFEST_FILE)):
+        rows = samples(spans_run, json.loads(storage.read_text(storage.join(spans_run, MANIFEST_FILE))), n_samples)
+    storage.write_text(storage.join(run_dir, REPORT_JSON), json.dumps(report, indent=2, sort_keys=True, default=str))
+    storage.write_text(storage.join(run_dir, REPORT_HTML), render_html(report, rows))
     return report

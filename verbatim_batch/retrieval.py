@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from . import storage
 from .tables import RETRIEVAL, query_id_for
 
 METHODS = ("dense", "bm25", "hybrid")
@@ -44,11 +45,10 @@ class RetrieverConfig:
 
 
 def read_index_manifest(index_dir: str) -> dict:
-    path = os.path.join(index_dir, "manifest.json")
-    if not os.path.exists(path):
+    path = storage.join(index_dir, "manifest.json")
+    if not storage.exists(path):
         raise FileNotFoundError(f"{index_dir} is not a committed index (no manifest.json)")
-    with open(path, encoding="utf-8") as fh:
-        manifest = json.load(fh)
+    manifest = json.loads(storage.read_text(path))
     manifest["config"] = json.loads(manifest["config"]) if isinstance(manifest["config"], str) else manifest["config"]
     return manifest
 
@@ -62,19 +62,20 @@ class Retriever:
 
         self.config = config
         manifest = read_index_manifest(config.index_dir)
-        ids = pq.read_table(os.path.join(config.index_dir, "ids.parquet"), columns=["chunk_id", "paper_id"])
+        index_dir = storage.local_copy(config.index_dir, manifest["run_id"])  # FAISS/bm25s memory-map local files
+        ids = pq.read_table(os.path.join(index_dir, "ids.parquet"), columns=["chunk_id", "paper_id"])
         self.chunk_ids = ids["chunk_id"].to_pylist()
         self.paper_ids = ids["paper_id"].to_pylist()
         self.dense = self.bm25 = self.embedder = None
         need_dense = "dense" in config.methods or ("hybrid" in config.methods and config.weights.get("dense", 0))
         need_bm25 = "bm25" in config.methods or ("hybrid" in config.methods and config.weights.get("bm25", 0))
         if need_dense:
-            self.dense = load_dense(os.path.join(config.index_dir, "dense"), nprobe=config.nprobe)
+            self.dense = load_dense(os.path.join(index_dir, "dense"), nprobe=config.nprobe)
             embed_cfg = dict(manifest["config"]["embedder"])
             embed_cfg["device"] = config.device
             self.embedder = Embedder(EmbedderConfig(**_known_fields(EmbedderConfig, embed_cfg)))
         if need_bm25:
-            bm25_dir = os.path.join(config.index_dir, "bm25")
+            bm25_dir = os.path.join(index_dir, "bm25")
             if not os.path.exists(bm25_dir):
                 raise FileNotFoundError(f"{config.index_dir} was built without a BM25 index")
             self.bm25 = Bm25Index.load(bm25_dir, mmap=True)

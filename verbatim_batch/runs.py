@@ -5,6 +5,12 @@ every table is written does it add ``manifest.json`` and rename the staging
 folder to the output path, so an output folder is either complete, with a
 manifest, or absent. A killed run leaves only a hidden ``.<name>.staging-*``
 folder, which the next run of the same output removes.
+
+Outputs may be local paths or object-store URIs (``storage``). On an object store
+the rename is a copy with ``manifest.json`` last, so a commit cut short leaves an
+output without a manifest: it is not a run, and the next run of that output
+removes it (the staging folder is kept until the copy is done, so a resumed run
+loses nothing).
 """
 
 from __future__ import annotations
@@ -12,18 +18,15 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import logging
-import os
 import platform
-import shutil
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from . import __version__
+from . import __version__, storage
 from .faults import fault_point
 from .tables import MANIFEST, SCHEMA_VERSION, config_hash, stable_hash
 
@@ -36,14 +39,6 @@ class OutputExistsError(FileExistsError):
     pass
 
 
-def _local(path: str) -> str:
-    if "://" in path and not path.startswith("file://"):
-        raise NotImplementedError(
-            f"{path}: run outputs must be local or mounted paths for now (remote commit lands later)"
-        )
-    return os.path.abspath(os.path.expanduser(path.removeprefix("file://")))
-
-
 class RunDir:
     """A staging folder that becomes ``output`` on ``commit``.
 
@@ -54,27 +49,31 @@ class RunDir:
     """
 
     def __init__(self, output: str, overwrite: bool = False, run_id: str | None = None, resume: bool = False) -> None:
-        self.output = _local(output)
+        self.output = storage.normalize(output)
         self.overwrite = overwrite
-        if os.path.exists(self.output) and not overwrite:
+        parent, name = storage.split(self.output)
+        staging_dirs = [d for d in storage.listdir(parent) if d.startswith(f".{name}.staging-")]
+        if (storage.is_remote(self.output) and staging_dirs and storage.exists(self.output)
+                and not storage.exists(storage.join(self.output, MANIFEST_FILE))):
+            log.warning("%s has no manifest (a commit to an object store cut short): removing it", self.output)
+            storage.rmtree(self.output)
+        if storage.exists(self.output) and not overwrite:
             raise OutputExistsError(f"{self.output} exists; pass --overwrite to replace it")
-        parent, name = os.path.split(self.output)
-        os.makedirs(parent, exist_ok=True)
+        storage.makedirs(parent)
         token = _safe_token(run_id) if run_id else uuid.uuid4().hex[:12]
-        self.staging = os.path.join(parent, f".{name}.staging-{token}")
-        for stale in os.listdir(parent):  # leftovers of killed runs of this output
-            path = os.path.join(parent, stale)
-            if stale.startswith(f".{name}.staging-") and (path != self.staging or not resume):
-                shutil.rmtree(path, ignore_errors=True)
-        self.resumed = os.path.isdir(self.staging)
-        os.makedirs(self.staging, exist_ok=True)
+        self.staging = storage.join(parent, f".{name}.staging-{token}")
+        for stale in staging_dirs:  # leftovers of killed runs of this output
+            path = storage.join(parent, stale)
+            if path != self.staging or not resume:
+                storage.rmtree(path)
+        self.resumed = storage.isdir(self.staging)
+        storage.makedirs(self.staging)
 
     def commit(self, manifest: Mapping[str, Any]) -> str:
         """Write the manifest, then move the staging folder into place."""
         validate_manifest(manifest)
         fault_point("commit")
-        shutil.rmtree(os.path.join(self.staging, WRITES_DIR), ignore_errors=True)  # a run is tables + manifest
-        write_atomic(os.path.join(self.staging, MANIFEST_FILE), json.dumps(manifest, indent=2, sort_keys=True))
+        write_atomic(storage.join(self.staging, MANIFEST_FILE), json.dumps(manifest, indent=2, sort_keys=True))
         try:  # the report is derived from the run; it never stops a commit
             from .report import write_report
 
@@ -82,18 +81,18 @@ class RunDir:
         except Exception as exc:  # noqa: BLE001
             log.warning("could not write the run report for %s: %s", self.output, exc)
         old = None
-        if os.path.exists(self.output):
+        if storage.exists(self.output):
             if not self.overwrite:
                 raise OutputExistsError(f"{self.output} appeared while the run was going")
             old = self.staging.replace(".staging-", ".old-")
-            os.rename(self.output, old)
-        os.rename(self.staging, self.output)
+            storage.move_dir(self.output, old)
+        storage.move_dir(self.staging, self.output, skip=(WRITES_DIR,))  # a run is tables + manifest
         if old:
-            shutil.rmtree(old, ignore_errors=True)
+            storage.rmtree(old)
         return self.output
 
     def abort(self) -> None:
-        shutil.rmtree(self.staging, ignore_errors=True)
+        storage.rmtree(self.staging)
 
 
 def _safe_token(run_id: str) -> str:
@@ -104,44 +103,29 @@ def _safe_token(run_id: str) -> str:
 
 def write_atomic(path: str, text: str) -> None:
     """Write ``text`` to ``path`` so readers see the old file or the whole new one, never a part."""
-    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    storage.write_text(path, text)
 
 
 def record_write(staging: str, name: str, record: dict[str, Any]) -> None:
     """Mark one write as complete (its table files must already be in place)."""
-    folder = os.path.join(staging, WRITES_DIR)
-    os.makedirs(folder, exist_ok=True)
-    write_atomic(os.path.join(folder, f"{name}.json"), json.dumps(record, sort_keys=True))
+    folder = storage.join(staging, WRITES_DIR)
+    storage.makedirs(folder)
+    write_atomic(storage.join(folder, f"{name}.json"), json.dumps(record, sort_keys=True))
 
 
 def read_writes(staging: str) -> list[dict[str, Any]]:
-    folder = os.path.join(staging, WRITES_DIR)
-    if not os.path.isdir(folder):
-        return []
-    out = []
-    for name in sorted(os.listdir(folder)):
-        if name.endswith(".json"):
-            with open(os.path.join(folder, name), encoding="utf-8") as fh:
-                out.append(json.load(fh))
-    return out
+    folder = storage.join(staging, WRITES_DIR)
+    return [json.loads(storage.read_text(storage.join(folder, name)))
+            for name in storage.listdir(folder) if name.endswith(".json")]
 
 
 def completed_keys(staging: str) -> set[str]:
     """Row keys covered by completed writes; files of writes that never completed are removed."""
     records = read_writes(staging)
-    keep = {os.path.normpath(p) for rec in records for p in rec["files"].values()}
-    for root, _, files in os.walk(staging):
-        if os.path.basename(root) == WRITES_DIR:
-            continue
-        for f in files:
-            rel = os.path.normpath(os.path.relpath(os.path.join(root, f), staging))
-            if rel not in keep:  # a write killed part-way, or a temp file
-                os.remove(os.path.join(staging, rel))
+    keep = {p.replace("\\", "/") for rec in records for p in rec["files"].values()}
+    for rel in storage.walk_files(staging):
+        if rel.split("/", 1)[0] != WRITES_DIR and rel not in keep:  # a write killed part-way, or a temp file
+            storage.remove(storage.join(staging, rel))
     return {k for rec in records for k in rec.get("keys", [])}
 
 
@@ -231,11 +215,10 @@ def validate_manifest(manifest: Mapping[str, Any]) -> None:
 
 
 def read_manifest(run_dir: str) -> dict[str, Any]:
-    path = os.path.join(_local(run_dir), MANIFEST_FILE)
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{run_dir} has no {MANIFEST_FILE}: not a committed run")
-    with open(path, encoding="utf-8") as fh:
-        return json.load(fh)
+    try:
+        return json.loads(storage.read_text(storage.join(storage.normalize(run_dir), MANIFEST_FILE)))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{run_dir} has no {MANIFEST_FILE}: not a committed run") from None
 
 
 def load_manifests(run_dirs: list[str]) -> pa.Table:
@@ -246,7 +229,7 @@ def load_manifests(run_dirs: list[str]) -> pa.Table:
 def read_table(run_dir: str, table: str, columns: list[str] | None = None) -> pa.Table:
     """One table of a committed run, e.g. ``read_table(out, "chunks")``."""
     read_manifest(run_dir)
-    return pq.read_table(os.path.join(_local(run_dir), table), columns=columns)
+    return storage.read_parquet(storage.join(storage.normalize(run_dir), table), columns=columns)
 
 
 # --- a root of runs with a `current` pointer (nightly) --------------------------------------
@@ -258,33 +241,45 @@ CURRENT_LINK = "current"  # symlink to runs/<id>: pd.read_parquet("ROOT/current/
 
 def current_run(root: str) -> str | None:
     """The id of the run ``root``'s ``current`` pointer names (None before the first commit)."""
-    path = os.path.join(_local(root), CURRENT_FILE)
-    if not os.path.exists(path):
+    try:
+        return storage.read_text(storage.join(storage.normalize(root), CURRENT_FILE)).strip() or None
+    except FileNotFoundError:
         return None
-    with open(path, encoding="utf-8") as fh:
-        return fh.read().strip() or None
 
 
 def set_current(root: str, run_id: str) -> None:
-    """Point ``current`` at a committed run: the id file and the symlink are each replaced atomically."""
-    root = _local(root)
-    target = os.path.join(RUNS_DIR, run_id)
-    read_manifest(os.path.join(root, target))  # only committed runs become current
-    tmp_link = os.path.join(root, f".{CURRENT_LINK}.tmp-{uuid.uuid4().hex[:8]}")
-    os.symlink(target, tmp_link)
-    os.replace(tmp_link, os.path.join(root, CURRENT_LINK))
-    write_atomic(os.path.join(root, CURRENT_FILE), run_id + "\n")
+    """Point ``current`` at a committed run: the id file (and, on local file systems, the symlink) are each
+    replaced atomically."""
+    root = storage.normalize(root)
+    target = storage.join(RUNS_DIR, run_id)
+    read_manifest(storage.join(root, target))  # only committed runs become current
+    if not storage.is_remote(root):
+        import os
+
+        tmp_link = os.path.join(root, f".{CURRENT_LINK}.tmp-{uuid.uuid4().hex[:8]}")
+        os.symlink(target, tmp_link)
+        os.replace(tmp_link, os.path.join(root, CURRENT_LINK))
+    write_atomic(storage.join(root, CURRENT_FILE), run_id + "\n")
 
 
 def current_table(root: str, table: str, stage: str | None = None, columns: list[str] | None = None) -> pa.Table:
-    """A table of the current run, e.g. ``current_table(root, "spans")`` (works where symlinks do not)."""
+    """A table of the current run, e.g. ``current_table(root, "spans")`` (works where symlinks do not:
+    object stores, Windows)."""
     run_id = current_run(root)
     if run_id is None:
         raise FileNotFoundError(f"{root} has no current run yet")
     stage = stage or {"spans": "spans", "pairs": "spans", "rejects": "spans", "papers": "chunks",
                       "chunks": "chunks", "quarantine": "chunks", "embeddings": "embeddings",
                       "retrieval": "retrieval"}.get(table, table)
-    return read_table(os.path.join(_local(root), RUNS_DIR, run_id, stage), table, columns)
+    return read_table(storage.join(storage.normalize(root), RUNS_DIR, run_id, stage), table, columns)
+
+
+def _started(run_dir: str) -> float:
+    """When an unfinished run started: its plan file's time (object stores keep no folder times)."""
+    for loc in (storage.join(run_dir, "plan.json"), run_dir):
+        if storage.exists(loc) and (t := storage.mtime(loc)) is not None:
+            return t
+    return 0.0
 
 
 def prune_runs(root: str, keep: int, protect: tuple[str, ...] = ()) -> list[str]:
@@ -292,28 +287,25 @@ def prune_runs(root: str, keep: int, protect: tuple[str, ...] = ()) -> list[str]
 
     The current run and ``protect`` are never deleted. Returns the ids removed.
     """
-    root = _local(root)
-    runs_dir = os.path.join(root, RUNS_DIR)
-    if not os.path.isdir(runs_dir):
-        return []
+    runs_dir = storage.join(storage.normalize(root), RUNS_DIR)
     current = current_run(root)
     committed, unfinished = [], []
-    for name in os.listdir(runs_dir):
-        path = os.path.join(runs_dir, name)
-        if name.startswith(".") or not os.path.isdir(path):
+    for name in storage.listdir(runs_dir):
+        path = storage.join(runs_dir, name)
+        if name.startswith(".") or not storage.isdir(path):
             continue
         try:
             committed.append((read_manifest(path)["created_at"], name))
         except FileNotFoundError:
-            unfinished.append((os.path.getmtime(path), name))
+            unfinished.append((_started(path), name))
     committed.sort(reverse=True)
     newest = _dt.datetime.fromisoformat(committed[0][0]).timestamp() if committed else None
     doomed = [name for _, name in committed[max(keep, 1):]]
-    doomed += [name for mtime, name in unfinished if newest is not None and mtime < newest]
+    doomed += [name for started, name in unfinished if newest is not None and started < newest]
     removed = []
     for name in doomed:
         if name in (current, *protect):
             continue
-        shutil.rmtree(os.path.join(runs_dir, name), ignore_errors=True)
+        storage.rmtree(storage.join(runs_dir, name))
         removed.append(name)
     return sorted(removed)

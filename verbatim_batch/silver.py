@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import tables
+from . import storage, tables
 
 # --- thresholds --------------------------------------------------------------------------------------------
 # A retrieved pair deeper than this rank is dropped: the teacher rarely finds real evidence there, and the
@@ -534,13 +534,14 @@ def tokenized_windows(rows: Iterable[Mapping[str, Any]], tokenizer: Any, max_len
     return pa.Table.from_batches(batches, schema=SILVER_WINDOWS_SCHEMA)
 
 
-def _write_parquet(table: pa.Table, path: Path) -> None:
-    """Write one Parquet file; an empty table gets no row group at all, which ``datasets`` reads as zero rows
-    (a zero-row row group makes it fail)."""
+def _write_parquet(table: pa.Table, path: str) -> None:
+    """Write one Parquet file (local or a URI); an empty table gets no row group at all, which ``datasets``
+    reads as zero rows (a zero-row row group makes it fail)."""
     if table.num_rows:
-        pq.write_table(table, path)
+        storage.write_parquet(table, path, compression="snappy")
     else:
-        pq.ParquetWriter(path, table.schema).close()
+        fs, local = storage.resolve(path)
+        pq.ParquetWriter(local, table.schema, filesystem=fs).close()
 
 
 def _as_canonical(data: pa.Table | Iterable[Mapping[str, Any]]) -> pa.Table:
@@ -558,12 +559,12 @@ def write_silver(out_dir: str | Path, train: pa.Table | Iterable[Mapping[str, An
     ``datasets.load_dataset("parquet", data_files={"train": ..., "dev": ...})`` loads either pair of files;
     an empty split is still written (a valid zero-row file) but ``datasets`` refuses to load empty splits.
     """
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = storage.normalize(str(out_dir))
+    storage.makedirs(out)
     counts: dict[str, int] = {}
     for split, data in (("train", train), ("dev", dev)):
         table = _as_canonical(data)
-        _write_parquet(table, out / f"{split}.parquet")
+        _write_parquet(table, storage.join(out, f"{split}.parquet"))
         labels = table.column("label").to_numpy(zero_copy_only=False)
         counts[f"{split}_rows"] = table.num_rows
         counts[f"{split}_positive"] = int((labels == 1).sum())
@@ -572,8 +573,8 @@ def write_silver(out_dir: str | Path, train: pa.Table | Iterable[Mapping[str, An
             stats: dict[str, int] = {}
             windows = tokenized_windows(table.to_pylist(), tokenizer, max_length, stride,
                                         max_query_tokens=max_query_tokens, stats=stats)
-            (out / "windows").mkdir(exist_ok=True)
-            _write_parquet(windows, out / "windows" / f"{split}.parquet")
+            storage.makedirs(storage.join(out, "windows"))
+            _write_parquet(windows, storage.join(out, "windows", f"{split}.parquet"))
             counts[f"{split}_windows"] = windows.num_rows
             counts[f"{split}_skipped_long_query"] = stats["skipped_long_query"]
     return counts

@@ -8,30 +8,28 @@ the check streams one file pair at a time.
 
 from __future__ import annotations
 
-import os
 from collections import defaultdict
 
-import pyarrow.parquet as pq
-
+from . import storage
 from .chunking import Chunk, ChunkInvariantError, verify_chunks
-from .runs import _local, read_manifest
+from .runs import read_manifest
 
 
 def verify_run(run_dir: str, max_errors: int = 20) -> dict:
     """``{"papers": n, "chunks": n, "errors": [...]}`` for a committed chunk run."""
     read_manifest(run_dir)
-    root = _local(run_dir)
+    root = storage.normalize(run_dir)
     errors: list[str] = []
     n_papers = n_chunks = 0
-    for name in sorted(os.listdir(os.path.join(root, "papers"))):
-        papers = pq.read_table(os.path.join(root, "papers", name), columns=["paper_id", "markdown"])
-        chunk_file = os.path.join(root, "chunks", name)
-        if papers.num_rows and not os.path.exists(chunk_file):
+    for name in storage.listdir(storage.join(root, "papers")):
+        papers = storage.read_parquet(storage.join(root, "papers", name), columns=["paper_id", "markdown"])
+        chunk_file = storage.join(root, "chunks", name)
+        if papers.num_rows and not storage.exists(chunk_file):
             errors.append(f"{name}: papers without a chunks file")
             continue
         if not papers.num_rows:
             continue
-        chunks = pq.read_table(
+        chunks = storage.read_parquet(
             chunk_file, columns=["paper_id", "chunk_index", "start", "end", "byte_start", "byte_end", "text"]
         ).to_pylist()
         by_paper: dict[str, list[dict]] = defaultdict(list)

@@ -9,14 +9,13 @@ dropping it or stopping the job.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as pads
-import pyarrow.parquet as pq
 
+from .. import storage
 from ..tables import PAIR_INPUT, pair_id, query_id_for, text_chunk_id
 
 # Fields of a pairs file that have a column of their own; everything else goes to ``extra``.
@@ -25,26 +24,25 @@ _CHUNK_COLUMNS = ["chunk_id", "paper_id", "chunk_index", "start", "text"]
 
 
 def read_pair_records(path: str) -> Iterable[dict[str, Any]]:
-    """Rows of a JSONL or Parquet pairs file; a JSONL line that is not an object yields an error record."""
-    if path.endswith(".parquet") or os.path.isdir(path):
-        for batch in pq.ParquetFile(path).iter_batches() if not os.path.isdir(path) else \
-                pads.dataset(path, format="parquet").to_batches():
-            yield from batch.to_pylist()
+    """Rows of a JSONL or Parquet pairs file (local or a URI); a JSONL line that is not an object yields an
+    error record."""
+    if path.endswith(".parquet") or storage.isdir(path):
+        yield from storage.dataset(path).to_table().to_pylist()
         return
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                yield {"__error__": f"invalid_json: line {lineno}: {exc.msg}", "__line__": lineno}
-                continue
-            if not isinstance(rec, dict):
-                yield {"__error__": f"invalid_record: line {lineno} is not a JSON object", "__line__": lineno}
-                continue
-            rec.setdefault("__line__", lineno)
-            yield rec
+    text = storage.read_bytes(path).decode("utf-8", errors="replace")
+    for lineno, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            yield {"__error__": f"invalid_json: line {lineno}: {exc.msg}", "__line__": lineno}
+            continue
+        if not isinstance(rec, dict):
+            yield {"__error__": f"invalid_record: line {lineno} is not a JSON object", "__line__": lineno}
+            continue
+        rec.setdefault("__line__", lineno)
+        yield rec
 
 
 def chunk_lookup(chunks_dir: str, chunk_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
@@ -56,8 +54,7 @@ def chunk_lookup(chunks_dir: str, chunk_ids: Iterable[str]) -> dict[str, dict[st
     ids = sorted({c for c in chunk_ids if c})
     if not ids:
         return {}
-    dataset = pads.dataset(chunks_dir, format="parquet")
-    table = dataset.to_table(columns=_CHUNK_COLUMNS, filter=pads.field("chunk_id").isin(ids))
+    table = storage.dataset(chunks_dir).to_table(columns=_CHUNK_COLUMNS, filter=pads.field("chunk_id").isin(ids))
     return {r["chunk_id"]: r for r in table.to_pylist()}
 
 

@@ -1,0 +1,268 @@
+"""Where run folders live: a local (or mounted) path, or a URI of any pyarrow or fsspec file system.
+
+Every read and write of a run folder goes through these helpers, so the same job writes to
+``/mnt/shared/runs/...`` or ``s3://bucket/runs/...`` (``gs://``, ``hdfs://``, ``abfs://`` through
+fsspec). A location is a plain string: a path, or ``scheme://bucket/key``. Remote credentials and
+endpoints come from the environment as usual for that store (``AWS_*``, ``AWS_ENDPOINT_URL`` for
+S3-compatible stores, ``GOOGLE_APPLICATION_CREDENTIALS``, ...); Ray workers need the same.
+
+What differs on an object store: there is no atomic rename of a folder, so ``move_dir`` copies the
+files (``manifest.json`` last) and then deletes the source. A single object written in one go is
+atomic, so a manifest or a Parquet part is either whole or absent. Readers go by the manifest (or by
+a ``CURRENT`` pointer moved after it), never by what a folder lists.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import lru_cache
+from urllib.parse import urlsplit
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+LOCAL = pafs.LocalFileSystem()
+LAST_FILES = ("manifest.json",)  # copied after everything else by move_dir: the commit marker
+
+
+def is_remote(loc: str) -> bool:
+    return "://" in loc and not loc.startswith("file://")
+
+
+def normalize(loc: str) -> str:
+    """An absolute local path, or the URI without a trailing slash."""
+    if is_remote(loc):
+        return loc.rstrip("/")
+    return os.path.abspath(os.path.expanduser(loc.removeprefix("file://")))
+
+
+@lru_cache(maxsize=32)
+def _filesystem(root: str) -> tuple[pafs.FileSystem, str]:
+    """The file system of ``scheme://netloc`` and the path prefix its keys get (cached: S3 resolves a region)."""
+    try:
+        return pafs.FileSystem.from_uri(root + "/")
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError):
+        try:
+            import fsspec
+        except ImportError as exc:
+            raise ValueError(f"{root}: pyarrow does not know this file system and fsspec is not installed") from exc
+        fs, path = fsspec.core.url_to_fs(root + "/")
+        return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
+
+
+def resolve(loc: str) -> tuple[pafs.FileSystem, str]:
+    """``(file system, path in it)`` for a location."""
+    if not is_remote(loc):
+        return LOCAL, normalize(loc)
+    parts = urlsplit(loc)
+    fs, prefix = _filesystem(f"{parts.scheme}://{parts.netloc}")
+    key = parts.path.strip("/")
+    base = prefix.rstrip("/")
+    return fs, (f"{base}/{key}" if key else base) if base else "/" + key
+
+
+def join(loc: str, *parts: str) -> str:
+    return posixpath.join(loc, *parts) if is_remote(loc) else os.path.join(loc, *parts)
+
+
+def split(loc: str) -> tuple[str, str]:
+    """``(parent, name)``."""
+    loc = normalize(loc)
+    return posixpath.split(loc) if is_remote(loc) else os.path.split(loc)
+
+
+def _info(loc: str) -> pafs.FileInfo:
+    fs, path = resolve(loc)
+    return fs.get_file_info(path)
+
+
+def exists(loc: str) -> bool:
+    return _info(loc).type != pafs.FileType.NotFound
+
+
+def isdir(loc: str) -> bool:
+    return _info(loc).type == pafs.FileType.Directory
+
+
+def isfile(loc: str) -> bool:
+    return _info(loc).type == pafs.FileType.File
+
+
+def mtime(loc: str) -> float | None:
+    """Last modification time (seconds since the epoch), None where the store does not keep one."""
+    info = _info(loc)
+    return info.mtime.timestamp() if info.mtime is not None else None
+
+
+def makedirs(loc: str) -> None:
+    if is_remote(loc):  # object stores have no folders: a key's prefix exists once a file is under it
+        return
+    os.makedirs(normalize(loc), exist_ok=True)
+
+
+def listdir(loc: str) -> list[str]:
+    """Names of the files and folders directly in ``loc`` (sorted; empty when it does not exist)."""
+    if not is_remote(loc):
+        path = normalize(loc)
+        return sorted(os.listdir(path)) if os.path.isdir(path) else []
+    fs, path = resolve(loc)
+    infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+    return sorted({posixpath.basename(i.path.rstrip("/")) for i in infos})
+
+
+def walk_files(loc: str) -> list[str]:
+    """Relative (``/``-separated) paths of every file under ``loc``."""
+    fs, path = resolve(loc)
+    infos = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+    base = path.rstrip("/") + "/"
+    return sorted(i.path[len(base):] for i in infos if i.type == pafs.FileType.File and i.path.startswith(base))
+
+
+def read_bytes(loc: str) -> bytes:
+    fs, path = resolve(loc)
+    with fs.open_input_stream(path) as fh:
+        return fh.read()
+
+
+def read_text(loc: str) -> str:
+    return read_bytes(loc).decode("utf-8")
+
+
+def write_bytes(loc: str, data: bytes) -> None:
+    """Readers see the old content or the whole new one, never a part (local: temp file + rename;
+    object stores: one object written in one request)."""
+    if is_remote(loc):
+        fs, path = resolve(loc)
+        with fs.open_output_stream(path) as fh:
+            fh.write(data)
+        return
+    path = normalize(loc)
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def write_text(loc: str, text: str) -> None:
+    write_bytes(loc, text.encode("utf-8"))
+
+
+def write_parquet(table: pa.Table, loc: str, **kwargs) -> None:
+    """A Parquet file written whole or not at all (see ``write_bytes``)."""
+    kwargs.setdefault("compression", "zstd")
+    fs, path = resolve(loc)
+    if is_remote(loc):
+        pq.write_table(table, path, filesystem=fs, **kwargs)
+        return
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    pq.write_table(table, tmp, **kwargs)
+    os.replace(tmp, path)
+
+
+def read_parquet(loc: str, columns: list[str] | None = None, filter=None) -> pa.Table:
+    """A Parquet file or a folder of them."""
+    fs, path = resolve(loc)
+    return pq.read_table(path, filesystem=fs, columns=columns, filters=filter)
+
+
+def dataset(loc: str) -> pads.Dataset:
+    fs, path = resolve(loc)
+    return pads.dataset(path, filesystem=fs, format="parquet")
+
+
+def parquet_file(loc: str) -> pq.ParquetFile:
+    fs, path = resolve(loc)
+    return pq.ParquetFile(fs.open_input_file(path))
+
+
+def remove(loc: str) -> None:
+    fs, path = resolve(loc)
+    fs.delete_file(path)
+
+
+def rmtree(loc: str) -> None:
+    """Delete a folder and everything under it (nothing happens when it does not exist)."""
+    if not is_remote(loc):
+        shutil.rmtree(normalize(loc), ignore_errors=True)
+        return
+    fs, path = resolve(loc)
+    if fs.get_file_info(path).type != pafs.FileType.NotFound:
+        fs.delete_dir(path)
+
+
+def copytree(src: str, dst: str, skip: tuple[str, ...] = ()) -> None:
+    """Copy every file under ``src`` to the same place under ``dst`` (any two file systems; ``LAST_FILES``
+    are copied last, so the destination is marked complete only when it is). ``skip``: top-level names left out."""
+    if not is_remote(src) and not is_remote(dst) and not skip:
+        shutil.copytree(normalize(src), normalize(dst), dirs_exist_ok=True)
+        return
+    files = [f for f in walk_files(src) if f.split("/", 1)[0] not in skip]
+    files.sort(key=lambda f: f in LAST_FILES)
+    src_fs, src_path = resolve(src)
+    dst_fs, dst_path = resolve(dst)
+    for rel in files:
+        target = f"{dst_path.rstrip('/')}/{rel}"
+        if dst_fs is LOCAL:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+        pafs.copy_files(f"{src_path.rstrip('/')}/{rel}", target, source_filesystem=src_fs,
+                        destination_filesystem=dst_fs)
+
+
+def move_dir(src: str, dst: str, skip: tuple[str, ...] = ()) -> None:
+    """Move a folder to a path that does not exist. Local: one atomic rename. Object stores: copy the files
+    (``manifest.json`` last), then delete the source; a move cut short leaves the source whole."""
+    if not is_remote(src) and not is_remote(dst):
+        for name in skip:
+            shutil.rmtree(os.path.join(normalize(src), name), ignore_errors=True)
+        os.rename(normalize(src), normalize(dst))
+        return
+    copytree(src, dst, skip=skip)
+    from .faults import fault_point
+
+    fault_point("storage.moved")  # copied, the source not yet deleted
+    rmtree(src)
+
+
+@contextmanager
+def local_dir(loc: str) -> Iterator[str]:
+    """A local folder to write files into that must end up at ``loc`` (uploaded when the block exits
+    without an error). For libraries that only write to paths (FAISS, bm25s)."""
+    if not is_remote(loc):
+        os.makedirs(normalize(loc), exist_ok=True)
+        yield normalize(loc)
+        return
+    with tempfile.TemporaryDirectory(prefix="verbatim-upload-") as tmp:
+        yield tmp
+        copytree(tmp, loc)
+
+
+def local_copy(loc: str, version: str) -> str:
+    """A local folder holding what ``loc`` holds, for libraries that only read paths (memory-mapped
+    FAISS and BM25 indexes). Remote folders are downloaded once per ``version`` into a cache folder
+    (``VERBATIM_BATCH_CACHE``, default ``~/.cache/verbatim-batch``); run folders never change once
+    committed, so the run id is a safe version."""
+    if not is_remote(loc):
+        return normalize(loc)
+    from .tables import stable_hash
+
+    cache = os.environ.get("VERBATIM_BATCH_CACHE") or os.path.join(os.path.expanduser("~"), ".cache",
+                                                                     "verbatim-batch")
+    target = os.path.join(cache, "remote", stable_hash(normalize(loc), version, size=16))
+    if not os.path.isdir(target):
+        tmp = f"{target}.tmp-{uuid.uuid4().hex[:8]}"
+        copytree(loc, tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:  # another process on this node got there first
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
