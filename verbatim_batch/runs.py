@@ -137,7 +137,11 @@ def committed_run(output: str, run_id: str | None) -> dict[str, Any] | None:
         manifest = read_manifest(output)
     except FileNotFoundError:
         return None
-    return manifest if manifest.get("run_id") == run_id else None
+    if manifest.get("run_id") != run_id:
+        return None
+    parent, name = storage.split(output)  # an object-store move cut short after its copy leaves the source
+    storage.rmtree(storage.join(parent, f".{name}.staging-{_safe_token(run_id)}"))
+    return manifest
 
 
 @contextmanager

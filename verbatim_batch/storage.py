@@ -29,6 +29,8 @@ import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from .faults import fault_point
+
 LOCAL = pafs.LocalFileSystem()
 LAST_FILES = ("manifest.json",)  # copied after everything else by move_dir: the commit marker
 
@@ -138,13 +140,14 @@ def read_text(loc: str) -> str:
 
 def write_bytes(loc: str, data: bytes) -> None:
     """Readers see the old content or the whole new one, never a part (local: temp file + rename;
-    object stores: one object written in one request)."""
+    object stores: one object written in one request). Parent folders are created as needed."""
     if is_remote(loc):
         fs, path = resolve(loc)
         with fs.open_output_stream(path) as fh:
             fh.write(data)
         return
     path = normalize(loc)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
     with open(tmp, "wb") as fh:
         fh.write(data)
@@ -164,6 +167,7 @@ def write_parquet(table: pa.Table, loc: str, **kwargs) -> None:
     if is_remote(loc):
         pq.write_table(table, path, filesystem=fs, **kwargs)
         return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
     pq.write_table(table, tmp, **kwargs)
     os.replace(tmp, path)
@@ -211,6 +215,7 @@ def copytree(src: str, dst: str, skip: tuple[str, ...] = ()) -> None:
     src_fs, src_path = resolve(src)
     dst_fs, dst_path = resolve(dst)
     for rel in files:
+        fault_point("storage.copy")
         target = f"{dst_path.rstrip('/')}/{rel}"
         if dst_fs is LOCAL:
             os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -227,8 +232,6 @@ def move_dir(src: str, dst: str, skip: tuple[str, ...] = ()) -> None:
         os.rename(normalize(src), normalize(dst))
         return
     copytree(src, dst, skip=skip)
-    from .faults import fault_point
-
     fault_point("storage.moved")  # copied, the source not yet deleted
     rmtree(src)
 

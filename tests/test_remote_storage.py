@@ -1,0 +1,169 @@
+"""Run folders on an object store: every job writes to s3:// as it does to a local folder.
+
+The store is moto's S3 server on loopback (tests/s3server.py), reached through pyarrow's real S3 client,
+from this process and from the Ray workers of each `verbatim-batch nightly` process.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from s3server import environment, s3_server
+from test_nightly import EXAMPLES, PAPERS, assert_tables_match, make_corpus, nightly
+
+from verbatim_batch import faults, storage
+from verbatim_batch.faults import InjectedFault
+from verbatim_batch.runs import (
+    RUNS_DIR,
+    build_manifest,
+    committed_run,
+    current_run,
+    current_table,
+    read_manifest,
+    staged,
+)
+
+BUCKET = "verbatim-test"
+
+
+@pytest.fixture(scope="module")
+def s3():
+    with s3_server(BUCKET) as env, environment(env):
+        yield env
+
+
+@pytest.fixture(params=["local", "s3"])
+def where(request, tmp_path, s3):
+    """A fresh folder location: a local path or an s3:// prefix."""
+    if request.param == "local":
+        return str(tmp_path / "store")
+    return f"s3://{BUCKET}/{request.node.name.replace('[', '-').strip(']')}"
+
+
+def _manifest(run_id: str) -> dict:
+    return build_manifest(run_id=run_id, command="test", config={}, inputs=[], tables={"t": {"rows": 3, "files": 1}},
+                          counts={}, timings_s={})
+
+
+def test_file_operations(where):
+    table = pa.table({"x": [1, 2, 3], "s": ["a", "é", "😀"]})
+    storage.write_parquet(table, storage.join(where, "t", "part-0.parquet"))
+    storage.write_text(storage.join(where, "notes", "a.json"), '{"k": "v"}')
+    assert storage.read_parquet(storage.join(where, "t")).equals(table)
+    assert storage.read_text(storage.join(where, "notes", "a.json")) == '{"k": "v"}'
+    assert storage.listdir(where) == ["notes", "t"]
+    assert storage.walk_files(where) == ["notes/a.json", "t/part-0.parquet"]
+    assert storage.isdir(storage.join(where, "t")) and storage.isfile(storage.join(where, "notes", "a.json"))
+    assert not storage.exists(storage.join(where, "nothing")) and storage.listdir(storage.join(where, "nothing")) == []
+    with pytest.raises(FileNotFoundError):
+        storage.read_text(storage.join(where, "nothing.json"))
+    storage.rmtree(storage.join(where, "notes"))
+    assert storage.walk_files(where) == ["t/part-0.parquet"]
+    local = storage.local_copy(where, "v1")
+    assert (Path(local) / "t" / "part-0.parquet").exists()
+    assert storage.local_copy(where, "v1") == local
+
+
+def test_object_store_copy_puts_the_manifest_last(s3, tmp_path, monkeypatch):
+    src = f"s3://{BUCKET}/copy-order/src"
+    for name in ("manifest.json", "a/part-0.parquet", "b/part-0.parquet"):
+        storage.write_text(storage.join(src, name), name)
+    monkeypatch.setattr(faults, "_hits", faults.Counter())
+    monkeypatch.setenv("VERBATIM_BATCH_FAULT", "storage.copy#3;action=raise")  # before the third file
+    with pytest.raises(InjectedFault):
+        storage.move_dir(src, f"s3://{BUCKET}/copy-order/dst")
+    assert storage.walk_files(f"s3://{BUCKET}/copy-order/dst") == ["a/part-0.parquet", "b/part-0.parquet"]
+    assert len(storage.walk_files(src)) == 3, "a move cut short must leave its source whole"
+
+
+def test_commit_to_s3_cut_short_is_not_a_run_and_resumes(s3, monkeypatch):
+    out = f"s3://{BUCKET}/runs-commit/chunks"
+    with staged(out, run_id="r1", resume=True) as run:
+        storage.write_parquet(pa.table({"x": [1, 2, 3]}), storage.join(run.staging, "t", "part-0.parquet"))
+        monkeypatch.setattr(faults, "_hits", faults.Counter())
+        monkeypatch.setenv("VERBATIM_BATCH_FAULT", "storage.copy#2;action=raise")
+        with pytest.raises(InjectedFault):
+            run.commit(_manifest("r1"))
+    monkeypatch.delenv("VERBATIM_BATCH_FAULT")
+    assert storage.exists(out) and committed_run(out, "r1") is None  # some files copied, no manifest: not a run
+    with staged(out, run_id="r1", resume=True) as run:  # the partial output goes, the staging folder stays
+        assert run.resumed and not storage.exists(out)
+        assert storage.read_parquet(storage.join(run.staging, "t"))["x"].to_pylist() == [1, 2, 3]
+        run.commit(_manifest("r1"))
+    assert read_manifest(out)["run_id"] == "r1"
+    assert sorted(storage.walk_files(out)) == ["manifest.json", "report.html", "report.json", "t/part-0.parquet"]
+    assert storage.listdir(f"s3://{BUCKET}/runs-commit") == ["chunks"], "staging folder left behind"
+
+
+# --- nightly runs on S3, end to end ------------------------------------------------------------
+
+TABLES = [("chunks", "papers"), ("chunks", "chunks"), ("chunks", "quarantine"), ("embeddings", "embeddings"),
+          ("index", "ids.parquet"), ("retrieval", "retrieval"), ("spans", "spans"), ("spans", "pairs"),
+          ("spans", "rejects")]
+
+
+def assert_same_tables(root: str, base: str, run_id: str) -> None:
+    for stage, table in TABLES:
+        got = storage.read_parquet(storage.join(root, RUNS_DIR, run_id, stage, table))
+        want = storage.read_parquet(storage.join(base, RUNS_DIR, run_id, stage, table))
+        if table == "embeddings":
+            got, want = got.sort_by("chunk_id"), want.sort_by("chunk_id")
+            np.testing.assert_allclose(np.stack(got["vector"].to_numpy(zero_copy_only=False)),
+                                       np.stack(want["vector"].to_numpy(zero_copy_only=False)), atol=1e-5)
+            got, want = got.drop_columns(["vector"]), want.drop_columns(["vector"])
+        assert_tables_match(got, want, f"{stage}/{table}")
+
+
+@pytest.mark.slow
+def test_nightly_on_s3(s3, tmp_path):
+    """Night 1 on s3:// killed (SIGKILL) while committing a stage and resumed equals the same night on a
+    local disk; night 2 over the unchanged corpus does no model work; night 3 after an edit updates the
+    index it downloads from S3. Readers load the current spans through CURRENT."""
+    corpus = make_corpus(tmp_path / "corpus", PAPERS[:4], n_queries=3)
+    local = tmp_path / "local"
+    nightly(local, corpus, "s1")
+    root = f"s3://{BUCKET}/nightly"
+
+    # Killed while a stage's commit copies its files into place (the driver's 9th copied file).
+    fault = f"storage.copy#9@{tmp_path / 'fired'};target=driver"
+    killed = nightly(root, corpus, "s1", env=s3 | {"VERBATIM_BATCH_FAULT": fault}, check=False)
+    assert killed.returncode == -signal.SIGKILL, (killed.stdout + killed.stderr)[-3000:]
+    run_dir = storage.join(root, RUNS_DIR, "s1")
+    half = [s for s in storage.listdir(run_dir) if not s.startswith(".") and storage.isdir(storage.join(run_dir, s))
+            and not storage.exists(storage.join(run_dir, s, "manifest.json"))]
+    assert len(half) == 1, f"expected one stage cut short in its commit, found {half}"
+    assert current_run(root) is None and not storage.exists(storage.join(run_dir, "manifest.json"))
+    resumed = nightly(root, corpus, "s1", env=s3)
+    assert "committed" in resumed.stdout
+    assert_same_tables(root, str(local), "s1")
+    assert current_run(root) == "s1"
+    assert [n for n in storage.listdir(run_dir) if n.startswith(".")] == [], "staging folders left behind"
+    assert '<div class="pair"' in storage.read_text(storage.join(run_dir, "report.html"))
+
+    nightly(root, corpus, "s2", env=s3)
+    counts = read_manifest(storage.join(root, RUNS_DIR, "s2"))["counts"]
+    assert counts["chunks.papers_chunked"] == 0 and counts["embeddings.embedded"] == 0
+    assert counts["spans.extracted_pairs"] == 0 and counts["spans.carried_pairs"] == counts["spans.pairs"] > 0
+    assert read_manifest(storage.join(root, RUNS_DIR, "s2", "index"))["update"]["action"] == "unchanged"
+
+    edited = corpus / PAPERS[1]
+    edited.write_text(edited.read_text(encoding="utf-8") + "\n\n## Addendum\n\nA late result on the test split.\n",
+                      encoding="utf-8")
+    shutil.copy(EXAMPLES / "corpus" / PAPERS[6], corpus / PAPERS[6])
+    nightly(root, corpus, "s3", "--max-drift", "0.9", env=s3)
+    manifest = read_manifest(storage.join(root, RUNS_DIR, "s3"))
+    assert manifest["index_update"]["action"] == "added"
+    assert manifest["counts"]["chunks.papers_chunked"] == 2 and current_run(root) == "s3"
+    spans = current_table(root, "spans")
+    papers = {r["paper_id"]: r["markdown"] for r in current_table(root, "papers").to_pylist()}
+    assert spans.num_rows > 0
+    for row in spans.to_pylist():
+        assert papers[row["paper_id"]][row["paper_start"]:row["paper_end"]] == row["text"]
+    plan = json.loads(storage.read_text(storage.join(root, RUNS_DIR, "s3", "plan.json")))
+    assert plan["base"] == "s2"
