@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from . import storage
 from .tables import RAW_RECORDS, QuarantineReason
 
 FORMATS = ("md", "parquet", "jsonl")
@@ -41,12 +42,7 @@ class SourceFile:
     size: int
 
 
-def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
-    """Filesystem and path for a local path or a URI."""
-    if "://" not in uri:
-        uri = os.path.abspath(os.path.expanduser(uri))
-        return pafs.LocalFileSystem(), uri
-    return pafs.FileSystem.from_uri(uri)
+resolve = storage.resolve  # (file system, path) for a local path or a URI
 
 
 def detect_format(uri: str) -> str:
