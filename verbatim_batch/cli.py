@@ -8,6 +8,7 @@ import os
 import sys
 from importlib import resources
 
+from . import storage
 from .chunking import ChunkerConfig
 from .corpus import NORMALIZATIONS
 
@@ -467,7 +468,10 @@ def cmd_nightly(args: argparse.Namespace) -> int:
           f"index {manifest.get('index_update', {}).get('action')}")
     print(f"  pairs extracted {c.get('extracted_pairs', 0)}, carried {c.get('carried_pairs', 0)}; "
           f"{c.get('spans', 0)} spans")
-    print(f"  load the current span table: pandas.read_parquet('{os.path.join(args.root, 'current/spans/spans')}')")
+    if storage.is_remote(args.root):  # object stores have no `current` symlink: CURRENT names the run
+        print(f"  load the current span table: verbatim_batch.runs.current_table('{args.root}', 'spans')")
+    else:
+        print(f"  load the current span table: pandas.read_parquet('{os.path.join(args.root, 'current/spans/spans')}')")
     return 0
 
 
