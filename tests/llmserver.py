@@ -247,6 +247,10 @@ _FILLER_WORDS = tuple(
     """.split()
 )
 
+# Letters for made-up words, weighted roughly as in English text.
+_LETTERS = "etaoinshrdlcumwfgypbvkjxqz"
+_LETTER_WEIGHTS = (13, 9, 8, 8, 7, 7, 6, 6, 6, 4, 4, 3, 3, 2, 2, 2, 2, 2, 2, 1.5, 1, 0.8, 0.2, 0.2, 0.1, 0.1)
+
 # Characters outside the tokenizer's alphabet (they become <unk>); real papers are full of them.
 _UNKNOWN_CHARS = "éüñ–—’“”ρλ×≤∑"
 
@@ -258,9 +262,11 @@ _GLUE_AFTER = ("", " ", "\n", "\n\n", ".", "?", ",", ":", '"', ")")
 class _PromptMaker:
     """Random chat prompts of about a given size, holding one given marker (or none) somewhere in them.
 
-    The text around the marker mixes filler sentences, snippets of the caller's filler texts, strings of random
-    vocabulary tokens (so every embedding is seen as "noise" during training), numbered lists, JSON-like
-    objects, tagged blocks and characters the tokenizer maps to <unk>: the model learns to ignore all of it.
+    The text around the marker mixes sentences of filler words and made-up words (unknown words split into
+    word pieces, as most words of a real paper do with this small vocabulary), quotes of the answers,
+    snippets of the caller's filler texts, strings of random vocabulary tokens (so that every embedding is
+    seen as noise), numbered lists, JSON-like objects, tagged blocks, markdown headings, table rows and
+    citations, and characters the tokenizer maps to <unk>: the model learns to ignore all of it.
     """
 
     def __init__(
@@ -292,9 +298,17 @@ class _PromptMaker:
     def word(self) -> str:
         return self.rng.choice(_FILLER_WORDS)
 
+    def made_up_word(self) -> str:
+        rng = self.rng
+        word = "".join(rng.choices(_LETTERS, _LETTER_WEIGHTS, k=rng.choice((1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12))))
+        return word.capitalize() if rng.random() < 0.15 else word
+
+    def any_word(self) -> str:
+        return self.word() if self.rng.random() < 0.6 else self.made_up_word()
+
     def sentence(self) -> str:
         rng = self.rng
-        words = [self.word() for _ in range(rng.randint(3, 14))]
+        words = [self.any_word() for _ in range(rng.randint(3, 14))]
         if rng.random() < 0.3:
             number = rng.randint(1, 99) if rng.random() < 0.5 else round(rng.random() * 100, 1)
             words.insert(rng.randrange(len(words) + 1), str(number))
@@ -316,25 +330,34 @@ class _PromptMaker:
             start = 0 if rng.random() < 0.5 else rng.randrange(len(text))
             end = len(text) if rng.random() < 0.5 else rng.randint(start + 1, len(text))
             return text[start:end].strip() or self.word()
-        if kind < 0.4 or (kind < 0.6 and not self.filler):
+        if kind < 0.4 or (kind < 0.55 and not self.filler):
             return " ".join(self.sentence() for _ in range(rng.randint(1, 4)))
-        if kind < 0.6:
+        if kind < 0.55:
             text = rng.choice(self.filler)
             start = rng.randrange(len(text))
             return text[start : start + rng.randint(20, 600)]
-        if kind < 0.7:
+        if kind < 0.65:
             ids = [rng.randrange(len(SPECIAL_TOKENS), self.noise_vocab) for _ in range(rng.randint(3, 40))]
             return self.tokenizer.decode(ids)
-        if kind < 0.8:
+        if kind < 0.73:
             first = rng.randint(1, 15)
-            lines = [f"{first + i}. {self.word().capitalize()}: {self.sentence()}" for i in range(rng.randint(1, 5))]
+            items = range(first, first + rng.randint(1, 5))
+            lines = [f"{i}. {self.any_word().capitalize()}: {self.sentence()}" for i in items]
             return "\n".join(lines)
-        if kind < 0.9:
-            keys = [f"{self.word()}_{rng.randint(0, 9)}" if rng.random() < 0.5 else self.word() for _ in range(3)]
-            lists = [json.dumps([self.word() for _ in range(rng.randint(0, 2))]) for _ in keys]
+        if kind < 0.81:
+            keys = [f"{self.word()}_{rng.randint(0, 9)}" if rng.random() < 0.5 else self.any_word() for _ in range(3)]
+            lists = [json.dumps([self.any_word() for _ in range(rng.randint(0, 2))]) for _ in keys]
             return "{" + ", ".join(f'"{key}": {items}' for key, items in zip(keys, lists, strict=True)) + "}"
-        tag = self.word()
-        return f"<{tag}>\n{self.sentence()}\n</{tag}>"
+        if kind < 0.89:
+            tag = self.any_word() + (f"_{rng.randint(0, 9)}" if rng.random() < 0.5 else "")
+            return f"<{tag}>\n{self.sentence()}\n</{tag}>"
+        form = rng.random()
+        if form < 0.3:
+            return f"{'#' * rng.randint(1, 4)} {rng.randint(1, 9)} {self.any_word().capitalize()} {self.any_word()}"
+        if form < 0.7:
+            cells = [self.any_word() if rng.random() < 0.4 else f"{rng.random() * 100:.1f}" for _ in range(4)]
+            return "| " + " | ".join(cells) + " |"
+        return f"({self.made_up_word().capitalize()} et al., {rng.randint(1990, 2030)})"
 
     def text(self, n_chars: int) -> str:
         out = self.piece()
@@ -385,7 +408,7 @@ def make_scripted_chat_model(
     script: Sequence[tuple[str, str]],
     *,
     seed: int = 0,
-    steps: int = 400,
+    steps: int = 300,
     default: str | None = None,
     filler: Sequence[str] = (),
     vocab_size: int = 1024,
@@ -409,26 +432,29 @@ def make_scripted_chat_model(
 
     How it works. Tokenizer: the BPE of `make_tiny_chat_model`, trained on its corpus plus the script, a
     filler word list and `filler`; then every marker and every response is added as one token, matched in
-    the raw text before normalisation. The model never has to spell an answer out: it has to notice which
-    marker token is present and emit the matching response token, then ``<|im_end|>`` (two generated
-    tokens). A side effect worth knowing: a response's text inside a prompt (say, a question produced by one
-    step and quoted in the next) is also that one token; training prompts contain such quotes, so they do
-    not change the answer. Model: Llama, 2 layers, hidden 128, 4 heads, RoPE base 1e6, trained with AdamW
-    on freshly generated prompts (filler of 20 to `max_prompt_chars` characters, log-uniform, with the
-    marker put at a random place), the loss only on the answer and ``<|im_end|>``. Two tricks keep far
-    longer prompts working: a random jump in the position ids of half the prompts (marker-to-answer
-    distances up to 100k tokens at no cost) and a random attention bias of up to log(64) on ordinary prompt
-    tokens, which weighs them as if the prompt were up to 64 times longer and forces a sharp look-up of the
-    marker instead of an average over the prompt.
+    the raw text before normalisation. The model never spells an answer out: it has to notice which marker
+    token is present and emit the matching response token, then ``<|im_end|>`` (two generated tokens). A
+    side effect worth knowing: a response's text inside a prompt (a question produced by one step and
+    quoted in the next, say) is also that one token; training prompts contain such quotes, so they do not
+    change the answer. Model: Llama, 2 layers, hidden 128, 4 heads, RoPE base 1e6. Marker embeddings are
+    set apart at initialisation (see `_build_scripted_model`) so that the look-up is easy to learn and hard
+    for ordinary text to disturb. Training: AdamW on freshly generated prompts (made-up text of 20 to
+    `max_prompt_chars` characters, log-uniform, the marker put at a random place; see `_PromptMaker`), the
+    loss only on the answer and ``<|im_end|>``. Two tricks stand in for long prompts: a random jump in the
+    position ids (marker-to-answer distances up to 100k tokens, at no cost) and an attention bias of up to
+    log(64) on ordinary prompt tokens, which weighs them as if the prompt were up to 64 times longer.
 
-    Every 25 steps, held-out prompts (every case at several lengths, up to 4 x `max_prompt_chars`) are scored
-    by teacher forcing, and training stops once, in every one, each answer token beats the runner-up by at
-    least `min_margin` logits: greedy decoding then reproduces every held-out answer exactly, with room for
-    numerical noise. `steps` is the most it may take; typically 125 to 175 steps, 25 to 50 s on one busy
-    CPU thread. Should it still fall short, `verify` raises RuntimeError (with ``verify=False`` the model is
-    saved anyway). Checked by hand with this repository's real prompt builders (querygen, extraction
-    prompts over synthetic papers): exact answers up to 23k-token prompts. ``max_position_embeddings`` is
-    131072; serving long prompts on CPU is the slow part (seconds for 20k tokens).
+    Every 10 steps, held-out prompts (every case at several lengths, up to 4 x `max_prompt_chars`) are
+    scored by teacher forcing, and training stops (not before step 40, when that bias reaches full
+    strength) once, in each of them, every answer token beats the runner-up by at least `min_margin`
+    logits: greedy decoding then reproduces each held-out answer exactly, with room for numerical noise.
+    `steps` is the most it may take; seeds 0 to 3 of the four-step pipeline script, with and without
+    `default`, took 70 to 120 steps, 35 to 55 s on one thread of a busy 2-CPU machine. Should it fall short,
+    `verify` raises RuntimeError (with ``verify=False`` the model is saved anyway). Checked by hand with this
+    repository's real prompt builders over synthetic papers: exact answers for prompts up to about 14k
+    tokens (five 5,000-character chunks); beyond about 20k tokens some seeds start to fail.
+    ``max_position_embeddings`` is 131072, only so that long prompts raise no warning; on CPU, serving 10k
+    tokens takes seconds.
 
     `filler`: optional extra text (a few synthetic papers, say), used for the tokenizer and as text around
     markers in training prompts; it makes real prompts shorter in tokens and training closer to them.
@@ -457,6 +483,8 @@ def make_scripted_chat_model(
         for b in markers:
             if a != b and a in b:
                 raise ValueError(f"marker {a!r} is part of marker {b!r}")
+    if len(markers) > 64:
+        raise ValueError("at most 64 markers")
     path = Path(path)
     filler = [str(text) for text in filler]
     options = {
@@ -552,7 +580,7 @@ def _build_scripted_model(path: Path, options: dict, filler: list[str], log: Cal
     long_checks = [(encode(held_out.messages(marker, 4 * max_chars)), target) for marker, target in cases]
     maker = _PromptMaker(rng, markers, answers, filler, tokenizer, noise_vocab)
 
-    token_budget, peak_lr, warmup, check_every = 2000, 2e-3, 20, 25
+    per_case, token_budget, peak_lr, warmup, ramp, check_every = 2, 2000, 2e-3, 10, 40, 10
     saved_threads = torch.get_num_threads()
     torch.set_num_threads(options["threads"])
     try:
@@ -567,57 +595,54 @@ def _build_scripted_model(path: Path, options: dict, filler: list[str], log: Cal
                 rope_theta=1e6,
                 max_positions=131072,
             )
+            # Markers get embeddings of their own: dimension 0 is a flag only markers set, dimension 1 + i
+            # names marker i, and no other token may use these dimensions (their gradient is zeroed). After
+            # the RMS norm a marker then has a coordinate of 8 where every other token has 0, so one head can
+            # learn to find a marker anywhere with an attention logit that ordinary text cannot match.
+            marker_ids = tokenizer.convert_tokens_to_ids(markers)
+            reserved = torch.arange(1 + len(markers))
+            others = torch.ones(len(tokenizer), dtype=torch.bool)
+            others[marker_ids] = False
+            embedding = model.model.embed_tokens.weight
+            with torch.no_grad():
+                embedding[:, reserved] = 0.0
+                embedding[marker_ids] = 0.0
+                embedding[marker_ids, 0] = 1.0
+                embedding[marker_ids, reserved[1:]] = 1.0
+            keep_out = (others.nonzero(), reserved)  # (rows, 1) x (columns,): every other token, reserved dims
+            embedding.register_hook(lambda grad: grad.index_put(keep_out, torch.tensor(0.0)))
             model.train()
             optimizer = torch.optim.AdamW(model.parameters(), lr=peak_lr, weight_decay=0.01, betas=(0.9, 0.98))
             started = time.monotonic()
             worst, step = -math.inf, 0
             while step < steps:
                 step += 1
-                # One batch of prompts of similar length (log-uniform over steps), padded on the right (causal
-                # attention never looks at the padding after a row).
-                n_chars = math.exp(rng.uniform(math.log(20), math.log(max_chars)))
-                batch, tokens = [], 0
-                while tokens < token_budget:
-                    marker, target = rng.choice(cases)
-                    prompt = encode(maker.messages(marker, int(n_chars * rng.uniform(0.7, 1.3))))
-                    batch.append((prompt, target))
-                    tokens += len(prompt) + len(target)
-                width = max(len(prompt) + len(target) for prompt, target in batch)
-                input_ids = torch.full((len(batch), width), PAD_TOKEN_ID)
-                position_ids = torch.arange(width).repeat(len(batch), 1)
-                # Additive attention bias (also carrying the causal mask): log(w) on every ordinary prompt
-                # token counts it w times in every softmax, as if the prompt were w times longer. Without
-                # it, a model trained on short prompts can get away with averaging over the whole prompt,
-                # which fades out on long ones; with it, it has to attend to the marker sharply.
-                mask = torch.zeros(len(batch), 1, width, width)
-                rows, cols, labels = [], [], []
-                for row, (prompt, target) in enumerate(batch):
-                    input_ids[row, : len(prompt) + len(target)] = torch.tensor(prompt + target)
-                    ordinary = (input_ids[row] >= len(SPECIAL_TOKENS)) & (input_ids[row] < noise_vocab)
-                    ordinary[len(prompt) - 3 :] = False  # not the assistant header, nor the answer
-                    # Ramped up over the first 100 steps (in a trial, the look-up was found sooner so).
-                    mask[row, 0, :, ordinary] = rng.uniform(0.0, math.log(64.0)) * min(1.0, step / 100)
-                    if rng.random() < 0.5:
-                        # A jump in the position ids somewhere in the prompt: rotary attention only sees
-                        # relative positions, so this shows the model marker-to-answer distances of long
-                        # prompts (up to 100k tokens) without the cost of running them.
-                        cut = rng.randrange(1, len(prompt) - 2)
-                        position_ids[row, cut:] += int(math.exp(rng.uniform(math.log(100), math.log(100_000))))
-                    rows += [row] * len(target)
-                    cols += range(len(prompt) - 1, len(prompt) + len(target) - 1)  # positions predicting target
-                    labels += target
-                mask.masked_fill_(torch.ones(width, width, dtype=torch.bool).triu(1), -math.inf)
+                # Every step sees every case equally often, each prompt with its own length (log-uniform).
+                picks = [cases[i % len(cases)] for i in range(per_case * len(cases))]
+                examples = []
+                for marker, target in picks:
+                    n_chars = int(math.exp(rng.uniform(math.log(20), math.log(max_chars))))
+                    examples.append((encode(maker.messages(marker, n_chars)), target))
+                examples.sort(key=lambda example: len(example[0]))
+                # Gradients are accumulated over groups of prompts of similar length, so little is padding.
+                groups: list[list[tuple[list[int], list[int]]]] = [[]]
+                for example in examples:
+                    width = len(example[0]) + len(example[1])
+                    if groups[-1] and (len(groups[-1]) + 1) * width > token_budget:
+                        groups.append([])
+                    groups[-1].append(example)
+                n_targets = sum(len(target) for _, target in examples)
                 # Linear warm-up, then a cosine that would end at 10% of the peak after `steps` steps.
                 lr = peak_lr * min(1.0, step / warmup) * (0.55 + 0.45 * math.cos(math.pi * step / steps))
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                hidden = model.model(
-                    input_ids=input_ids, position_ids=position_ids, attention_mask=mask
-                ).last_hidden_state
-                logits = model.lm_head(hidden[rows, cols])
-                loss = torch.nn.functional.cross_entropy(logits, torch.tensor(labels))
+                for param_group in optimizer.param_groups:
+                    param_group["lr"] = lr
+                dilution = math.log(64.0) * min(1.0, step / ramp)  # ramped up: the look-up is found sooner
                 optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                loss_sum = 0.0
+                for group in groups:
+                    loss = _group_loss(model, group, rng, noise_vocab, dilution) / n_targets
+                    loss.backward()
+                    loss_sum += loss.item()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 optimizer.step()
                 if step % check_every == 0 or step == steps:
@@ -625,10 +650,10 @@ def _build_scripted_model(path: Path, options: dict, filler: list[str], log: Cal
                     if worst >= min_margin:  # the long prompts cost most, so only once the rest pass
                         worst = min(worst, *_greedy_margins(model, long_checks))
                     log(
-                        f"step {step}: loss {loss.item():.4f}, worst held-out margin {worst:.2f}, "
+                        f"step {step}: loss {loss_sum:.4f}, worst held-out margin {worst:.2f}, "
                         f"{time.monotonic() - started:.1f}s"
                     )
-                    if worst >= min_margin:
+                    if worst >= min_margin and step >= ramp:  # trained at full strength before stopping
                         break
             model.eval()
     finally:
@@ -645,6 +670,38 @@ def _build_scripted_model(path: Path, options: dict, filler: list[str], log: Cal
     record = {"script": script, "default": default, "seed": seed, "steps": step, "worst_margin": round(worst, 3)}
     (path / "scripted.json").write_text(json.dumps(record, indent=1) + "\n")
     return path
+
+
+def _group_loss(model, group, rng, noise_vocab: int, max_dilution: float):
+    """Summed cross-entropy of the answer tokens of `group`, a list of (prompt ids, answer ids + EOS)."""
+    import torch
+
+    width = max(len(prompt) + len(target) for prompt, target in group)
+    input_ids = torch.full((len(group), width), PAD_TOKEN_ID)  # padded on the right: causal rows never see it
+    position_ids = torch.arange(width).repeat(len(group), 1)
+    # Additive attention bias (which also carries the causal mask): log(w) on every ordinary prompt token
+    # counts it w times in every softmax, as if the prompt were w times longer. Without it, a model trained on
+    # short prompts gets away with averaging over the whole prompt, which fades out on long ones; with it, it
+    # has to look the marker up sharply.
+    mask = torch.zeros(len(group), 1, width, width)
+    rows, cols, labels = [], [], []
+    for row, (prompt, target) in enumerate(group):
+        input_ids[row, : len(prompt) + len(target)] = torch.tensor(prompt + target)
+        ordinary = (input_ids[row] >= len(SPECIAL_TOKENS)) & (input_ids[row] < noise_vocab)
+        ordinary[len(prompt) - 3 :] = False  # not the assistant header, nor the answer
+        mask[row, 0, :, ordinary] = rng.uniform(0.0, max_dilution)
+        if rng.random() < 0.5:
+            # A jump in the position ids somewhere in the prompt: rotary attention only sees relative positions,
+            # so this shows the model marker-to-answer distances of long prompts (up to 100k tokens) for free.
+            cut = rng.randrange(1, len(prompt) - 2)
+            position_ids[row, cut:] += int(math.exp(rng.uniform(math.log(100), math.log(100_000))))
+        rows += [row] * len(target)
+        cols += range(len(prompt) - 1, len(prompt) + len(target) - 1)  # the positions that predict the answer
+        labels += target
+    mask.masked_fill_(torch.ones(width, width, dtype=torch.bool).triu(1), -math.inf)
+    hidden = model.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask).last_hidden_state
+    logits = model.lm_head(hidden[rows, cols])
+    return torch.nn.functional.cross_entropy(logits, torch.tensor(labels), reduction="sum")
 
 
 def _greedy_margins(model, checks: list[tuple[list[int], list[int]]]) -> list[float]:
