@@ -21,6 +21,7 @@ from verbatim_batch import faults, storage
 from verbatim_batch.faults import InjectedFault
 from verbatim_batch.runs import (
     RUNS_DIR,
+    OutputExistsError,
     build_manifest,
     committed_run,
     current_run,
@@ -99,6 +100,19 @@ def test_commit_to_s3_cut_short_is_not_a_run_and_resumes(s3, monkeypatch):
     assert read_manifest(out)["run_id"] == "r1"
     assert sorted(storage.walk_files(out)) == ["manifest.json", "report.html", "report.json", "t/part-0.parquet"]
     assert storage.listdir(f"s3://{BUCKET}/runs-commit") == ["chunks"], "staging folder left behind"
+
+
+def test_overwrite_replaces_a_committed_run(where):
+    out = storage.join(where, "extract")
+    for value in (1, 2):
+        with staged(out, overwrite=value == 2) as run:
+            storage.write_parquet(pa.table({"x": [value]}), storage.join(run.staging, "t", "part-0.parquet"))
+            run.commit(_manifest(f"r{value}"))
+    assert read_manifest(out)["run_id"] == "r2"
+    assert storage.read_parquet(storage.join(out, "t"))["x"].to_pylist() == [2]
+    assert storage.listdir(where) == ["extract"], "staging or old folders left behind"
+    with pytest.raises(OutputExistsError):
+        staged(out).__enter__()
 
 
 # --- nightly runs on S3, end to end ------------------------------------------------------------

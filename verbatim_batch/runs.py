@@ -84,8 +84,11 @@ class RunDir:
         if storage.exists(self.output):
             if not self.overwrite:
                 raise OutputExistsError(f"{self.output} appeared while the run was going")
-            old = self.staging.replace(".staging-", ".old-")
-            storage.move_dir(self.output, old)
+            if storage.is_remote(self.output):  # no rename to make it atomic: the old run goes first
+                storage.rmtree(self.output)
+            else:
+                old = self.staging.replace(".staging-", ".old-")
+                storage.move_dir(self.output, old)
         storage.move_dir(self.staging, self.output, skip=(WRITES_DIR,))  # a run is tables + manifest
         if old:
             storage.rmtree(old)
