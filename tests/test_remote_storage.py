@@ -29,6 +29,7 @@ from verbatim_batch.runs import (
     read_manifest,
     staged,
 )
+from verbatim_batch.verify import verify_run
 
 BUCKET = "verbatim-test"
 
@@ -181,3 +182,5 @@ def test_nightly_on_s3(s3, tmp_path):
         assert papers[row["paper_id"]][row["paper_start"]:row["paper_end"]] == row["text"]
     plan = json.loads(storage.read_text(storage.join(root, RUNS_DIR, "s3", "plan.json")))
     assert plan["base"] == "s2"
+    checked = verify_run(storage.join(root, RUNS_DIR, "s3", "chunks"))
+    assert checked["errors"] == [] and checked["papers"] == 5
