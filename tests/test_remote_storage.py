@@ -40,12 +40,14 @@ def s3():
         yield env
 
 
-@pytest.fixture(params=["local", "s3"])
-def where(request, tmp_path, s3):
-    """A fresh folder location: a local path or an s3:// prefix."""
-    if request.param == "local":
-        return str(tmp_path / "store")
-    return f"s3://{BUCKET}/{request.node.name.replace('[', '-').strip(']')}"
+@pytest.fixture(params=["local", "s3", "fsspec-memory"])
+def where(request, tmp_path, s3, monkeypatch):
+    """A fresh folder location: a local path, an s3:// prefix (pyarrow's S3 client), or a memory:// one
+    (a file system pyarrow does not know, reached through fsspec)."""
+    monkeypatch.setenv("VERBATIM_BATCH_CACHE", str(tmp_path / "cache"))
+    name = request.node.name.replace("[", "-").strip("]")
+    return {"local": str(tmp_path / "store"), "s3": f"s3://{BUCKET}/{name}",
+            "fsspec-memory": f"memory://{BUCKET}/{name}"}[request.param]
 
 
 def _manifest(run_id: str) -> dict:
