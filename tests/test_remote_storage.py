@@ -74,6 +74,21 @@ def test_file_operations(where):
     assert storage.local_copy(where, "v1") == local
 
 
+def test_download_cache_keeps_the_folders_used_last(s3, tmp_path, monkeypatch):
+    monkeypatch.setenv("VERBATIM_BATCH_CACHE", str(tmp_path / "cache"))
+    loc = f"s3://{BUCKET}/cache-test"
+    storage.write_text(storage.join(loc, "dense", "index.faiss"), "v1")
+    first = storage.local_copy(loc, "run-1", keep=2)
+    storage.write_text(storage.join(loc, "dense", "index.faiss"), "v2")  # (runs never change; versions do)
+    second = storage.local_copy(loc, "run-2", keep=2)
+    assert (Path(first) / "dense" / "index.faiss").read_text() == "v1"
+    assert (Path(second) / "dense" / "index.faiss").read_text() == "v2"
+    assert storage.local_copy(loc, "run-1", keep=2) == first  # cached: not downloaded again
+    third = storage.local_copy(loc, "run-3", keep=2)
+    assert sorted(Path(tmp_path / "cache" / "remote").iterdir()) == sorted([Path(first), Path(third)])
+    assert Path(third).is_dir() and not Path(second).exists()  # run-2 was the least recently used
+
+
 def test_object_store_copy_puts_the_manifest_last(s3, tmp_path, monkeypatch):
     src = f"s3://{BUCKET}/copy-order/src"
     for name in ("manifest.json", "a/part-0.parquet", "b/part-0.parquet"):

@@ -249,18 +249,19 @@ def local_dir(loc: str) -> Iterator[str]:
         copytree(tmp, loc)
 
 
-def local_copy(loc: str, version: str) -> str:
+def local_copy(loc: str, version: str, keep: int = 3) -> str:
     """A local folder holding what ``loc`` holds, for libraries that only read paths (memory-mapped
     FAISS and BM25 indexes). Remote folders are downloaded once per ``version`` into a cache folder
     (``VERBATIM_BATCH_CACHE``, default ``~/.cache/verbatim-batch``); run folders never change once
-    committed, so the run id is a safe version."""
+    committed, so the run id is a safe version. The cache keeps the ``keep`` folders used last (an
+    index a night is a few GB at corpus scale), so nightly runs do not fill a node's disk."""
     if not is_remote(loc):
         return normalize(loc)
     from .tables import stable_hash
 
-    cache = os.environ.get("VERBATIM_BATCH_CACHE") or os.path.join(os.path.expanduser("~"), ".cache",
-                                                                     "verbatim-batch")
-    target = os.path.join(cache, "remote", stable_hash(normalize(loc), version, size=16))
+    cache = os.path.join(os.environ.get("VERBATIM_BATCH_CACHE")
+                         or os.path.join(os.path.expanduser("~"), ".cache", "verbatim-batch"), "remote")
+    target = os.path.join(cache, stable_hash(normalize(loc), version, size=16))
     if not os.path.isdir(target):
         tmp = f"{target}.tmp-{uuid.uuid4().hex[:8]}"
         copytree(loc, tmp)
@@ -268,4 +269,9 @@ def local_copy(loc: str, version: str) -> str:
             os.rename(tmp, target)
         except OSError:  # another process on this node got there first
             shutil.rmtree(tmp, ignore_errors=True)
+    os.utime(target)  # last used: what the pruning below goes by
+    entries = sorted((os.path.getmtime(p), p) for p in (os.path.join(cache, n) for n in os.listdir(cache))
+                     if ".tmp-" not in p and p != target)
+    for _, old in entries[: max(0, len(entries) - (keep - 1))]:
+        shutil.rmtree(old, ignore_errors=True)
     return target
