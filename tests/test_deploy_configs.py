@@ -26,6 +26,8 @@ def test_cluster_launcher_config():
     for name, node in nodes.items():
         assert 0 <= node["min_workers"] <= node["max_workers"], name
         assert "InstanceType" in node["node_config"], name
+        if name != conf["head_node_type"]:  # workers write Parquet parts to the bucket themselves
+            assert "instance-profile/" in node["node_config"]["IamInstanceProfile"]["Arn"], name
     assert sum(n["max_workers"] for n in nodes.values()) <= conf["max_workers"] + nodes["head"]["max_workers"]
     assert any("[gpu" in c for c in conf["setup_commands"])
     assert any("llm" in c for n in gpu.values() for c in n.get("worker_setup_commands", []))
