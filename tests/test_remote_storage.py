@@ -19,14 +19,17 @@ from test_nightly import EXAMPLES, PAPERS, assert_tables_match, make_corpus, nig
 
 from verbatim_batch import faults, storage
 from verbatim_batch.faults import InjectedFault
+from verbatim_batch.nightly import publish
 from verbatim_batch.runs import (
     RUNS_DIR,
     OutputExistsError,
     build_manifest,
     committed_run,
+    completed_keys,
     current_run,
     current_table,
     read_manifest,
+    record_write,
     staged,
 )
 from verbatim_batch.verify import verify_run
@@ -91,14 +94,96 @@ def test_download_cache_keeps_the_folders_used_last(s3, tmp_path, monkeypatch):
 
 def test_object_store_copy_puts_the_manifest_last(s3, tmp_path, monkeypatch):
     src = f"s3://{BUCKET}/copy-order/src"
-    for name in ("manifest.json", "a/part-0.parquet", "b/part-0.parquet"):
+    names = ["a/part-0.parquet", "b/part-0.parquet", "manifest.json", "report.json", "t/part-0.parquet"]
+    for name in names:
         storage.write_text(storage.join(src, name), name)
     monkeypatch.setattr(faults, "_hits", faults.Counter())
-    monkeypatch.setenv("VERBATIM_BATCH_FAULT", "storage.copy#3;action=raise")  # before the third file
+    monkeypatch.setenv("VERBATIM_BATCH_FAULT", "storage.copy#5;action=raise")  # before the last file
     with pytest.raises(InjectedFault):
         storage.move_dir(src, f"s3://{BUCKET}/copy-order/dst")
-    assert storage.walk_files(f"s3://{BUCKET}/copy-order/dst") == ["a/part-0.parquet", "b/part-0.parquet"]
-    assert len(storage.walk_files(src)) == 3, "a move cut short must leave its source whole"
+    assert storage.walk_files(f"s3://{BUCKET}/copy-order/dst") == [n for n in names if n != "manifest.json"]
+    assert storage.walk_files(src) == names, "a move cut short must leave its source whole"
+
+
+def test_delete_removes_the_manifest_first(where, monkeypatch):
+    run = storage.join(where, "runs", "old")
+    for name in ("chunks/part-0.parquet", "manifest.json", "papers/part-0.parquet"):
+        storage.write_text(storage.join(run, name), name)
+    monkeypatch.setattr(faults, "_hits", faults.Counter())
+    monkeypatch.setenv("VERBATIM_BATCH_FAULT", "storage.rmtree;action=raise")
+    with pytest.raises(InjectedFault):  # a prune or overwrite killed part-way
+        storage.rmtree(run)
+    assert storage.walk_files(run) == ["chunks/part-0.parquet", "papers/part-0.parquet"]
+    with pytest.raises(FileNotFoundError):
+        read_manifest(run)  # what is left is not a run
+    monkeypatch.delenv("VERBATIM_BATCH_FAULT")
+    storage.rmtree(run)
+    storage.write_text(storage.join(where, "a-file"), "x")
+    storage.rmtree(storage.join(where, "a-file"))  # a file goes too
+    assert storage.walk_files(where) == []
+
+
+def test_completed_writes_resume_and_stay_out_of_the_run(where):
+    """Write records in ``_writes/`` mark finished parts; a part without one (a write killed part-way) is
+    removed on resume; the committed run holds tables and manifest only."""
+    out = storage.join(where, "embeddings")
+    with staged(out, run_id="r1", resume=True) as run:
+        storage.write_parquet(pa.table({"k": ["a", "b"]}), storage.join(run.staging, "t", "part-1.parquet"))
+        record_write(run.staging, "part-1", {"rows": {"t": 2}, "files": {"t": "t/part-1.parquet"}, "keys": ["a", "b"]})
+        storage.write_parquet(pa.table({"k": ["c"]}), storage.join(run.staging, "t", "part-2.parquet"))  # no record
+    with staged(out, run_id="r1", resume=True) as run:
+        assert run.resumed and completed_keys(run.staging) == {"a", "b"}
+        assert storage.walk_files(run.staging) == ["_writes/part-1.json", "t/part-1.parquet"]
+        run.commit(_manifest("r1"))
+    assert storage.walk_files(out) == ["manifest.json", "report.html", "report.json", "t/part-1.parquet"]
+    assert storage.listdir(where) == ["embeddings"]
+
+
+def test_keys_keep_hash_and_question_marks_and_run_ids_refuse_them(where):
+    name = storage.join(where, "odd#name?.json")
+    storage.write_text(name, "x")
+    assert storage.read_text(name) == "x" and storage.listdir(where) == ["odd#name?.json"]
+    for bad in ("night#1", "a?b", "50%", "a/b", ".hidden"):
+        with pytest.raises(ValueError):
+            staged(storage.join(where, "out"), run_id=bad).__enter__()
+
+
+def test_large_files_are_streamed_not_copied_server_side(s3, monkeypatch):
+    """S3's one-request copy stops at 5 GiB; bigger files go through a streamed multipart upload."""
+    monkeypatch.setattr(storage, "SERVER_COPY_MAX_BYTES", 1000)
+    monkeypatch.setattr(storage, "STREAM_CHUNK_BYTES", 4096)
+    data = np.random.default_rng(0).bytes(50_000)
+    src = f"s3://{BUCKET}/big/src"
+    storage.write_bytes(storage.join(src, "dense", "index.faiss"), data)
+    storage.write_text(storage.join(src, "manifest.json"), "{}")
+    storage.copytree(src, f"s3://{BUCKET}/big/dst")
+    assert storage.read_bytes(f"s3://{BUCKET}/big/dst/dense/index.faiss") == data
+    assert storage.read_text(f"s3://{BUCKET}/big/dst/manifest.json") == "{}"
+    with pytest.raises(FileNotFoundError):
+        storage.copytree(f"s3://{BUCKET}/big/nothing", f"s3://{BUCKET}/big/dst2")
+    with pytest.raises(FileNotFoundError):
+        storage.local_copy(f"s3://{BUCKET}/big/nothing", "v1")
+
+
+def test_publish_moves_current_forward_only(where):
+    """A run killed after its commit moves `current` when rerun, unless a newer run is current already."""
+    root = storage.join(where, "nightly")
+    for run_id, created in (("old", "2026-11-20T00:00:00+00:00"), ("new", "2026-11-21T00:00:00+00:00")):
+        manifest = _manifest(run_id) | {"created_at": created}
+        storage.write_text(storage.join(root, RUNS_DIR, run_id, "manifest.json"), json.dumps(manifest))
+    assert publish(root, "old", keep_runs=7) == [] and current_run(root) == "old"
+    publish(root, "new", keep_runs=7)
+    assert current_run(root) == "new"
+    publish(root, "old", keep_runs=7)  # an older run's rerun does not move current back
+    assert current_run(root) == "new"
+    assert publish(root, "new", keep_runs=1) == ["old"] and storage.listdir(storage.join(root, RUNS_DIR)) == ["new"]
+
+
+def test_verify_reports_a_run_without_tables(where):
+    with staged(storage.join(where, "notchunks")) as run:
+        storage.write_parquet(pa.table({"x": [1]}), storage.join(run.staging, "t", "part-0.parquet"))
+        out = run.commit(_manifest("r1"))
+    assert "no papers/ table" in verify_run(out)["errors"][0]
 
 
 def test_commit_to_s3_cut_short_is_not_a_run_and_resumes(s3, monkeypatch):

@@ -497,7 +497,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     corpus_dir = str(EXAMPLES / "corpus")
     queries = str(EXAMPLES / "queries.jsonl")
-    out = os.path.abspath(args.output)
+    out = storage.normalize(args.output)
     ray_args = {"address": args.address, "num_cpus": args.num_cpus}
     steps = [
         ("chunk", lambda: run_chunk(ChunkJob(

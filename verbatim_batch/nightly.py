@@ -41,6 +41,8 @@ from .runs import (
     current_run,
     new_run_id,
     prune_runs,
+    read_manifest,
+    safe_run_id,
     set_current,
     validate_manifest,
     write_atomic,
@@ -120,11 +122,10 @@ def run_nightly(job: NightlyJob) -> tuple[str, dict[str, Any]]:
     t0 = time.perf_counter()
     root = storage.normalize(job.root)
     config = job.config()
-    run_id = job.run_id or new_run_id("nightly", config)
+    run_id = safe_run_id(job.run_id or new_run_id("nightly", config))
     run_dir = storage.join(root, RUNS_DIR, run_id)
-    if done := committed_run(run_dir, run_id):
-        if current_run(root) is None:
-            set_current(root, run_id)
+    if done := committed_run(run_dir, run_id):  # committed before; maybe killed before `current` moved
+        done["pruned"] = publish(root, run_id, job.keep_runs)
         return run_dir, done
     plan = _plan(run_dir, root, config)
     base = storage.join(root, RUNS_DIR, plan["base"]) if plan["base"] else None
@@ -174,9 +175,24 @@ def run_nightly(job: NightlyJob) -> tuple[str, dict[str, Any]]:
     fault_point("commit")
     write_atomic(storage.join(run_dir, "manifest.json"), json.dumps(manifest, indent=2, sort_keys=True))
     _report(run_dir, manifest)
-    set_current(root, run_id)
-    manifest["pruned"] = prune_runs(root, job.keep_runs, protect=(run_id,))
+    fault_point("nightly.committed")  # committed, `current` not yet moved
+    manifest["pruned"] = publish(root, run_id, job.keep_runs)
     return run_dir, manifest
+
+
+def publish(root: str, run_id: str, keep_runs: int) -> list[str]:
+    """Move ``current`` to a committed run unless a newer run is already current, then apply retention;
+    returns the run ids pruned. Safe to repeat: a rerun of a run killed after its commit calls it again."""
+    current = current_run(root)
+    if current != run_id:
+        created = read_manifest(storage.join(root, RUNS_DIR, run_id))["created_at"]
+        try:
+            newer = current is not None and read_manifest(storage.join(root, RUNS_DIR, current))["created_at"] > created
+        except FileNotFoundError:  # the current run is gone: anything committed replaces it
+            newer = False
+        if not newer:
+            set_current(root, run_id)
+    return prune_runs(root, keep_runs, protect=(run_id,))
 
 
 def _counts(manifests: dict[str, dict[str, Any]]) -> dict[str, int]:

@@ -60,7 +60,7 @@ class RunDir:
         if storage.exists(self.output) and not overwrite:
             raise OutputExistsError(f"{self.output} exists; pass --overwrite to replace it")
         storage.makedirs(parent)
-        token = _safe_token(run_id) if run_id else uuid.uuid4().hex[:12]
+        token = safe_run_id(run_id) if run_id else uuid.uuid4().hex[:12]
         self.staging = storage.join(parent, f".{name}.staging-{token}")
         for stale in staging_dirs:  # leftovers of killed runs of this output
             path = storage.join(parent, stale)
@@ -98,9 +98,9 @@ class RunDir:
         storage.rmtree(self.staging)
 
 
-def _safe_token(run_id: str) -> str:
-    if not run_id or any(c in run_id for c in "/\\\0") or run_id.startswith("."):
-        raise ValueError(f"run id {run_id!r} must be a plain name (no slashes, not starting with a dot)")
+def safe_run_id(run_id: str) -> str:
+    if not run_id or any(c in run_id for c in "/\\\0?#%") or run_id.startswith("."):
+        raise ValueError(f"run id {run_id!r} must be a plain name (no slashes, ?, # or %, not starting with a dot)")
     return run_id
 
 
@@ -143,7 +143,7 @@ def committed_run(output: str, run_id: str | None) -> dict[str, Any] | None:
     if manifest.get("run_id") != run_id:
         return None
     parent, name = storage.split(output)  # an object-store move cut short after its copy leaves the source
-    storage.rmtree(storage.join(parent, f".{name}.staging-{_safe_token(run_id)}"))
+    storage.rmtree(storage.join(parent, f".{name}.staging-{safe_run_id(run_id)}"))
     return manifest
 
 
@@ -224,7 +224,7 @@ def validate_manifest(manifest: Mapping[str, Any]) -> None:
 def read_manifest(run_dir: str) -> dict[str, Any]:
     try:
         return json.loads(storage.read_text(storage.join(storage.normalize(run_dir), MANIFEST_FILE)))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         raise FileNotFoundError(f"{run_dir} has no {MANIFEST_FILE}: not a committed run") from None
 
 

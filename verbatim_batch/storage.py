@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
-from urllib.parse import urlsplit
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.dataset as pads
@@ -60,15 +62,29 @@ def _filesystem(root: str) -> tuple[pafs.FileSystem, str]:
         return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
 
 
+def _parts(loc: str) -> tuple[str, str]:
+    """``("scheme://netloc", key)``: split by hand, so ``#`` and ``?`` stay part of a key, as a store keeps them."""
+    scheme, _, rest = loc.partition("://")
+    netloc, _, key = rest.partition("/")
+    return f"{scheme}://{netloc}", unquote(key.strip("/"))
+
+
+_OPTIONS = re.compile(r"\?[A-Za-z_]+=[^/?#]*(&[A-Za-z_]+=[^/?#]*)*$")  # ?region=eu-west-1&scheme=http
+
+
 def resolve(loc: str) -> tuple[pafs.FileSystem, str]:
-    """``(file system, path in it)`` for a location."""
+    """``(file system, path in it)`` for a location. A URI with options (``s3://b/x?region=eu-west-1``)
+    goes to pyarrow as it is (inputs only: options cannot be joined onto)."""
     if not is_remote(loc):
         return LOCAL, normalize(loc)
-    parts = urlsplit(loc)
-    fs, prefix = _filesystem(f"{parts.scheme}://{parts.netloc}")
-    key = parts.path.strip("/")
+    if _OPTIONS.search(loc):
+        return pafs.FileSystem.from_uri(loc)
+    root, key = _parts(loc)
+    fs, prefix = _filesystem(root)
     base = prefix.rstrip("/")
-    return fs, (f"{base}/{key}" if key else base) if base else "/" + key
+    if not base:
+        return fs, "/" + key
+    return fs, f"{base}/{key}" if key else base
 
 
 def join(loc: str, *parts: str) -> str:
@@ -78,6 +94,9 @@ def join(loc: str, *parts: str) -> str:
 def split(loc: str) -> tuple[str, str]:
     """``(parent, name)``."""
     loc = normalize(loc)
+    if is_remote(loc) and not _parts(loc)[1]:
+        raise ValueError(f"{loc}: a run folder on an object store is a prefix inside the bucket "
+                         "(s3://bucket/runs/name), not the bucket itself")
     return posixpath.split(loc) if is_remote(loc) else os.path.split(loc)
 
 
@@ -195,32 +214,64 @@ def remove(loc: str) -> None:
 
 
 def rmtree(loc: str) -> None:
-    """Delete a folder and everything under it (nothing happens when it does not exist)."""
-    if not is_remote(loc):
-        shutil.rmtree(normalize(loc), ignore_errors=True)
-        return
+    """Delete a folder (or file) and everything under it; nothing happens when it does not exist.
+
+    A run folder's ``manifest.json`` goes first: a delete cut short (a killed prune or overwrite) leaves
+    a folder that is not a run, never a run with tables missing."""
     fs, path = resolve(loc)
-    if fs.get_file_info(path).type != pafs.FileType.NotFound:
-        fs.delete_dir(path)
+    kind = fs.get_file_info(path).type
+    if kind == pafs.FileType.NotFound:
+        return
+    if kind == pafs.FileType.File:
+        fs.delete_file(path)
+        return
+    for name in LAST_FILES:
+        marker = f"{path.rstrip('/')}/{name}"
+        if fs.get_file_info(marker).type == pafs.FileType.File:
+            fs.delete_file(marker)
+    fault_point("storage.rmtree")  # the manifest is gone, the tables not yet
+    if is_remote(loc):
+        try:
+            fs.delete_dir(path)
+        except FileNotFoundError:  # a prefix that held only the manifest is gone with it
+            pass
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# S3 copies an object server-side in one request only up to 5 GiB; larger files (a flat FAISS index of
+# the whole corpus is several GB) are streamed through a multipart upload instead.
+SERVER_COPY_MAX_BYTES = 4 * 1024**3
+STREAM_CHUNK_BYTES = 64 * 1024**2
 
 
 def copytree(src: str, dst: str, skip: tuple[str, ...] = ()) -> None:
     """Copy every file under ``src`` to the same place under ``dst`` (any two file systems; ``LAST_FILES``
-    are copied last, so the destination is marked complete only when it is). ``skip``: top-level names left out."""
+    are copied last, so the destination is marked complete only when it is). ``skip``: top-level names left out.
+    Raises FileNotFoundError when ``src`` does not exist."""
+    if not exists(src):
+        raise FileNotFoundError(f"{src} does not exist")
     if not is_remote(src) and not is_remote(dst) and not skip:
         shutil.copytree(normalize(src), normalize(dst), dirs_exist_ok=True)
         return
-    files = [f for f in walk_files(src) if f.split("/", 1)[0] not in skip]
-    files.sort(key=lambda f: f in LAST_FILES)
     src_fs, src_path = resolve(src)
     dst_fs, dst_path = resolve(dst)
-    for rel in files:
+    base = src_path.rstrip("/") + "/"
+    infos = src_fs.get_file_info(pafs.FileSelector(src_path, recursive=True))
+    files = sorted((i.path[len(base):], i.size) for i in infos if i.type == pafs.FileType.File)
+    files = [(rel, size) for rel, size in files if rel.split("/", 1)[0] not in skip]
+    files.sort(key=lambda f: f[0] in LAST_FILES)
+    for rel, size in files:
         fault_point("storage.copy")
-        target = f"{dst_path.rstrip('/')}/{rel}"
+        source, target = base + rel, f"{dst_path.rstrip('/')}/{rel}"
         if dst_fs is LOCAL:
             os.makedirs(os.path.dirname(target), exist_ok=True)
-        pafs.copy_files(f"{src_path.rstrip('/')}/{rel}", target, source_filesystem=src_fs,
-                        destination_filesystem=dst_fs)
+        if src_fs is dst_fs and src_fs is not LOCAL and size > SERVER_COPY_MAX_BYTES:
+            with src_fs.open_input_stream(source) as fin, dst_fs.open_output_stream(target) as fout:
+                while chunk := fin.read(STREAM_CHUNK_BYTES):
+                    fout.write(chunk)
+        else:
+            pafs.copy_files(source, target, source_filesystem=src_fs, destination_filesystem=dst_fs)
 
 
 def move_dir(src: str, dst: str, skip: tuple[str, ...] = ()) -> None:
@@ -263,6 +314,8 @@ def local_copy(loc: str, version: str, keep: int = 3) -> str:
                          or os.path.join(os.path.expanduser("~"), ".cache", "verbatim-batch"), "remote")
     target = os.path.join(cache, stable_hash(normalize(loc), version, size=16))
     if not os.path.isdir(target):
+        if not walk_files(loc):
+            raise FileNotFoundError(f"{loc} holds no files to copy")
         tmp = f"{target}.tmp-{uuid.uuid4().hex[:8]}"
         copytree(loc, tmp)
         try:
@@ -271,7 +324,9 @@ def local_copy(loc: str, version: str, keep: int = 3) -> str:
             shutil.rmtree(tmp, ignore_errors=True)
     os.utime(target)  # last used: what the pruning below goes by
     entries = sorted((os.path.getmtime(p), p) for p in (os.path.join(cache, n) for n in os.listdir(cache))
-                     if ".tmp-" not in p and p != target)
-    for _, old in entries[: max(0, len(entries) - (keep - 1))]:
+                     if p != target)
+    stale = [p for t, p in entries if ".tmp-" in p and t < time.time() - 3600]  # downloads that died
+    done = [p for _, p in entries if ".tmp-" not in p]
+    for old in stale + done[: max(0, len(done) - (keep - 1))]:
         shutil.rmtree(old, ignore_errors=True)
     return target

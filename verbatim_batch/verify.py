@@ -21,6 +21,9 @@ def verify_run(run_dir: str, max_errors: int = 20) -> dict:
     root = storage.normalize(run_dir)
     errors: list[str] = []
     n_papers = n_chunks = 0
+    for table in ("papers", "chunks"):
+        if not storage.isdir(storage.join(root, table)):
+            return {"papers": 0, "chunks": 0, "errors": [f"{run_dir} has no {table}/ table: not a chunk run"]}
     for name in storage.listdir(storage.join(root, "papers")):
         papers = storage.read_parquet(storage.join(root, "papers", name), columns=["paper_id", "markdown"])
         chunk_file = storage.join(root, "chunks", name)

@@ -8,6 +8,7 @@ dropping it or stopping the job.
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -29,20 +30,21 @@ def read_pair_records(path: str) -> Iterable[dict[str, Any]]:
     if path.endswith(".parquet") or storage.isdir(path):
         yield from storage.dataset(path).to_table().to_pylist()
         return
-    text = storage.read_bytes(path).decode("utf-8", errors="replace")
-    for lineno, line in enumerate(text.split("\n"), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            yield {"__error__": f"invalid_json: line {lineno}: {exc.msg}", "__line__": lineno}
-            continue
-        if not isinstance(rec, dict):
-            yield {"__error__": f"invalid_record: line {lineno} is not a JSON object", "__line__": lineno}
-            continue
-        rec.setdefault("__line__", lineno)
-        yield rec
+    fs, local = storage.resolve(path)
+    with fs.open_input_stream(local) as raw, io.TextIOWrapper(raw, encoding="utf-8", errors="replace") as fh:
+        for lineno, line in enumerate(fh, 1):  # streamed; \n, \r\n and \r all end a line
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                yield {"__error__": f"invalid_json: line {lineno}: {exc.msg}", "__line__": lineno}
+                continue
+            if not isinstance(rec, dict):
+                yield {"__error__": f"invalid_record: line {lineno} is not a JSON object", "__line__": lineno}
+                continue
+            rec.setdefault("__line__", lineno)
+            yield rec
 
 
 def chunk_lookup(chunks_dir: str, chunk_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
