@@ -286,3 +286,20 @@ def test_nightly_on_s3(s3, tmp_path):
     assert plan["base"] == "s2"
     checked = verify_run(storage.join(root, RUNS_DIR, "s3", "chunks"))
     assert checked["errors"] == [] and checked["papers"] == 5
+
+
+def test_evaluate_reads_gold_and_a_span_run_from_any_store(where, tmp_path):
+    """`evaluate` on files in a store gives what it gives on the same files on a local disk."""
+    from test_evaluate import GOLD, SPAN_ROWS
+
+    from verbatim_batch.evaluate import evaluate_files
+    from verbatim_batch.tables import SPANS, to_table
+
+    gold = "".join(json.dumps(r) + "\n" for r in GOLD)
+    spans = to_table(SPAN_ROWS, SPANS)
+    for base in (str(tmp_path / "local-copy"), where):
+        storage.write_text(storage.join(base, "gold.jsonl"), gold)
+        storage.write_parquet(spans, storage.join(base, "run", "spans", "part-0.parquet"))
+    want = evaluate_files(str(tmp_path / "local-copy" / "gold.jsonl"), str(tmp_path / "local-copy" / "run"))
+    got = evaluate_files(storage.join(where, "gold.jsonl"), storage.join(where, "run"))
+    assert got == want and want["diagnostics"]["gold_rows"] == 3

@@ -14,14 +14,14 @@ or, failing that, :func:`~verbatim_batch.tables.text_chunk_id` of its chunk.
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
-
+from . import storage
 from .metrics import EvalRow, align_gold, align_prediction, evaluate
 from .tables import SPANS, text_chunk_id
 
@@ -36,17 +36,19 @@ _SPAN_COLUMNS = ("query", "paper_id", "chunk_index", "chunk_id", "start", "end",
 # ---------------------------------------------------------------------------
 
 
-def _is_parquet(path: Path) -> bool:
-    if path.is_dir():
+def _is_parquet(path: str) -> bool:
+    if storage.isdir(path):
         return True
-    with open(path, "rb") as fh:
+    fs, local = storage.resolve(path)
+    with fs.open_input_stream(local) as fh:
         return fh.read(4) == b"PAR1"
 
 
-def _read_jsonl(path: Path) -> list[tuple[int, dict[str, Any]]]:
+def _read_jsonl(path: str) -> list[tuple[int, dict[str, Any]]]:
     """(line number, object) for each non-blank line; ValueError on bad JSON or a non-object line."""
     out = []
-    with open(path, encoding="utf-8") as fh:
+    fs, local = storage.resolve(path)
+    with fs.open_input_stream(local) as raw, io.TextIOWrapper(raw, encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, start=1):
             if not line.strip():
                 continue
@@ -138,9 +140,9 @@ def load_gold(path: str | Path) -> list[dict[str, Any]]:
     spans that could not be found in the chunk. JSONL is read line by line, as
     ``gold_spans`` may mix strings and objects.
     """
-    path = Path(path)
+    path = _location(path)
     if _is_parquet(path):
-        records = [(f"{path} row {i}", r) for i, r in enumerate(pq.read_table(path).to_pylist())]
+        records = [(f"{path} row {i}", r) for i, r in enumerate(storage.read_parquet(path).to_pylist())]
     else:
         records = [(f"{path}, line {n}", r) for n, r in _read_jsonl(path)]
     return [normalize_gold_row(r, where) for where, r in records]
@@ -165,14 +167,19 @@ class Predictions:
     records: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _span_table_path(path: Path) -> Path:
-    if path.is_dir() and (path / "spans").is_dir():
-        return path / "spans"
+def _location(path: str | Path) -> str:
+    """A local path or a URI (``Path`` would fold ``s3://`` into ``s3:/``)."""
+    return storage.normalize(str(path))
+
+
+def _span_table_path(path: str) -> str:
+    if storage.isdir(path) and storage.isdir(storage.join(path, "spans")):
+        return storage.join(path, "spans")
     return path
 
 
-def _load_span_table(path: Path) -> Predictions:
-    table = pq.read_table(_span_table_path(path))
+def _load_span_table(path: str) -> Predictions:
+    table = storage.read_parquet(_span_table_path(path))
     if table.num_columns == 0:  # an empty folder: a run that produced no spans
         return Predictions("spans", [])
     missing = [c for c in ("query", "start", "end", "text") if c not in table.column_names]
@@ -197,7 +204,7 @@ def _load_span_table(path: Path) -> Predictions:
     return Predictions("spans", list(groups.values()))
 
 
-def _load_prediction_jsonl(path: Path) -> Predictions:
+def _load_prediction_jsonl(path: str) -> Predictions:
     records = []
     seen: dict[tuple, int] = {}
     for lineno, obj in _read_jsonl(path):
@@ -234,7 +241,7 @@ def load_predictions(path: str | Path) -> Predictions:
     A run folder's ``pairs/`` table is not read. Span-table rows are grouped
     into one record per (query, paper_id, chunk_index, chunk_id).
     """
-    path = Path(path)
+    path = _location(path)
     if _is_parquet(path):
         return _load_span_table(path)
     return _load_prediction_jsonl(path)
