@@ -60,11 +60,12 @@ KILL_POINTS = [
     ("mid-extract", "extract.batch#2@{marker};target=driver"),  # the second extraction batch is being computed
     ("extract-write", "sink.recorded:spans#1@{marker};target=driver"),  # one extract write done, the stage not
     ("final-commit", "commit#2"),  # every stage committed (spans here: #1), the run's own manifest not yet
+    ("after-commit", "nightly.committed"),  # the run committed, `current` not moved yet
 ]
 
 
 def test_killed_run_resumes_to_identical_tables(baseline):
-    """SIGKILL at six points, one after another, each rerun with the same run id; then identical tables."""
+    """SIGKILL at seven points, one after another, each rerun with the same run id; then identical tables."""
     tmp = baseline["tmp"] / "killed"
     tmp.mkdir()
     root = tmp / "root"
@@ -73,7 +74,7 @@ def test_killed_run_resumes_to_identical_tables(baseline):
         killed = nightly(root, baseline["corpus"], "r1", env={"VERBATIM_BATCH_FAULT": spec}, check=False)
         log = (killed.stdout + killed.stderr)[-3000:]
         assert killed.returncode == -signal.SIGKILL, f"not killed at {point}: {log}"
-        assert not (root / "runs" / "r1" / "manifest.json").exists(), point
+        assert (root / "runs" / "r1" / "manifest.json").exists() == (point == "after-commit"), point
         assert not (root / "current").exists(), point
     spans = read_manifest(str(root / "runs" / "r1" / "spans"))["counts"]  # committed before the last kill
     assert spans["resumed_pairs"] >= 16, "the extract write done before the kill was redone"
