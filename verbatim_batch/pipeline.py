@@ -177,8 +177,6 @@ class TableSinkResult:
 RETRIES_COLUMN = "_retries"  # stage actors report retried batches in this column (stripped before writing)
 
 
-_write_parquet_atomic = storage.write_parquet
-
 
 class StageTableSink(Datasink):
     """Runs a multi-table stage on each block and writes ``<staging>/<table>/part-<key>.parquet``.
@@ -235,7 +233,7 @@ class StageTableSink(Datasink):
             counts.update(_counts(name, table))
             folder = storage.join(self.staging, name)
             storage.makedirs(folder)
-            _write_parquet_atomic(table if table.schema == schema else table.cast(schema),
+            storage.write_parquet(table if table.schema == schema else table.cast(schema),
                                   storage.join(folder, f"part-{key}.parquet"))
             out["rows"][name] = table.num_rows
             out["files"][name] = f"{name}/part-{key}.parquet"
@@ -261,7 +259,7 @@ class StageTableSink(Datasink):
             if not result.files.get(name):
                 folder = storage.join(self.staging, name)
                 storage.makedirs(folder)
-                _write_parquet_atomic(schema.empty_table(), storage.join(folder, "part-empty.parquet"))
+                storage.write_parquet(schema.empty_table(), storage.join(folder, "part-empty.parquet"))
                 result.files[name].append(f"{name}/part-empty.parquet")
         self.result = result
         return result
@@ -353,7 +351,7 @@ def _carry_papers(previous: str, staging: str, ids: list[str]) -> dict[str, int]
             if table.num_rows:
                 storage.makedirs(storage.join(staging, name))
                 path = storage.join(staging, name, f"part-carried-{stable_hash(f, size=8)}.parquet")
-                _write_parquet_atomic(table, path)
+                storage.write_parquet(table, path)
                 rows[name] += table.num_rows
     return rows
 
@@ -555,7 +553,7 @@ def _carry_embeddings(job: EmbedJob, chunks_dir: str, config: dict[str, Any], st
         if not table.num_rows or set(keys) <= done:  # nothing here, or written by the run being resumed
             continue
         storage.makedirs(storage.join(staging, "embeddings"))
-        _write_parquet_atomic(table, storage.join(staging, "embeddings", f"{name}.parquet"))
+        storage.write_parquet(table, storage.join(staging, "embeddings", f"{name}.parquet"))
         record_write(staging, name, {"rows": {"embeddings": table.num_rows}, "keys": keys,
                                      "files": {"embeddings": f"embeddings/{name}.parquet"},
                                      "counts": {"carried": table.num_rows}})
@@ -1192,7 +1190,7 @@ def _carry_pairs(job: ExtractJob, pairs: pa.Table, config: dict[str, Any], stagi
                 continue
             path = f"{name}/{part}.parquet"
             storage.makedirs(storage.join(staging, name))
-            _write_parquet_atomic(table.cast(schema), storage.join(staging, path))
+            storage.write_parquet(table.cast(schema), storage.join(staging, path))
             counts = {"carried_pairs": table.num_rows} if name == "pairs" else _counts(name, table)
             record_write(staging, f"{part}-{name}", {"rows": {name: table.num_rows}, "files": {name: path},
                                                     "counts": counts, "keys": ids})

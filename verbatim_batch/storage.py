@@ -139,12 +139,18 @@ def listdir(loc: str) -> list[str]:
     return sorted({posixpath.basename(i.path.rstrip("/")) for i in infos})
 
 
-def walk_files(loc: str) -> list[str]:
-    """Relative (``/``-separated) paths of every file under ``loc``."""
+def _files(loc: str) -> list[tuple[str, int]]:
+    """``(relative path, size)`` of every file under ``loc``, sorted."""
     fs, path = resolve(loc)
     infos = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
     base = path.rstrip("/") + "/"
-    return sorted(i.path[len(base):] for i in infos if i.type == pafs.FileType.File and i.path.startswith(base))
+    return sorted((i.path[len(base):], i.size) for i in infos
+                  if i.type == pafs.FileType.File and i.path.startswith(base))
+
+
+def walk_files(loc: str) -> list[str]:
+    """Relative (``/``-separated) paths of every file under ``loc``."""
+    return [rel for rel, _ in _files(loc)]
 
 
 def read_bytes(loc: str) -> bytes:
@@ -257,9 +263,7 @@ def copytree(src: str, dst: str, skip: tuple[str, ...] = ()) -> None:
     src_fs, src_path = resolve(src)
     dst_fs, dst_path = resolve(dst)
     base = src_path.rstrip("/") + "/"
-    infos = src_fs.get_file_info(pafs.FileSelector(src_path, recursive=True))
-    files = sorted((i.path[len(base):], i.size) for i in infos if i.type == pafs.FileType.File)
-    files = [(rel, size) for rel, size in files if rel.split("/", 1)[0] not in skip]
+    files = [(rel, size) for rel, size in _files(src) if rel.split("/", 1)[0] not in skip]
     files.sort(key=lambda f: f[0] in LAST_FILES)
     for rel, size in files:
         fault_point("storage.copy")
