@@ -45,7 +45,6 @@ from .runs import (
     safe_run_id,
     set_current,
     validate_manifest,
-    write_atomic,
 )
 
 STAGES = ("chunks", "embeddings", "index", "retrieval", "spans")
@@ -98,7 +97,7 @@ def _plan(run_dir: str, root: str, config: dict[str, Any]) -> dict[str, Any]:
         return plan
     storage.makedirs(run_dir)
     plan = {"base": current_run(root), "config": config}
-    write_atomic(path, json.dumps(plan, indent=2, sort_keys=True))
+    storage.write_text(path, json.dumps(plan, indent=2, sort_keys=True))
     return plan
 
 
@@ -173,7 +172,7 @@ def run_nightly(job: NightlyJob) -> tuple[str, dict[str, Any]]:
     manifest["index_update"] = manifests["index"].get("update", {"action": "rebuilt"})
     validate_manifest(manifest)
     fault_point("commit")
-    write_atomic(storage.join(run_dir, "manifest.json"), json.dumps(manifest, indent=2, sort_keys=True))
+    storage.write_text(storage.join(run_dir, "manifest.json"), json.dumps(manifest, indent=2, sort_keys=True))
     _report(run_dir, manifest)
     fault_point("nightly.committed")  # committed, `current` not yet moved
     manifest["pruned"] = publish(root, run_id, job.keep_runs)

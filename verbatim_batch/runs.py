@@ -73,7 +73,7 @@ class RunDir:
         """Write the manifest, then move the staging folder into place."""
         validate_manifest(manifest)
         fault_point("commit")
-        write_atomic(storage.join(self.staging, MANIFEST_FILE), json.dumps(manifest, indent=2, sort_keys=True))
+        storage.write_text(storage.join(self.staging, MANIFEST_FILE), json.dumps(manifest, indent=2, sort_keys=True))
         try:  # the report is derived from the run; it never stops a commit
             from .report import write_report
 
@@ -104,16 +104,11 @@ def safe_run_id(run_id: str) -> str:
     return run_id
 
 
-def write_atomic(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` so readers see the old file or the whole new one, never a part."""
-    storage.write_text(path, text)
-
-
 def record_write(staging: str, name: str, record: dict[str, Any]) -> None:
     """Mark one write as complete (its table files must already be in place)."""
     folder = storage.join(staging, WRITES_DIR)
     storage.makedirs(folder)
-    write_atomic(storage.join(folder, f"{name}.json"), json.dumps(record, sort_keys=True))
+    storage.write_text(storage.join(folder, f"{name}.json"), json.dumps(record, sort_keys=True))
 
 
 def read_writes(staging: str) -> list[dict[str, Any]]:
@@ -266,7 +261,7 @@ def set_current(root: str, run_id: str) -> None:
         tmp_link = os.path.join(root, f".{CURRENT_LINK}.tmp-{uuid.uuid4().hex[:8]}")
         os.symlink(target, tmp_link)
         os.replace(tmp_link, os.path.join(root, CURRENT_LINK))
-    write_atomic(storage.join(root, CURRENT_FILE), run_id + "\n")
+    storage.write_text(storage.join(root, CURRENT_FILE), run_id + "\n")
 
 
 def current_table(root: str, table: str, stage: str | None = None, columns: list[str] | None = None) -> pa.Table:
