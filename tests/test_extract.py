@@ -68,26 +68,29 @@ CHUNK = ("We train the tagger on 12k sentences. Results improve by 3.1 points ov
 # --- span post-processing ----------------------------------------------------------------------------
 
 
-def test_runs_join_consecutive_positive_segments_and_trim_whitespace():
+def test_runs_join_consecutive_positive_segments_and_postprocess_trims_whitespace():
     text = "alpha beta gamma delta epsilon"
     segs = [(0, 5), (5, 10), (10, 16), (16, 22), (22, 30)]  # tokens carry their leading space
-    spans = runs_above(segs, [0.9, 0.3, 0.8, 0.7, 0.1], 0.5, text)
+    spans = runs_above(segs, [0.9, 0.3, 0.8, 0.7, 0.1], 0.5)
     assert [(s.start, s.end, s.score) for s in spans] == [(0, 5, pytest.approx(0.9)),
-                                                          (11, 22, pytest.approx(0.8))]
+                                                          (10, 22, pytest.approx(0.8))]
+    assert [(s.start, s.end) for s in postprocess(spans, 0, 0, text)] == [(0, 5), (11, 22)]
     assert text[11:22] == "gamma delta"
-    assert runs_above(segs, [0.2] * 5, 0.2, text)[0].start == 0  # threshold is inclusive
-    assert runs_above([(0, 3)], [0.9], 0.5, "   ") == []  # only whitespace: nothing
+    assert runs_above(segs, [0.2] * 5, 0.2)[0].start == 0  # threshold is inclusive
+    assert runs_above([(0, 3), (3, 3), (3, 6)], [0.9, 0.9, 0.9], 0.5) == [Span(0, 3, 0.9), Span(3, 6, 0.9)]
+    assert postprocess(runs_above([(0, 3)], [0.9], 0.5), 0, 0, "   ") == []  # only whitespace: nothing
 
 
-def test_postprocess_drops_short_spans_before_merging():
+def test_postprocess_merges_then_drops_short_spans():
     spans = [Span(0, 12, 0.5), Span(20, 25, 0.9), Span(30, 45, 0.4), Span(70, 90, 0.6), Span(40, 50, 0.3)]
     out = postprocess(spans, min_chars=10, merge_gap=20)
-    # (20, 25) is dropped first (5 chars), so (0, 12) and (30, 45) are 18 apart: merged; (40, 50)
-    # overlaps; (70, 90) starts 20 after 50: merged too (gap <= merge_gap). The score is the max kept.
+    # merged first: (0, 12) + (20, 25) (8 apart) + (30, 45) + (40, 50) + (70, 90) (20 apart): one span
     assert [(s.start, s.end) for s in out] == [(0, 90)]
-    assert out[0].score == pytest.approx(0.6)
-    out = postprocess(spans, min_chars=10, merge_gap=5)
-    assert [(s.start, s.end) for s in out] == [(0, 12), (30, 50), (70, 90)]
+    assert out[0].score == pytest.approx(0.9)  # the short run's score counts: it was merged, not dropped
+    out = postprocess(spans, min_chars=10, merge_gap=5)  # the 5-char run joins (30, 45) and survives in it
+    assert [(s.start, s.end) for s in out] == [(0, 12), (20, 50), (70, 90)]
+    # two short runs close together make one long span; dropping first would lose both
+    assert postprocess([Span(0, 6), Span(8, 14)], 10, 20) == [Span(0, 14)]
     assert postprocess([Span(0, 9)], 10, 20) == [] and postprocess([], 10, 20) == []
 
 
@@ -136,7 +139,7 @@ def test_every_written_span_is_verbatim(chunk, raw, threshold, min_chars, merge_
     cuts = sorted({min(max(a, 0), len(chunk)) for a, _, _, _ in raw} | {0, len(chunk)})
     segs = list(zip(cuts, cuts[1:], strict=False))
     probs = [p for _, _, p, _ in raw][: len(segs)] + [0.0] * max(0, len(segs) - len(raw))
-    spans = postprocess(runs_above(segs, probs, threshold, chunk), min_chars, merge_gap)
+    spans = postprocess(runs_above(segs, probs, threshold), min_chars, merge_gap, chunk)
     # plus raw, possibly hostile spans: wrong offsets, wrong claimed text
     hostile = [Span(a, b, p, chunk[a:b] + "x" if lie else None) for a, b, p, lie in raw]
     ok, bad = verbatim_spans(chunk, spans + hostile)

@@ -2,15 +2,30 @@
 
 The input is the pair (query, chunk), tokenised as a sentence pair. Pairs longer than
 ``max_length`` are cut into windows over the chunk that overlap by ``stride`` tokens
-(the tokenizer's own overflow handling, so every window repeats the query). A
-token's positive probability is ``1 - P(label 0)``, which covers models with more
-than one positive label; where windows overlap, a token keeps its highest
-probability. Context tokens at or above ``threshold`` form runs, runs become
-character spans through the tokenizer's offsets, and ``postprocess`` drops short
-spans and merges close ones.
+(the tokenizer's own overflow handling, so every window repeats the query).
 
-Many pairs go through at once: all windows of a batch are sorted by length and
-packed into forward passes under a token budget, in bfloat16 on GPU.
+Post-processing is that of the released students' ``process()`` (the model card code of
+``KRLabsOrg/acl-verbatim-modernbert``), so the same weights give the same spans:
+
+1. a token's positive probability is the sum of its non-zero labels' softmax probabilities
+   (``P(label 1)`` for the binary students);
+2. in each window separately, runs of consecutive context tokens (non-empty offsets) at or
+   above ``threshold`` become character ranges: from the first token's start offset to
+   the last token's end offset, scored by their highest probability; any other token
+   (below the threshold, a special or query token, an empty offset) ends a run;
+3. the runs of all windows are sorted and merged when one starts at most ``merge_gap``
+   characters after the previous one ends (runs of overlapping windows overlap, so they
+   merge), and only then are spans shorter than ``min_chars`` dropped (``spans.postprocess``).
+
+One addition: each final span is trimmed of leading and trailing whitespace (byte-level BPE
+offsets include a token's leading space). Trimming comes after the length test, so it changes
+nothing but that whitespace. The pair's ``relevance`` is the highest probability of any of
+its context tokens, so callers can abstain.
+
+Many pairs go through at once: all windows of a batch are sorted by length and packed into
+forward passes under a token budget, in bfloat16 on GPU. Packing changes which windows share
+a forward pass, never which tokens a window holds, so it cannot change a span (beyond float
+rounding of a probability that sits exactly on the threshold).
 
 The paper's students (``KRLabsOrg/acl-verbatim-modernbert``,
 ``KRLabsOrg/verbatim-rag-modern-bert-v2``) ship configs that point at custom code
@@ -31,9 +46,9 @@ import numpy as np
 
 from .. import tables
 from ..models import fingerprint, load_model, resolve_device, resolve_dtype, resolve_model_dir, safetensors_files
-from .spans import PairResult, postprocess, runs_above
+from .spans import PairResult, Span, postprocess, runs_above
 
-HIGHLIGHTER_VERSION = "1"
+HIGHLIGHTER_VERSION = "2"  # 2: merge-then-drop per-window runs, as the released process()
 PAPER_STUDENT = "KRLabsOrg/acl-verbatim-modernbert"
 _RUNTIME_FIELDS = ("device", "token_budget", "max_batch_rows")
 
@@ -87,11 +102,58 @@ class HighlighterConfig:
 
 @dataclass
 class TokenScores:
-    """Positive probabilities of a pair's context tokens, as character segments in chunk order."""
+    """Positive probabilities of a pair's context tokens, window by window.
 
-    segments: list[tuple[int, int]]
-    probs: np.ndarray
-    n_windows: int
+    ``windows`` holds, for each window of the pair in order, the character offsets
+    (``(n, 2)`` int64) and probabilities (``(n,)`` float32) of its context tokens in token
+    order, empty-offset tokens included (they end a run).
+    """
+
+    windows: list[tuple[np.ndarray, np.ndarray]]
+
+    @property
+    def n_windows(self) -> int:
+        return len(self.windows)
+
+    def _merged(self) -> tuple[np.ndarray, np.ndarray]:
+        parts = [np.column_stack([o, p.astype(np.float64)]) for o, p in self.windows if len(p)]
+        if not parts:
+            return np.zeros((0, 2), dtype=np.int64), np.zeros(0, dtype=np.float32)
+        rows = np.concatenate(parts)
+        rows = rows[rows[:, 1] > rows[:, 0]]
+        if not len(rows):
+            return np.zeros((0, 2), dtype=np.int64), np.zeros(0, dtype=np.float32)
+        rows = rows[np.lexsort((rows[:, 1], rows[:, 0]))]
+        starts = np.flatnonzero(np.r_[True, (np.diff(rows[:, 0]) != 0) | (np.diff(rows[:, 1]) != 0)])
+        return rows[starts, :2].astype(np.int64), np.maximum.reduceat(rows[:, 2], starts).astype(np.float32)
+
+    @property
+    def segments(self) -> list[tuple[int, int]]:
+        """Each distinct non-empty context token once, in chunk order (for inspection)."""
+        return [(int(a), int(b)) for a, b in self._merged()[0]]
+
+    @property
+    def probs(self) -> np.ndarray:
+        """The probability of each of ``segments``: its highest over the windows that hold it."""
+        return self._merged()[1]
+
+    @property
+    def relevance(self) -> float:
+        best = [float(p[o[:, 1] > o[:, 0]].max()) for o, p in self.windows if (o[:, 1] > o[:, 0]).any()]
+        return max(best) if best else 0.0
+
+    def runs(self, threshold: float) -> list[Span]:
+        """The runs at ``threshold`` of every window (unsorted, unmerged, untrimmed).
+
+        Probabilities are compared as Python floats (float32 values widened exactly), so a
+        threshold is never rounded to float32 first.
+        """
+        return [r for o, p in self.windows for r in runs_above(o.tolist(), p.tolist(), threshold)]
+
+
+def highlight_spans(scores: TokenScores, chunk: str, threshold: float, min_chars: int, merge_gap: int) -> list[Span]:
+    """A pair's spans from its token probabilities: per-window runs, merged, short ones dropped, trimmed."""
+    return postprocess(scores.runs(threshold), min_chars, merge_gap, chunk)
 
 
 def _classifier_config(model_dir: Path, trust_remote_code: bool):
@@ -124,19 +186,6 @@ def _check_head_loaded(model, weights: list[Path]) -> None:
     if missing:
         raise ValueError(f"the checkpoint has no token-classification head ({', '.join(missing)}): "
                          "it is not a trained token classifier")
-
-
-def _merge_windows(parts: list[np.ndarray], n_windows: int) -> TokenScores:
-    """Context tokens of all windows of a pair -> one score per token, the max where windows overlap."""
-    if not parts:
-        return TokenScores([], np.zeros(0, dtype=np.float32), n_windows)
-    rows = np.concatenate(parts)
-    order = np.lexsort((rows[:, 1], rows[:, 0]))
-    rows = rows[order]
-    starts = np.flatnonzero(np.r_[True, (np.diff(rows[:, 0]) != 0) | (np.diff(rows[:, 1]) != 0)])
-    best = np.maximum.reduceat(rows[:, 2], starts)
-    segments = [(int(a), int(b)) for a, b in rows[starts, :2]]
-    return TokenScores(segments, best.astype(np.float32), n_windows)
 
 
 class Highlighter:
@@ -220,7 +269,7 @@ class Highlighter:
             with torch.inference_mode():
                 logits = self.model(input_ids=torch.from_numpy(ids).to(self.device),
                                     attention_mask=torch.from_numpy(mask).to(self.device)).logits
-                pos = (1.0 - torch.softmax(logits.float(), dim=-1)[..., 0]).cpu().numpy()
+                pos = torch.softmax(logits.float(), dim=-1)[..., 1:].sum(dim=-1).cpu().numpy()
             self.stats["forward_s"] += time.perf_counter() - t0
             self.stats["forwards"] += 1
             self.stats["tokens"] += int(lengths[idx].sum())
@@ -242,28 +291,22 @@ class Highlighter:
         windows = enc["input_ids"]
         owners = enc["overflow_to_sample_mapping"]
         probs = self._forward(windows)
-        parts: dict[int, list[np.ndarray]] = {k: [] for k in range(len(ok))}
-        n_windows = dict.fromkeys(range(len(ok)), 0)
+        parts: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {k: [] for k in range(len(ok))}
         for w, owner in enumerate(owners):
-            n_windows[owner] += 1
-            sid = np.array(enc.sequence_ids(w), dtype=np.float32)  # None (special tokens) -> nan
+            context = np.array([sid == 1 for sid in enc.sequence_ids(w)], dtype=bool)
             offsets = np.asarray(enc["offset_mapping"][w], dtype=np.int64).reshape(-1, 2)
-            keep = (sid == 1) & (offsets[:, 1] > offsets[:, 0])
-            if keep.any():
-                parts[owner].append(np.column_stack([offsets[keep], probs[w][keep].astype(np.float64)]))
+            parts[owner].append((offsets[context], probs[w][context].astype(np.float32)))
         for k, i in enumerate(ok):
-            results[i] = _merge_windows(parts[k], n_windows[k])
+            results[i] = TokenScores(parts[k])
         self.stats["pairs"] += len(ok)
         self.stats["windows"] += len(windows)
         return results
 
     def spans_from_scores(self, scores: TokenScores, chunk: str, threshold: float | None = None) -> PairResult:
-        """Spans of one pair at a threshold (default: the configured one)."""
+        """Spans of one pair at a threshold (default: the configured one); see the module docs."""
         cfg = self.config
         t = cfg.threshold if threshold is None else threshold
-        runs = runs_above(scores.segments, scores.probs, t, chunk)
-        relevance = float(scores.probs.max()) if len(scores.probs) else 0.0
-        return PairResult(postprocess(runs, cfg.min_chars, cfg.merge_gap), relevance)
+        return PairResult(highlight_spans(scores, chunk, t, cfg.min_chars, cfg.merge_gap), scores.relevance)
 
     def extract(self, queries: Sequence[str], chunks: Sequence[str]) -> list[PairResult]:
         """Spans for each (query, chunk) pair."""

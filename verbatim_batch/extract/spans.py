@@ -2,7 +2,7 @@
 
 Every extractor ends here. A model scores pieces of a chunk (tokens, sentences); the
 functions below turn scored pieces into ``Span`` objects with offsets into the chunk,
-drop the short ones and merge near neighbours. ``verbatim_spans`` is the gate in
+merge near neighbours and then drop the short ones. ``verbatim_spans`` is the gate in
 front of every table: a span leaves it only if ``chunk[start:end] == text``.
 """
 
@@ -62,46 +62,60 @@ def trim(span: Span, chunk: str) -> Span | None:
     return Span(s, e, span.score)
 
 
-def runs_above(segments: Sequence[tuple[int, int]], scores: Sequence[float], threshold: float,
-               chunk: str) -> list[Span]:
-    """Contiguous runs of scored segments at or above ``threshold``, as trimmed spans.
+def runs_above(segments: Sequence[tuple[int, int]], scores: Sequence[float], threshold: float) -> list[Span]:
+    """Maximal runs of consecutive positive segments, as untrimmed spans.
 
-    ``segments`` are ``(start, end)`` character ranges in chunk order (tokens or
-    sentences); consecutive positive segments form one run whatever lies between
-    them. A run's score is its maximum segment score.
+    ``segments`` are ``(start, end)`` character ranges in order (the context tokens of one
+    window, or sentence units). A segment is positive when it is non-empty and its score is
+    at least ``threshold``; any other segment ends the current run. A run spans from the
+    start of its first segment to the end of its last, whatever lies between them, and
+    scores the maximum of its segments. This is the run rule of the released students'
+    ``process()``, applied to one window at a time.
     """
     out: list[Span] = []
     run_start = run_end = -1
     best = 0.0
     for (s, e), p in zip(segments, scores, strict=True):
-        if p >= threshold and e > s:
+        if e > s and p >= threshold:
             if run_start < 0:
-                run_start, best = s, float(p)
+                run_start, best = int(s), float(p)
             best = max(best, float(p))
-            run_end = max(run_end, e)
+            run_end = int(e)
         elif run_start >= 0:
             out.append(Span(run_start, run_end, best))
-            run_start = run_end = -1
+            run_start = -1
     if run_start >= 0:
         out.append(Span(run_start, run_end, best))
-    return [t for sp in out if (t := trim(sp, chunk)) is not None]
+    return out
 
 
-def postprocess(spans: Iterable[Span], min_chars: int, merge_gap: int) -> list[Span]:
-    """Drop spans shorter than ``min_chars``, then merge spans at most ``merge_gap`` characters apart.
+def postprocess(spans: Iterable[Span], min_chars: int, merge_gap: int, chunk: str | None = None) -> list[Span]:
+    """Merge spans at most ``merge_gap`` characters apart, then drop those shorter than ``min_chars``.
 
-    Spans are sorted first; overlapping spans always merge. A merged span keeps the
-    highest score of its parts.
+    The order is the released students' (``process()`` in the model cards): sort the runs
+    (by start, then end), merge a run into the previous span when it starts at most
+    ``merge_gap`` characters after that span's end (overlapping runs always merge; the
+    merged span ends at the larger end and keeps the highest score), and only then drop
+    spans shorter than ``min_chars``. Dropping first gives different answers: two short
+    runs close together are one long span here.
+
+    With ``chunk``, each surviving span is then trimmed of leading and trailing whitespace
+    (``trim``). Trimming happens after the length test, so it never changes which spans are
+    kept or how they merge; it only removes whitespace at their edges (a span that is all
+    whitespace disappears, as the verbatim gate would refuse it anyway).
     """
-    kept = sorted((s for s in spans if s.length >= min_chars), key=lambda s: (s.start, s.end))
+    ordered = sorted(spans, key=lambda s: (s.start, s.end, s.score))
     merged: list[Span] = []
-    for sp in kept:
+    for sp in ordered:
         if merged and sp.start - merged[-1].end <= merge_gap:
             last = merged[-1]
             merged[-1] = Span(last.start, max(last.end, sp.end), max(last.score, sp.score))
         else:
             merged.append(Span(sp.start, sp.end, sp.score))
-    return merged
+    kept = [sp for sp in merged if sp.length >= min_chars]
+    if chunk is None:
+        return kept
+    return [t for sp in kept if (t := trim(sp, chunk)) is not None]
 
 
 def verbatim_spans(chunk: str, spans: Iterable[Span]) -> tuple[list[Span], int]:
