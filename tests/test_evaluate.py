@@ -170,7 +170,8 @@ def test_jsonl_prediction_errors(gold_file, tmp_path):
     no_pair = write_jsonl(tmp_path / "no_pair.jsonl", [{"query": "q1", "spans": []}])
     with pytest.raises(ValueError, match="line 1: a prediction needs"):
         load_predictions(no_pair)
-    dup = write_jsonl(tmp_path / "dup.jsonl", [{"query": "q2", "chunk": CHUNK_B}, {"query": "q2", "chunk": CHUNK_B}])
+    dup = write_jsonl(tmp_path / "dup.jsonl", [{"query": "q2", "chunk": CHUNK_B, "spans": []},
+                                               {"query": "q2", "chunk": CHUNK_B, "spans": None}])
     with pytest.raises(ValueError, match="line 2: duplicate prediction"):
         load_predictions(dup)
     # offsets outside the chunk are an error naming the pair
@@ -178,6 +179,44 @@ def test_jsonl_prediction_errors(gold_file, tmp_path):
     out_of_range = write_jsonl(tmp_path / "oor.jsonl", [far])
     with pytest.raises(ValueError, match="'P1'"):
         evaluate_files(gold_file, out_of_range)
+
+
+def test_unreadable_predictions_are_refused(gold_file, tmp_path):
+    """The gold file itself, rows without spans, spans without offsets, ids of another gold file: errors, not 0."""
+    with pytest.raises(ValueError, match=r"line 1: no 'spans' field, so not a predictions file \(it has 'gold_spans'"):
+        evaluate_files(gold_file, gold_file)
+    no_spans = write_jsonl(tmp_path / "no_spans.jsonl", [{"query": "q1", "paper_id": "P1", "chunk_index": 0}])
+    with pytest.raises(ValueError, match="line 1: no 'spans' field"):
+        evaluate_files(gold_file, no_spans)
+    for span in ({"text": "beta"}, {"start": "6", "end": "16"}, {"start": None, "end": 3}, 7):
+        bad = write_jsonl(tmp_path / "bad.jsonl", [{"query": "q1", "paper_id": "P1", "chunk_index": 0,
+                                                     "spans": [span]}])
+        with pytest.raises(ValueError, match="line 1: predicted span"):
+            evaluate_files(gold_file, bad)
+    other = write_jsonl(tmp_path / "other.jsonl", [
+        {"query": "q1", "paper_id": "X", "chunk_index": 0, "spans": [{"start": 0, "end": 5}]},
+        {"query": "q7", "chunk": CHUNK_B, "spans": []},
+    ])
+    with pytest.raises(ValueError, match="none of the 2 predicted pairs matches a gold pair"):
+        evaluate_files(gold_file, other)
+    table = tmp_path / "other.parquet"
+    pq.write_table(to_table([span_row("q1", "P9", 3, "c-x", 0, 3, "abc")], SPANS), table)
+    with pytest.raises(ValueError, match="none of the 1 predicted pairs"):
+        evaluate_files(gold_file, table)
+    with pytest.raises(ValueError, match="not a span table"):  # a pairs table is not a span table
+        pq.write_table(pa.table({"query": ["q1"], "chunk": [CHUNK_A]}), tmp_path / "pairs.parquet")
+        evaluate_files(gold_file, tmp_path / "pairs.parquet")
+    # an empty prediction file is readable: it predicts nothing
+    empty = write_jsonl(tmp_path / "empty.jsonl", [])
+    assert evaluate_files(gold_file, empty)["n_pred_spans"] == 0
+
+
+def test_cli_evaluate_refuses_the_gold_file_with_exit_2(gold_file, capsys):
+    from verbatim_batch.cli import main
+
+    assert main(["evaluate", "--gold", str(gold_file), "--predictions", str(gold_file)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "evaluate: error:" in err[0] and "no 'spans' field" in err[0]
 
 
 # ---------------------------------------------------------------------------

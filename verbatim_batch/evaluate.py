@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import json
+import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -213,7 +214,10 @@ def _load_prediction_jsonl(path: str) -> Predictions:
             raise ValueError(f"{where}: missing or non-string 'query'")
         if not _has_ids(obj) and not isinstance(obj.get("chunk"), str):
             raise ValueError(f"{where}: a prediction needs 'paper_id' and 'chunk_index', or 'chunk'")
-        spans = obj.get("spans") or []
+        if "spans" not in obj:
+            hint = " (it has 'gold_spans': is it the gold file?)" if "gold_spans" in obj else ""
+            raise ValueError(f"{where}: no 'spans' field, so not a predictions file{hint}")
+        spans = obj["spans"] if obj["spans"] is not None else []
         if not isinstance(spans, list):
             raise ValueError(f"{where}: 'spans' must be a list")
         rec = {
@@ -237,7 +241,9 @@ def load_predictions(path: str | Path) -> Predictions:
     """Read predictions: a span table (Parquet file or folder, or a run folder with ``spans/``) or JSONL.
 
     JSONL rows carry ``query`` with ``paper_id`` + ``chunk_index`` or ``chunk``,
-    and ``spans``: a list of ``{"start", "end"}`` objects or quoted strings.
+    and ``spans``: a list of ``{"start", "end"}`` objects or quoted strings. A row
+    without a ``spans`` field is refused (ValueError), so a gold file passed as
+    predictions is an error, not a score of 0.
     A run folder's ``pairs/`` table is not read. Span-table rows are grouped
     into one record per (query, paper_id, chunk_index, chunk_id).
     """
@@ -297,6 +303,8 @@ def _place_spans(chunk: str, spans: Iterable[Any], diag: dict[str, int], where: 
         offsets = _as_offsets(span)
         if offsets is None:
             raise ValueError(f"{where}: predicted span {span!r} is neither a string nor {{'start', 'end'}}")
+        if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in offsets):
+            raise ValueError(f"{where}: predicted span {span!r} has no integer offsets")
         text = span.get("text") if isinstance(span, Mapping) else None
         if text is not None and chunk[offsets[0] : offsets[1]] != text:
             diag["offset_mismatch"] += 1
@@ -313,12 +321,17 @@ def _score(
 ) -> dict[str, Any]:
     by_ids, by_text, by_cid = _index_gold(gold_rows)
     preds: list[list[Span]] = [[] for _ in gold_rows]
+    n_records = 0
     for rec in records:
+        n_records += 1
         i = _resolve(rec, by_ids, by_text, by_cid)
         if i is None:
             diag["unmatched_predictions"] += 1
             continue
         preds[i].extend(_place_spans(gold_rows[i]["chunk"], rec["spans"], diag, rec.get("where", "")))
+    if n_records and diag["unmatched_predictions"] == n_records:
+        raise ValueError(f"none of the {n_records} predicted pairs matches a gold pair (by query with paper_id "
+                         "and chunk_index, chunk text or chunk_id): predictions for another gold file?")
     rows = [
         EvalRow(chunk=g["chunk"], gold=list(g["gold_spans"]), pred=p, relevant=g.get("relevant"), key=gold_key(g))
         for g, p in zip(gold_rows, preds, strict=True)
