@@ -1,0 +1,45 @@
+"""Run folders: staged writes and the atomic commit (``folder``), manifests (``manifest``), and a root of
+runs with a ``current`` pointer (``current``)."""
+
+from .current import (
+    CURRENT_FILE,
+    CURRENT_LINK,
+    RUNS_DIR,
+    current_run,
+    current_table,
+    prune_runs,
+    publish,
+    set_current,
+)
+from .folder import (
+    WRITES_DIR,
+    OutputExistsError,
+    RunDir,
+    completed_keys,
+    committed_run,
+    read_writes,
+    record_write,
+    safe_run_id,
+    staged,
+    write_manifest,
+)
+from .manifest import (
+    MANIFEST_FILE,
+    build_manifest,
+    committed_table_dir,
+    load_manifests,
+    manifest_config,
+    new_run_id,
+    read_manifest,
+    read_table,
+    validate_manifest,
+    versions,
+)
+
+__all__ = [
+    "CURRENT_FILE", "CURRENT_LINK", "MANIFEST_FILE", "RUNS_DIR", "WRITES_DIR", "OutputExistsError", "RunDir",
+    "build_manifest", "committed_run", "committed_table_dir", "completed_keys", "current_run", "current_table",
+    "load_manifests", "manifest_config", "new_run_id", "prune_runs", "publish", "read_manifest", "read_table",
+    "read_writes", "record_write", "safe_run_id", "set_current", "staged", "validate_manifest", "versions",
+    "write_manifest",
+]

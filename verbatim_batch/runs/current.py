@@ -1,0 +1,102 @@
+"""A root of runs with a ``current`` pointer (nightly): ``ROOT/runs/<id>/``, ``CURRENT``, ``current``."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import uuid
+
+import pyarrow as pa
+
+from .. import storage
+from .manifest import read_manifest, read_table
+
+RUNS_DIR = "runs"
+CURRENT_FILE = "CURRENT"  # the current run's id, for object stores and scripts
+CURRENT_LINK = "current"  # symlink to runs/<id>: pd.read_parquet("ROOT/current/spans/spans")
+
+
+def current_run(root: str) -> str | None:
+    """The id of the run ``root``'s ``current`` pointer names (None before the first commit)."""
+    try:
+        return storage.read_text(storage.join(storage.normalize(root), CURRENT_FILE)).strip() or None
+    except FileNotFoundError:
+        return None
+
+
+def set_current(root: str, run_id: str) -> None:
+    """Point ``current`` at a committed run: the id file (and, on local file systems, the symlink) are each
+    replaced atomically."""
+    root = storage.normalize(root)
+    target = storage.join(RUNS_DIR, run_id)
+    read_manifest(storage.join(root, target))  # only committed runs become current
+    if not storage.is_remote(root):
+        import os
+
+        tmp_link = os.path.join(root, f".{CURRENT_LINK}.tmp-{uuid.uuid4().hex[:8]}")
+        os.symlink(target, tmp_link)
+        os.replace(tmp_link, os.path.join(root, CURRENT_LINK))
+    storage.write_text(storage.join(root, CURRENT_FILE), run_id + "\n")
+
+
+def current_table(root: str, table: str, stage: str | None = None, columns: list[str] | None = None) -> pa.Table:
+    """A table of the current run, e.g. ``current_table(root, "spans")`` (works where symlinks do not:
+    object stores, Windows)."""
+    run_id = current_run(root)
+    if run_id is None:
+        raise FileNotFoundError(f"{root} has no current run yet")
+    stage = stage or {"spans": "spans", "pairs": "spans", "rejects": "spans", "papers": "chunks",
+                      "chunks": "chunks", "quarantine": "chunks", "embeddings": "embeddings",
+                      "retrieval": "retrieval"}.get(table, table)
+    return read_table(storage.join(storage.normalize(root), RUNS_DIR, run_id, stage), table, columns)
+
+
+def _started(run_dir: str) -> float:
+    """When an unfinished run started: its plan file's time (object stores keep no folder times)."""
+    for loc in (storage.join(run_dir, "plan.json"), run_dir):
+        if storage.exists(loc) and (t := storage.mtime(loc)) is not None:
+            return t
+    return 0.0
+
+
+def prune_runs(root: str, keep: int, protect: tuple[str, ...] = ()) -> list[str]:
+    """Delete committed runs beyond the ``keep`` newest and unfinished runs older than the newest commit.
+
+    The current run and ``protect`` are never deleted. Returns the ids removed.
+    """
+    runs_dir = storage.join(storage.normalize(root), RUNS_DIR)
+    current = current_run(root)
+    committed, unfinished = [], []
+    for name in storage.listdir(runs_dir):
+        path = storage.join(runs_dir, name)
+        if name.startswith(".") or not storage.isdir(path):
+            continue
+        try:
+            committed.append((read_manifest(path)["created_at"], name))
+        except FileNotFoundError:
+            unfinished.append((_started(path), name))
+    committed.sort(reverse=True)
+    newest = _dt.datetime.fromisoformat(committed[0][0]).timestamp() if committed else None
+    doomed = [name for _, name in committed[max(keep, 1):]]
+    doomed += [name for started, name in unfinished if newest is not None and started < newest]
+    removed = []
+    for name in doomed:
+        if name in (current, *protect):
+            continue
+        storage.rmtree(storage.join(runs_dir, name))
+        removed.append(name)
+    return sorted(removed)
+
+
+def publish(root: str, run_id: str, keep_runs: int) -> list[str]:
+    """Move ``current`` to a committed run unless a newer run is already current, then apply retention;
+    returns the run ids pruned. Safe to repeat: a rerun of a run killed after its commit calls it again."""
+    current = current_run(root)
+    if current != run_id:
+        created = read_manifest(storage.join(root, RUNS_DIR, run_id))["created_at"]
+        try:
+            newer = current is not None and read_manifest(storage.join(root, RUNS_DIR, current))["created_at"] > created
+        except FileNotFoundError:  # the current run is gone: anything committed replaces it
+            newer = False
+        if not newer:
+            set_current(root, run_id)
+    return prune_runs(root, keep_runs, protect=(run_id,))

@@ -1,0 +1,162 @@
+"""Run directories: staged writes, manifests and the atomic commit.
+
+A run writes into a hidden staging folder next to its output folder. Only when
+every table is written does it add ``manifest.json`` and rename the staging
+folder to the output path, so an output folder is either complete, with a
+manifest, or absent. A killed run leaves only a hidden ``.<name>.staging-*``
+folder, which the next run of the same output removes.
+
+Outputs may be local paths or object-store URIs (``storage``). On an object store
+the rename is a copy with ``manifest.json`` last, so a commit cut short leaves an
+output without a manifest: it is not a run, and the next run of that output
+removes it (the staging folder is kept until the copy is done, so a resumed run
+loses nothing).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from .. import storage
+from ..faults import fault_point
+from .manifest import MANIFEST_FILE, read_manifest, validate_manifest
+
+log = logging.getLogger(__name__)
+WRITES_DIR = "_writes"  # one JSON record per completed write, in the staging folder until commit
+
+
+class OutputExistsError(FileExistsError):
+    pass
+
+
+class RunDir:
+    """A staging folder that becomes ``output`` on ``commit``.
+
+    With a ``run_id`` the staging folder is named after it, so a rerun with the same
+    id finds the work a killed run left there: ``resume=True`` keeps it (stages
+    whose sink records completed writes, see ``pipeline.StageTableSink``), otherwise
+    it is emptied. Staging folders of other ids are removed either way.
+    """
+
+    def __init__(self, output: str, overwrite: bool = False, run_id: str | None = None, resume: bool = False) -> None:
+        self.output = storage.normalize(output)
+        self.overwrite = overwrite
+        parent, name = storage.split(self.output)
+        staging_dirs = [d for d in storage.listdir(parent) if d.startswith(f".{name}.staging-")]
+        if (storage.is_remote(self.output) and staging_dirs and storage.exists(self.output)
+                and not storage.exists(storage.join(self.output, MANIFEST_FILE))):
+            log.warning("%s has no manifest (a commit to an object store cut short): removing it", self.output)
+            storage.rmtree(self.output)
+        if storage.exists(self.output) and not overwrite:
+            raise OutputExistsError(f"{self.output} exists; pass --overwrite to replace it")
+        storage.makedirs(parent)
+        token = safe_run_id(run_id) if run_id else uuid.uuid4().hex[:12]
+        self.staging = storage.join(parent, f".{name}.staging-{token}")
+        for stale in staging_dirs:  # leftovers of killed runs of this output
+            path = storage.join(parent, stale)
+            if path != self.staging or not resume:
+                storage.rmtree(path)
+        self.resumed = storage.isdir(self.staging)
+        storage.makedirs(self.staging)
+
+    def commit(self, manifest: Mapping[str, Any], on_commit: Callable[[str, dict[str, Any]], None] | None = None) -> str:
+        """Write the manifest (and whatever ``on_commit`` derives from the run, e.g. its report), then move
+        the staging folder into place."""
+        write_manifest(self.staging, manifest, on_commit)
+        old = None
+        if storage.exists(self.output):
+            if not self.overwrite:
+                raise OutputExistsError(f"{self.output} appeared while the run was going")
+            if storage.is_remote(self.output):  # no rename to make it atomic: the old run goes first
+                storage.rmtree(self.output)
+            else:
+                old = self.staging.replace(".staging-", ".old-")
+                storage.move_dir(self.output, old)
+        storage.move_dir(self.staging, self.output, skip=(WRITES_DIR,))  # a run is tables + manifest
+        if old:
+            storage.rmtree(old)
+        return self.output
+
+    def abort(self) -> None:
+        storage.rmtree(self.staging)
+
+
+def safe_run_id(run_id: str) -> str:
+    if not run_id or any(c in run_id for c in "/\\\0?#%") or run_id.startswith("."):
+        raise ValueError(f"run id {run_id!r} must be a plain name (no slashes, ?, # or %, not starting with a dot)")
+    return run_id
+
+
+def record_write(staging: str, name: str, record: dict[str, Any]) -> None:
+    """Mark one write as complete (its table files must already be in place)."""
+    folder = storage.join(staging, WRITES_DIR)
+    storage.makedirs(folder)
+    storage.write_text(storage.join(folder, f"{name}.json"), json.dumps(record, sort_keys=True))
+
+
+def read_writes(staging: str) -> list[dict[str, Any]]:
+    folder = storage.join(staging, WRITES_DIR)
+    return [json.loads(storage.read_text(storage.join(folder, name)))
+            for name in storage.listdir(folder) if name.endswith(".json")]
+
+
+def completed_keys(staging: str) -> set[str]:
+    """Row keys covered by completed writes; files of writes that never completed are removed."""
+    records = read_writes(staging)
+    keep = {p.replace("\\", "/") for rec in records for p in rec["files"].values()}
+    for rel in storage.walk_files(staging):
+        if rel.split("/", 1)[0] != WRITES_DIR and rel not in keep:  # a write killed part-way, or a temp file
+            storage.remove(storage.join(staging, rel))
+    return {k for rec in records for k in rec.get("keys", [])}
+
+
+def committed_run(output: str, run_id: str | None) -> dict[str, Any] | None:
+    """The manifest of ``output`` when it is already committed by run ``run_id`` (so a rerun can skip it)."""
+    if not run_id:
+        return None
+    try:
+        manifest = read_manifest(output)
+    except FileNotFoundError:
+        return None
+    if manifest.get("run_id") != run_id:
+        return None
+    parent, name = storage.split(output)  # an object-store move cut short after its copy leaves the source
+    storage.rmtree(storage.join(parent, f".{name}.staging-{safe_run_id(run_id)}"))
+    return manifest
+
+
+@contextmanager
+def staged(output: str, overwrite: bool = False, run_id: str | None = None, resume: bool = False) -> Iterator[RunDir]:
+    """``with staged(out) as run: ... run.commit(manifest)``.
+
+    Without a run id the staging folder goes if anything fails. With one it stays, so a
+    rerun with the same id can pick up the completed writes (a failed run is resumable).
+    """
+    run = RunDir(output, overwrite=overwrite, run_id=run_id, resume=resume)
+    try:
+        yield run
+    except BaseException:
+        if run_id is None:
+            run.abort()
+        raise
+
+
+
+
+def write_manifest(run_dir: str, manifest: Mapping[str, Any],
+                   on_commit: Callable[[str, dict[str, Any]], None] | None = None) -> None:
+    """Validate and write ``run_dir/manifest.json``, then call ``on_commit`` (a failure there is logged: what
+    it derives, such as the report, never stops a commit)."""
+    validate_manifest(manifest)
+    fault_point("commit")
+    storage.write_text(storage.join(run_dir, MANIFEST_FILE), json.dumps(manifest, indent=2, sort_keys=True))
+    if on_commit is not None:
+        try:
+            on_commit(run_dir, dict(manifest))
+        except Exception as exc:  # noqa: BLE001
+            log.warning("could not derive files from the manifest of %s: %s", run_dir, exc)

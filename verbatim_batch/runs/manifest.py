@@ -1,0 +1,109 @@
+"""Manifests: what a run did, written last into its folder (``manifest.json``), and reading runs back."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import platform
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import pyarrow as pa
+
+from .. import __version__, storage
+from ..tables import MANIFEST, SCHEMA_VERSION, config_hash, stable_hash
+
+MANIFEST_FILE = "manifest.json"
+
+
+def new_run_id(command: str, config: Mapping[str, Any]) -> str:
+    now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return f"{command}-{now}-{stable_hash(now, json.dumps(config, sort_keys=True), uuid.uuid4().hex, size=4)}"
+
+
+def versions() -> dict[str, str]:
+    import ray
+
+    return {
+        "verbatim_batch": __version__,
+        "python": platform.python_version(),
+        "pyarrow": pa.__version__,
+        "ray": ray.__version__,
+        "platform": platform.platform(),
+    }
+
+
+def build_manifest(
+    *,
+    run_id: str,
+    command: str,
+    config: Mapping[str, Any],
+    inputs: list[str],
+    tables: Mapping[str, Mapping[str, int]],
+    counts: Mapping[str, int],
+    timings_s: Mapping[str, float],
+) -> dict[str, Any]:
+    return {
+        "run_id": run_id,
+        "command": command,
+        "schema_version": SCHEMA_VERSION,
+        "status": "committed",
+        "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "config": json.dumps(config, sort_keys=True),
+        "config_hash": config_hash(config),
+        "inputs": list(inputs),
+        "tables": {k: {"rows": int(v["rows"]), "files": int(v["files"])} for k, v in tables.items()},
+        "counts": {k: int(v) for k, v in counts.items()},
+        "timings_s": {k: round(float(v), 3) for k, v in timings_s.items()},
+        "versions": versions(),
+    }
+
+
+def _as_arrow_row(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    row = dict(manifest)
+    for key in ("tables", "counts", "timings_s", "versions"):
+        row[key] = list(row[key].items())
+    return row
+
+
+def validate_manifest(manifest: Mapping[str, Any]) -> None:
+    """Raise if the manifest does not fit ``tables.MANIFEST``."""
+    missing = set(MANIFEST.names) - set(manifest)
+    if missing:
+        raise ValueError(f"manifest lacks {sorted(missing)}")
+    pa.Table.from_pylist([_as_arrow_row(manifest)], schema=MANIFEST)
+
+
+def read_manifest(run_dir: str) -> dict[str, Any]:
+    try:
+        return json.loads(storage.read_text(storage.join(storage.normalize(run_dir), MANIFEST_FILE)))
+    except (FileNotFoundError, NotADirectoryError):
+        raise FileNotFoundError(f"{run_dir} has no {MANIFEST_FILE}: not a committed run") from None
+
+
+def load_manifests(run_dirs: list[str]) -> pa.Table:
+    """Manifests of several runs as one table with the MANIFEST schema."""
+    return pa.Table.from_pylist([_as_arrow_row(read_manifest(d)) for d in run_dirs], schema=MANIFEST)
+
+
+def read_table(run_dir: str, table: str, columns: list[str] | None = None) -> pa.Table:
+    """One table of a committed run, e.g. ``read_table(out, "chunks")``."""
+    read_manifest(run_dir)
+    return storage.read_parquet(storage.join(storage.normalize(run_dir), table), columns=columns)
+
+
+
+
+def manifest_config(run_dir: str) -> dict[str, Any]:
+    """The ``config`` a committed run recorded."""
+    return json.loads(read_manifest(run_dir)["config"])
+
+
+def committed_table_dir(run_dir: str, table: str) -> str:
+    """``RUN_DIR/<table>`` of a committed run (raises if the run has no manifest or no such table)."""
+    read_manifest(run_dir)
+    path = storage.join(storage.normalize(run_dir), table)
+    if not storage.isdir(path):
+        raise FileNotFoundError(f"{run_dir} has no {table}/ table")
+    return path

@@ -1,0 +1,252 @@
+"""``run_train``: silver (or any pairs file) -> a trained highlighter in a run folder.
+
+The run folder (written to its staging folder, committed atomically like every run):
+
+    RUN_DIR/
+      manifest.json     config, data hashes, counts, timings, per-epoch metrics, the best epoch
+      model/            the best epoch's model (by eval Word-F1): safetensors, config (id2label), tokenizer;
+                        `verbatim-batch extract --extractor highlighter --model RUN_DIR/model` loads it as is
+      checkpoints/      Ray Train's checkpoints (the best and the latest kept): checkpoint_*/checkpoint/ is a
+                        transformers checkpoint (weights, optimizer, scheduler, trainer state)
+      train_pairs/ eval_pairs/   the pairs trained and evaluated on (``data.TRAIN_PAIRS_SCHEMA``)
+      training.json, training.html   per-epoch metrics and the loss / F1 curves
+
+With ``run_id`` the staging folder keeps its checkpoints when the job dies, and a rerun with the same id
+continues from the latest one (Ray Train restores it from ``checkpoints/``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .. import storage
+from ..runs import build_manifest, committed_run, new_run_id, staged
+from . import data
+from .loop import BEST_METRIC, train_loop_per_worker
+
+DEFAULT_MODEL = "answerdotai/ModernBERT-base"
+CHECKPOINTS = "checkpoints"
+MODEL_DIR = "model"
+TRAINING_STATE_FILES = ("optimizer.pt", "scheduler.pt", "scaler.pt", "trainer_state.json", "training_args.bin")
+_RUNTIME = ("output", "run_id", "overwrite", "address", "num_cpus")
+
+
+@dataclass
+class TrainJob:
+    """One training run. Defaults follow the reference recipe (lr 5e-5, 3 epochs, batch 8, 8192 tokens)."""
+
+    train: str  # a silver run (its train split) or Parquet / JSONL pairs
+    output: str  # the run folder to create
+    eval: str | None = None  # default: the silver run's dev split (required for other inputs)
+    model: str = DEFAULT_MODEL  # hub id or local folder: a base model (a fresh head) or a token classifier
+    epochs: int = 3
+    lr: float = 5e-5
+    batch_size: int | None = 8  # windows per step per worker (ignored with batch_tokens)
+    batch_tokens: int | None = None  # token budget per step per worker (windows packed by length)
+    grad_accum: int = 1
+    warmup_ratio: float = 0.1  # share of the steps with a linear warmup; then linear decay to 0
+    weight_decay: float = 0.01
+    max_length: int = 8192  # tokens per window (capped at the model's positions), as the highlighter reads
+    stride: int = 256  # tokens shared by neighbouring windows, as the highlighter reads
+    num_workers: int = 2
+    use_gpu: bool = False
+    cpus_per_worker: float = 1.0
+    keep_checkpoints: int = 2  # Ray Train keeps the best (eval Word-F1) ones and always the latest
+    seed: int = 0
+    run_id: str | None = None
+    overwrite: bool = False
+    address: str | None = None
+    num_cpus: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1 or self.num_workers < 1 or self.grad_accum < 1:
+            raise ValueError("epochs, num_workers and grad_accum must be >= 1")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be positive, got {self.lr}")
+        if not self.batch_tokens and not (self.batch_size and self.batch_size > 0):
+            raise ValueError("give a positive batch_size or batch_tokens")
+        if not 0 <= self.warmup_ratio < 1:
+            raise ValueError("warmup_ratio must be in [0, 1)")
+        if not 0 <= self.stride < self.max_length // 2:
+            raise ValueError(f"stride must be in [0, max_length / 2), got {self.stride}")
+
+    def config(self) -> dict[str, Any]:
+        """What decides the trained weights (not where the run goes or which cluster runs it)."""
+        return {k: v for k, v in asdict(self).items() if k not in _RUNTIME}
+
+
+def _init_ray(address: str | None, num_cpus: int | None) -> None:
+    """Join ``address`` (or ``RAY_ADDRESS``), else start a fresh local Ray."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=True)
+    else:
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+
+
+def _effective_max_length(model: str, max_length: int) -> tuple[int, Any]:
+    """The window length the highlighter will use for this model (capped at its positions), and the tokenizer."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from ..models import resolve_model_dir
+
+    model_dir = str(resolve_model_dir(model, None, "model to train"))
+    positions = getattr(AutoConfig.from_pretrained(model_dir), "max_position_embeddings", None)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    return min(max_length, positions or max_length), tok
+
+
+def _export_model(checkpoint, dest: str) -> None:
+    """The weights, config and tokenizer of a Ray checkpoint's transformers checkpoint into ``dest``."""
+    if storage.exists(dest):
+        storage.rmtree(dest)
+    storage.makedirs(dest)
+    with checkpoint.as_directory() as d:
+        src = os.path.join(d, "checkpoint")
+        for name in sorted(os.listdir(src)):
+            path = os.path.join(src, name)
+            if os.path.isfile(path) and name not in TRAINING_STATE_FILES and not name.startswith("rng_state"):
+                with open(path, "rb") as fh:
+                    storage.write_bytes(storage.join(dest, name), fh.read())
+
+
+def _log_history(checkpoint) -> list[dict[str, Any]]:
+    with checkpoint.as_directory() as d:
+        with open(os.path.join(d, "checkpoint", "trainer_state.json"), encoding="utf-8") as fh:
+            return json.load(fh).get("log_history", [])
+
+
+def history(log: list[dict[str, Any]], steps_per_epoch: int) -> dict[str, list[dict[str, Any]]]:
+    """Per-epoch eval metrics and the training-loss curve from a transformers log history."""
+    epochs: dict[int, dict[str, Any]] = {}
+    losses: dict[int, dict[str, Any]] = {}
+    for entry in log:
+        step = int(entry.get("step", 0))
+        if BEST_METRIC in entry:
+            epochs[step] = {"epoch": round(step / steps_per_epoch, 3), "step": step,
+                            **{k: v for k, v in entry.items() if k.startswith("eval_")}}
+        elif "loss" in entry:
+            losses[step] = {"step": step, "epoch": round(step / steps_per_epoch, 3), "loss": entry["loss"],
+                            "learning_rate": entry.get("learning_rate")}
+    return {"epochs": [epochs[k] for k in sorted(epochs)], "train_loss": [losses[k] for k in sorted(losses)]}
+
+
+def _best(best_checkpoints) -> tuple[Any, dict[str, Any]]:
+    """The kept checkpoint with the highest eval Word-F1 (then the lowest eval loss, then the latest)."""
+    scored = [(c, m) for c, m in best_checkpoints if BEST_METRIC in m]
+    if not scored:
+        raise RuntimeError("training reported no evaluated checkpoint")
+    return max(scored, key=lambda cm: (cm[1][BEST_METRIC], -cm[1].get("eval_loss", 0.0), cm[1].get("step", 0)))
+
+
+def run_train(job: TrainJob) -> tuple[str, dict[str, Any]]:
+    """Train, evaluate each epoch, keep the best epoch's model; returns (run folder, manifest)."""
+    import ray.data
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from .report import write_training_report
+
+    t0 = time.perf_counter()
+    config = job.config()
+    done = committed_run(storage.normalize(job.output), job.run_id)
+    if done is not None:
+        return storage.normalize(job.output), done
+    run_id = job.run_id or new_run_id("train", config)
+    with staged(job.output, overwrite=job.overwrite, run_id=job.run_id, resume=True) as run:
+        # --- data: pairs -> labelled windows -> packed batches (deterministic, so a resumed run rebuilds them)
+        train_pairs, train_info = data.read_pairs(job.train, "train")
+        eval_source = job.eval or (job.train if data.silver_data_dir(storage.normalize(job.train)) else None)
+        if eval_source is None:
+            raise ValueError("--eval is required unless --train is a silver run (its dev split is the default)")
+        eval_pairs, eval_info = data.read_pairs(eval_source, "eval")
+        if not train_pairs.num_rows or not eval_pairs.num_rows:
+            raise ValueError(f"no usable pairs: {train_pairs.num_rows} to train on, {eval_pairs.num_rows} to evaluate")
+        for name, table in (("train_pairs", train_pairs), ("eval_pairs", eval_pairs)):
+            storage.write_parquet(table, storage.join(run.staging, name, "part-0.parquet"))
+        max_length, tokenizer = _effective_max_length(job.model, job.max_length)
+        stats: dict[str, dict[str, int]] = {"train": {}, "eval": {}}
+        train_w = data.windows(train_pairs, tokenizer, max_length, job.stride, stats["train"])
+        eval_w = data.windows(eval_pairs, tokenizer, max_length, job.stride, stats["eval"])
+        batches = data.pack_batches(train_w, batch_size=job.batch_size, batch_tokens=job.batch_tokens, seed=job.seed)
+        eval_batches = data.pack_batches(eval_w, batch_size=job.batch_size, batch_tokens=job.batch_tokens,
+                                         seed=job.seed)
+        per_worker = batches.num_rows // job.num_workers
+        steps_per_epoch = per_worker // job.grad_accum
+        if steps_per_epoch < 1:
+            raise ValueError(f"{batches.num_rows} batches cannot give each of {job.num_workers} workers "
+                             f"{job.grad_accum} batch(es) per step: use more data or smaller batches")
+        t_prep = time.perf_counter()
+
+        # --- Ray Train
+        _init_ray(job.address, job.num_cpus)
+        loop_config = {
+            "model": job.model, "seed": job.seed, "epochs": job.epochs, "lr": job.lr, "grad_accum": job.grad_accum,
+            "warmup_ratio": job.warmup_ratio, "weight_decay": job.weight_decay, "max_length": max_length,
+            "stride": job.stride, "steps_per_epoch": steps_per_epoch, "use_gpu": job.use_gpu,
+            "threads": job.cpus_per_worker, "eval_pairs": storage.join(run.staging, "eval_pairs"),
+        }
+        resources = {"CPU": job.cpus_per_worker, **({"GPU": 1} if job.use_gpu else {})}
+        trainer = TorchTrainer(
+            train_loop_per_worker, train_loop_config=loop_config,
+            scaling_config=ScalingConfig(num_workers=job.num_workers, use_gpu=job.use_gpu,
+                                         resources_per_worker=resources),
+            run_config=RunConfig(
+                name=CHECKPOINTS, storage_path=run.staging,
+                checkpoint_config=CheckpointConfig(num_to_keep=job.keep_checkpoints,
+                                                   checkpoint_score_attribute=BEST_METRIC,
+                                                   checkpoint_score_order="max"),
+                failure_config=FailureConfig(max_failures=0)),
+            datasets={"train": ray.data.from_arrow(batches), "eval": ray.data.from_arrow(eval_batches)},
+        )
+        result = trainer.fit()
+        t_fit = time.perf_counter()
+
+        # --- the best epoch's model, the curves, the manifest
+        best_ckpt, best_metrics = _best(result.best_checkpoints or [])
+        model_dir = storage.join(run.staging, MODEL_DIR)
+        _export_model(best_ckpt, model_dir)
+        curves = history(_log_history(result.checkpoint), steps_per_epoch)
+        final = result.metrics or {}
+        best = {"epoch": round(best_metrics.get("step", 0) / steps_per_epoch, 3), "step": best_metrics.get("step"),
+                **{k: v for k, v in best_metrics.items() if k.startswith("eval_")}}
+        training = {
+            "best": best, "epochs": curves["epochs"], "train_loss": curves["train_loss"],
+            "steps_per_epoch": steps_per_epoch, "max_steps": steps_per_epoch * job.epochs,
+            "global_step": final.get("global_step"), "resumed_from_step": final.get("resumed_from_step", 0),
+            "max_length": max_length, "stride": job.stride, "selected_by": BEST_METRIC,
+            "data": {"train": train_info, "eval": eval_info},
+            "throughput": {k: final.get(k) for k in ("train_tokens", "train_wall_s", "train_busy_s", "eval_s",
+                                                      "save_s", "tokens_per_s")},
+        }
+        write_training_report(run.staging, training)
+        counts = {
+            "train_pairs": train_pairs.num_rows, "eval_pairs": eval_pairs.num_rows,
+            "train_windows": train_w.num_rows, "eval_windows": eval_w.num_rows,
+            "train_batches": batches.num_rows, "eval_batches": eval_batches.num_rows,
+            "train_skipped_long_query": stats["train"].get("skipped_long_query", 0),
+            "eval_skipped_long_query": stats["eval"].get("skipped_long_query", 0),
+            **{f"train_skipped.{k}": v for k, v in train_info["skipped"].items()},
+            **{f"eval_skipped.{k}": v for k, v in eval_info["skipped"].items()},
+            "steps": int(final.get("global_step") or 0), "resumed_from_step": int(final.get("resumed_from_step") or 0),
+            "tokens": int(final.get("train_tokens") or 0), "workers": job.num_workers,
+        }
+        manifest = build_manifest(
+            run_id=run_id, command="train", config=config,
+            inputs=[train_info["path"], eval_info["path"], job.model],
+            tables={"train_pairs": {"rows": train_pairs.num_rows, "files": 1},
+                    "eval_pairs": {"rows": eval_pairs.num_rows, "files": 1}},
+            counts=counts,
+            timings_s={"total": time.perf_counter() - t0, "prepare": t_prep - t0, "fit": t_fit - t_prep,
+                       "export": time.perf_counter() - t_fit},
+        )
+        manifest["training"] = training
+        return run.commit(manifest), manifest
