@@ -31,6 +31,7 @@ from .loop import BEST_METRIC, train_loop_per_worker
 DEFAULT_MODEL = "answerdotai/ModernBERT-base"
 CHECKPOINTS = "checkpoints"
 MODEL_DIR = "model"
+SUMMARY = "train_summary.json"  # written by rank 0 when training ends: steps, tokens, times
 TRAINING_STATE_FILES = ("optimizer.pt", "scheduler.pt", "scaler.pt", "trainer_state.json", "training_args.bin")
 _RUNTIME = ("output", "run_id", "overwrite", "address", "num_cpus")
 
@@ -193,6 +194,7 @@ def run_train(job: TrainJob) -> tuple[str, dict[str, Any]]:
             "warmup_ratio": job.warmup_ratio, "weight_decay": job.weight_decay, "max_length": max_length,
             "stride": job.stride, "steps_per_epoch": steps_per_epoch, "use_gpu": job.use_gpu,
             "threads": job.cpus_per_worker, "eval_pairs": storage.join(run.staging, "eval_pairs"),
+            "summary": storage.join(run.staging, SUMMARY),
         }
         resources = {"CPU": job.cpus_per_worker, **({"GPU": 1} if job.use_gpu else {})}
         trainer = TorchTrainer(
@@ -215,7 +217,7 @@ def run_train(job: TrainJob) -> tuple[str, dict[str, Any]]:
         model_dir = storage.join(run.staging, MODEL_DIR)
         _export_model(best_ckpt, model_dir)
         curves = history(_log_history(result.checkpoint), steps_per_epoch)
-        final = result.metrics or {}
+        final = json.loads(storage.read_text(storage.join(run.staging, SUMMARY)))
         best = {"epoch": round(best_metrics.get("step", 0) / steps_per_epoch, 3), "step": best_metrics.get("step"),
                 **{k: v for k, v in best_metrics.items() if k.startswith("eval_")}}
         training = {

@@ -101,8 +101,7 @@ def evaluate_model(model, tokenizer, eval_batches: Callable[[], Iterator[dict[st
                 loss_sum[1] += n
     mine = list(range(rank, len(pairs), world))
     with tempfile.TemporaryDirectory() as d:
-        model.save_pretrained(d)
-        tokenizer.save_pretrained(d)
+        save_model_folder(model, tokenizer, d)
         preds_mine = span_predictions(d, [pairs[i] for i in mine], max_length=max_length, stride=stride,
                                       device=str(device))
     if was_training:
@@ -123,6 +122,17 @@ def evaluate_model(model, tokenizer, eval_batches: Callable[[], Iterator[dict[st
     out[f"{prefix}_loss"] = float(loss_sum[0] / loss_sum[1]) if loss_sum[1] else float("nan")
     out[f"{prefix}_seconds"] = time.perf_counter() - t0
     return out
+
+
+def save_model_folder(model, tokenizer, dest: str) -> None:
+    """Weights (safetensors), config and tokenizer as a model folder, on any rank (transformers'
+    ``save_pretrained`` writes only on rank 0 once torch.distributed is up)."""
+    from safetensors.torch import save_model
+
+    os.makedirs(dest, exist_ok=True)
+    save_model(model, os.path.join(dest, "model.safetensors"), metadata={"format": "pt"})
+    model.config.to_json_file(os.path.join(dest, "config.json"))
+    tokenizer.save_pretrained(dest)
 
 
 class _null:
@@ -231,7 +241,8 @@ def make_trainer(cfg: dict[str, Any], model, tokenizer, passes: BatchPasses,
         data_seed=cfg["seed"], ignore_data_skip=True, remove_unused_columns=False, dataloader_num_workers=0,
         ddp_find_unused_parameters=False,
     )
-    trainer = SpanTrainer(model=model, args=args, processing_class=tokenizer, callbacks=list(callbacks))
+    trainer = SpanTrainer(model=model, args=args, processing_class=tokenizer, callbacks=list(callbacks),
+                          eval_dataset=list(eval_pairs))  # evaluation itself is SpanTrainer.evaluate
     trainer.clock = clock
     return trainer
 
@@ -305,10 +316,12 @@ def train_loop_per_worker(cfg: dict[str, Any]) -> None:
     if _dist():
         _dist().all_reduce(tokens)
     busy = wall - trainer.clock["eval_s"] - trainer.clock["save_s"]
-    ray.train.report({
-        "done": 1, "global_step": int(output.global_step), "resumed_from_step": step,
+    summary = {
+        "global_step": int(output.global_step), "resumed_from_step": step, "workers": ctx.get_world_size(),
         "train_tokens": int(tokens.item()), "train_wall_s": wall, "train_busy_s": busy,
         "eval_s": trainer.clock["eval_s"], "save_s": trainer.clock["save_s"],
         "tokens_per_s": float(tokens.item()) / busy if busy > 0 else 0.0,
         "training_loss": float(output.training_loss),
-    })
+    }
+    if ctx.get_world_rank() == 0:  # Ray Train keeps metrics with checkpoints only: the summary goes in a file
+        storage.write_text(cfg["summary"], json.dumps(summary, sort_keys=True))
