@@ -38,7 +38,7 @@ import rapidfuzz  # noqa: E402
 from verbatim_batch.chunking import chunk_markdown  # noqa: E402
 from verbatim_batch.extract.align import ChunkIndex, align_spans  # noqa: E402
 from verbatim_batch.extract.sentences import sentence_segments  # noqa: E402
-from verbatim_batch.synth import generate_paper  # noqa: E402
+from verbatim_synth.corpus import generate_paper  # noqa: E402
 
 CATEGORIES = ("exact", "altered", "edited", "invented")
 WEIGHTS = (0.6, 0.2, 0.1, 0.1)

@@ -38,7 +38,7 @@ probabilities: tokenisation, window bookkeeping and span post-processing only. O
 the part left on the CPU, so n / its time is a ceiling on pairs/s for one process.
 
 Both sides use the same scoring of context tokens and the same post-processing
-(``spans.runs_above`` + ``spans.postprocess`` through ``Highlighter.spans_from_scores``), so the
+(per-window ``spans.runs_above`` + ``spans.postprocess`` through ``Highlighter.spans_from_scores``), so the
 spans must agree: the script checks that and reports the largest token-probability difference.
 
 Timing: pairs go to each method in groups of ``--group`` (64, what one extract-job actor call
@@ -77,10 +77,10 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from verbatim_batch import synth  # noqa: E402
+from verbatim_synth import corpus as synth  # noqa: E402
 from verbatim_batch.chunking import chunk_markdown  # noqa: E402
 from verbatim_batch.extract.highlighter import Highlighter, HighlighterConfig, TokenScores  # noqa: E402
-from verbatim_batch.labelled import candidate_sentences, keywords  # noqa: E402
+from verbatim_synth.labelled import candidate_sentences, keywords  # noqa: E402
 
 SHAPES = {
     "base": {},  # ModernBertConfig defaults = ModernBERT-base
@@ -167,19 +167,14 @@ def reference_loop(hl: Highlighter, queries, chunks, timing: dict) -> list:
         t1 = time.perf_counter()
         with torch.inference_mode():
             logits = model(input_ids=enc["input_ids"].to(dev), attention_mask=enc["attention_mask"].to(dev)).logits
-            pos = (1.0 - torch.softmax(logits.float(), dim=-1)[..., 0]).cpu().numpy()
+            pos = torch.softmax(logits.float(), dim=-1)[..., 1:].sum(dim=-1).cpu().numpy()
         t2 = time.perf_counter()
-        best: dict[tuple[int, int], float] = {}
+        windows = []
         for w in range(pos.shape[0]):
-            offsets = enc["offset_mapping"][w].tolist()
-            for t, sid in enumerate(enc.sequence_ids(w)):
-                s, e = offsets[t]
-                if sid != 1 or e <= s:
-                    continue
-                if pos[w, t] > best.get((s, e), -1.0):
-                    best[(s, e)] = float(pos[w, t])
-        segs = sorted(best)
-        scores = TokenScores(segs, np.array([best[s] for s in segs], dtype=np.float32), pos.shape[0])
+            ctx = np.array([sid == 1 for sid in enc.sequence_ids(w)], dtype=bool)
+            offsets = enc["offset_mapping"][w].numpy().astype(np.int64)
+            windows.append((offsets[ctx], pos[w][ctx].astype(np.float32)))
+        scores = TokenScores(windows)
         out.append((scores, hl.spans_from_scores(scores, c)))
         timing["tokenize_s"] += t1 - t0
         timing["forward_s"] += t2 - t1

@@ -56,7 +56,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench-nightly-"))
     try:
         corpus = tmp / "corpus"
-        subprocess.run([sys.executable, "-m", "verbatim_batch.synth", "--out", str(corpus), "--n", str(args.papers),
+        subprocess.run([sys.executable, "-m", "verbatim_synth", "--out", str(corpus), "--n", str(args.papers),
                         "--seed", "0"], check=True, capture_output=True)
         results = {"night1_scratch": night(tmp / "root", corpus, "n1"),
                    "night2_unchanged": night(tmp / "root", corpus, "n2")}

@@ -1,5 +1,10 @@
 """Choose the semantic extractor's threshold and margin on labelled pairs built from generated papers.
 
+Superseded for the defaults: this tunes the v1 extractor (unit similarity only) on synthetic papers,
+and those settings did not transfer to real text. The defaults now come from real papers, see
+``bench_offline_extractor.py`` (BENCHMARKS.md, "Offline extractor on real text"). Kept to
+reproduce the synthetic sweep.
+
     .venv/bin/python benchmarks/tune_semantic.py
     .venv/bin/python benchmarks/tune_semantic.py --papers 80 --picks 150 --json benchmarks/results-semantic-tuning.json
 
@@ -54,14 +59,16 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from verbatim_batch import synth  # noqa: E402
+from verbatim_synth import corpus as synth  # noqa: E402
 from verbatim_batch.chunking import chunk_markdown  # noqa: E402
 from verbatim_batch.extract.semantic import SemanticConfig, SemanticExtractor  # noqa: E402
 from verbatim_batch.extract.sentences import sentence_segments  # noqa: E402
-from verbatim_batch.labelled import _WORD_RE, STOPWORDS, candidate_sentences, keywords  # noqa: E402
+from verbatim_synth.labelled import _WORD_RE, STOPWORDS, candidate_sentences, keywords  # noqa: E402
 from verbatim_batch.metrics import EvalRow, evaluate  # noqa: E402
 
 THRESHOLDS = [round(0.30 + 0.05 * i, 2) for i in range(11)]  # 0.30 .. 0.80
+# the v1 extractor this script tuned: unit similarity only (no lexical or paragraph signal, no paragraph fill)
+UNIT_ONLY = {"lexical_weight": 0.0, "paragraph_weight": 0.0, "paragraph_fill": 1.0}
 MARGINS = [0.05, 0.10, 0.15, 0.20, 1.0]  # 1.0: no margin (cosine <= 1, threshold >= 0.3)
 # Reported as an edge check but never chosen: margin 0 keeps only the chunk's best unit, which suits this
 # set (its gold is always exactly one sentence) better than real evidence, often several sentences.
@@ -207,8 +214,9 @@ def main(argv=None) -> int:
     by_style = {(h, s): [i for i in halves[h] if pairs[i]["style"] == s] for h in halves for s in STYLES}
 
     def run(threshold: float, margin: float) -> list:
-        ex = SemanticExtractor(SemanticConfig(threshold=threshold, margin=margin, device="cpu"), embedder=base.embedder)
-        return [ex.spans_from_scores(segs, sims, p["chunk"]) for (segs, sims), p in zip(scored, pairs, strict=True)]
+        ex = SemanticExtractor(SemanticConfig(threshold=threshold, margin=margin, device="cpu", **UNIT_ONLY),
+                               embedder=base.embedder)
+        return [ex.spans_from_scores(s, p["chunk"]) for s, p in zip(scored, pairs, strict=True)]
 
     t0 = time.perf_counter()
     grid = []
@@ -226,7 +234,7 @@ def main(argv=None) -> int:
 
     best = max(grid, key=lambda g: (round(g["tune"]["micro_f1"], 6), round(g["tune"]["macro_f1"], 6),
                                     g["threshold"]))
-    current = SemanticConfig()
+    current = SemanticConfig(threshold=0.40, margin=0.05)  # the v1 defaults this sweep chose
     compare = {"chosen": (best["threshold"], best["margin"]), "placeholders": PLACEHOLDERS}
     if (current.threshold, current.margin) not in compare.values():
         compare["config_defaults"] = (current.threshold, current.margin)
@@ -239,7 +247,8 @@ def main(argv=None) -> int:
     # Similarity distribution: best unit of positives vs negatives, and the gold unit's rank.
     best_sim = {"pos": [], "neg": []}
     gold_is_top = []
-    for (segs, sims), p in zip(scored, pairs, strict=True):
+    for sc, p in zip(scored, pairs, strict=True):
+        segs, sims = sc.segments, sc.unit
         best_sim["pos" if p["relevant"] else "neg"].append(float(sims.max()) if len(sims) else 0.0)
         if p["relevant"]:
             g = segs.index(tuple(p["gold"][0]))

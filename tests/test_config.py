@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from verbatim_batch import config
-from verbatim_batch.cli import _with_config, build_parser
+from verbatim_batch.cli import parse_args, build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,18 +28,18 @@ extract:
   no_structured_output: true
   output: /data/spans
 """)
-    args = _with_config(["extract", "--config", conf, "--pairs", "p.jsonl", "--top-k", "7"])
+    args = parse_args(["extract", "--config", conf, "--pairs", "p.jsonl", "--top-k", "7"])
     assert (args.num_cpus, args.extractor, args.threshold, args.top_k) == (3, "highlighter", 0.25, 7)
     assert args.no_structured_output is True and args.output == "/data/spans"  # a required flag, from the file
-    args = _with_config(["extract", "--config", conf, "--pairs", "p.jsonl", "--threshold", "0.5"])
+    args = parse_args(["extract", "--config", conf, "--pairs", "p.jsonl", "--threshold", "0.5"])
     assert args.threshold == 0.5  # the command line wins
-    chunk = _with_config(["chunk", "--config", conf, "--input", "in", "--output", "out"])
+    chunk = parse_args(["chunk", "--config", conf, "--input", "in", "--output", "out"])
     assert chunk.num_cpus == 3  # top-level keys reach every command that has the option
 
 
 def test_custom_types_take_yaml_lists(tmp_path):
     conf = _write(tmp_path, "chunk:\n  heading_levels: [1, 2]\n  normalize: [crlf, nfc]\n")
-    args = _with_config(["chunk", "--config", conf, "--input", "in", "--output", "out"])
+    args = parse_args(["chunk", "--config", conf, "--input", "in", "--output", "out"])
     assert args.heading_levels == (1, 2) and args.normalize == ("crlf", "nfc")
 
 
@@ -64,7 +64,7 @@ def test_bad_configs_name_the_key(tmp_path, text, message):
 def test_cli_reports_config_errors_and_exits_2(tmp_path, capsys):
     conf = _write(tmp_path, "extract:\n  treshold: 0.2\n")
     with pytest.raises(SystemExit) as exc:
-        _with_config(["extract", "--config", conf, "--pairs", "p", "--output", "o"])
+        parse_args(["extract", "--config", conf, "--pairs", "p", "--output", "o"])
     assert exc.value.code == 2 and "treshold" in capsys.readouterr().err
 
 

@@ -54,7 +54,7 @@ def test_kuberay_rayjob_manifest():
 
 
 def test_every_job_script_maps_to_a_cli_command():
-    commands = set(config._subparsers(build_parser()))
+    commands = set(config.subparsers(build_parser()))
     scripts = sorted((ROOT / "jobs").glob("*.py"))
     assert {"chunk", "embed", "index", "retrieve", "extract", "evaluate", "querygen", "silver", "nightly"} <= {
         s.stem for s in scripts}

@@ -21,7 +21,8 @@ import pytest  # noqa: E402
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from verbatim_batch import synth, tables  # noqa: E402
+from verbatim_batch import tables  # noqa: E402
+from verbatim_synth import corpus as synth  # noqa: E402
 from verbatim_batch.chunking import build_context, chunk_markdown  # noqa: E402
 from verbatim_batch.embedding import (  # noqa: E402
     BUNDLED_MODEL_ID,

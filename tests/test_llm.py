@@ -188,13 +188,13 @@ def test_query_generator_runs_three_steps_and_records_failures():
 def test_vllm_backend_requests_and_interpretation_without_the_engine():
     """Everything around ray.data.llm: request rows in, generated text out -> the same tables."""
     from verbatim_batch.extract.pairs import pairs_from_records
-    from verbatim_batch.pipeline import _LLMInterpret, _vllm_requests
+    from verbatim_batch.extract.vllm import LLMInterpret, vllm_requests
 
     cfg = LLMConfig(model="Qwen/Qwen3-8B", backend="vllm", docs_per_request=2)
     records = [{"query": "lr", "chunk": DOCS[0]}, {"query": "lr", "chunk": DOCS[1]}, {"query": "lr", "chunk": DOCS[2]},
                {"query": "bleu", "chunk": DOCS[1]}, {"query": "", "chunk": DOCS[0]}]
     pairs = pairs_from_records(records)
-    requests, bad = _vllm_requests(pairs, cfg, "run")
+    requests, bad = vllm_requests(pairs, cfg, "run")
     assert requests.num_rows == 3  # lr: 2 + 1 documents; bleu: 1
     assert [len(c) for c in requests["chunks"].to_pylist()] == [2, 1, 1]
     assert unpack(bad)["pairs"]["error"].to_pylist() == ["empty_query"]
@@ -204,9 +204,26 @@ def test_vllm_backend_requests_and_interpretation_without_the_engine():
     rows = [{"request_id": r["request_id"], "pairs_json": r["pairs_json"], "generated_text": a,
              "error": None if a else "engine died", "latency_ms": None}
             for r, a in zip(requests.to_pylist(), answers, strict=True)]
-    out = unpack(_LLMInterpret(cfg, "run")(pa.Table.from_pylist(rows)))
+    out = unpack(LLMInterpret(cfg, "run")(pa.Table.from_pylist(rows)))
     pairs_out = out["pairs"].to_pylist()
     assert len(pairs_out) == 4 and [p["error"] for p in pairs_out].count(None) == 3
     assert [p["error"] for p in pairs_out if p["error"]] == ["llm_request_failed: engine died"]
     assert sorted(out["spans"]["text"].to_pylist()) == ["Our model reaches 29.1 BLEU", "The learning rate is 2e-5"]
     assert out["rejects"]["span"].to_pylist() == ["made-up sentence here"]
+
+
+def test_vllm_backend_honours_max_chunk_chars():
+    """A chunk over ``--max-chunk-chars`` becomes an error row before any request is built (as with http)."""
+    from verbatim_batch.extract.pairs import pairs_from_records
+    from verbatim_batch.extract.vllm import vllm_requests
+
+    cfg = LLMConfig(model="Qwen/Qwen3-8B", backend="vllm", docs_per_request=5)
+    long_doc = max(DOCS, key=len)
+    pairs = pairs_from_records([{"query": "lr", "chunk": d} for d in DOCS])
+    requests, bad = vllm_requests(pairs, cfg, "run", max_chunk_chars=len(long_doc) - 1)
+    errors = unpack(bad)["pairs"]["error"].to_pylist()
+    assert len(errors) == sum(len(d) > len(long_doc) - 1 for d in DOCS) and all(e.startswith("chunk_too_large")
+                                                                               for e in errors), errors
+    assert sum(len(c) for c in requests["chunks"].to_pylist()) == len(DOCS) - len(errors)
+    requests, bad = vllm_requests(pairs, cfg, "run")  # the default limit (200,000) lets them all through
+    assert bad is None and sum(len(c) for c in requests["chunks"].to_pylist()) == len(DOCS)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from chain_digest import assert_demo_digests
 from raycluster import LocalRayCluster, ray_cli
 
 from verbatim_batch.runs import read_manifest, read_table
@@ -24,7 +25,7 @@ from verbatim_batch.runs import read_manifest, read_table
 REPO = Path(__file__).resolve().parents[1]
 ACCELERATOR = "accelerator_type:L4"
 RUNS = {"chunks": "chunk", "embeddings": "embed", "index": "index", "retrieval": "retrieve", "spans": "extract"}
-MODEL_ACTORS = ("_EmbedActor", "_RetrieveActor", "_ExtractActor")
+MODEL_ACTORS = ("EmbedActor", "RetrieveActor", "ExtractActor")
 
 pytestmark = pytest.mark.slow
 
@@ -109,6 +110,7 @@ def _wait_for_tasks(cluster: LocalRayCluster, job_id: str, name: str, timeout: f
 
 
 def _check_outputs(out: Path) -> None:
+    assert_demo_digests(str(out))  # every table as the pre-refactor code wrote it
     for run, command in RUNS.items():
         manifest = read_manifest(str(out / run))
         assert manifest["command"] == command and manifest["status"] == "committed", manifest

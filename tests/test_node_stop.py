@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 RUN = "r1"
 WORKERS = ("worker-1", "worker-2")
-MODEL_ACTORS = ("_EmbedActor", "_RetrieveActor", "_ExtractActor")
+MODEL_ACTORS = ("EmbedActor", "RetrieveActor", "ExtractActor")
 RECOVERY_S = 240  # the interrupted job gets this long after the node is stopped to end by itself
 
 

@@ -19,7 +19,7 @@ from test_nightly import EXAMPLES, PAPERS, assert_tables_match, make_corpus, nig
 
 from verbatim_batch import faults, storage
 from verbatim_batch.faults import InjectedFault
-from verbatim_batch.nightly import publish
+from verbatim_batch.runs import publish
 from verbatim_batch.runs import (
     RUNS_DIR,
     OutputExistsError,

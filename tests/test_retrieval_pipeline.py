@@ -11,9 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from verbatim_batch import synth
+from verbatim_synth import corpus as synth
 from verbatim_batch.index import DenseSpec
-from verbatim_batch.labelled import make_labelled_queries
+from verbatim_synth.labelled import make_labelled_queries
 from verbatim_batch.pipeline import (
     ChunkJob,
     EmbedJob,

@@ -109,7 +109,7 @@ def test_real_prompt_builders(server):
     """The repository's own prompts over synthetic papers, as the pipeline sends them (up to ~10k tokens)."""
     from verbatim_batch import querygen
     from verbatim_batch.extract import prompts
-    from verbatim_batch.synth import generate_paper
+    from verbatim_synth.corpus import generate_paper
 
     rng = random.Random(3)
     papers = [generate_paper(21, i).markdown for i in range(4)]
@@ -133,7 +133,7 @@ def test_real_prompt_builders(server):
 
 
 def test_extraction_answer_quotes_common_paper_text():
-    from verbatim_batch.synth import generate_paper
+    from verbatim_synth.corpus import generate_paper
 
     quote = json.loads(dict(SCRIPT)["<doc_0>"])["doc_0"][0]
     papers = [generate_paper(0, i).markdown for i in range(20)]

@@ -1,4 +1,4 @@
-"""Tests for the synthetic corpus generator (verbatim_batch.synth)."""
+"""Tests for the synthetic corpus generator (verbatim_synth)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import statistics
 
 import pytest
 
-from verbatim_batch import synth
-from verbatim_batch.synth import (
+from verbatim_synth import corpus as synth
+from verbatim_synth.corpus import (
     SyntheticPaper,
     generate_paper,
     iter_corpus,

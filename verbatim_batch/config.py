@@ -31,7 +31,7 @@ class ConfigError(ValueError):
     """A config file that cannot be applied."""
 
 
-def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+def subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
     for action in parser._actions:  # noqa: SLF001 - argparse keeps subparsers here
         if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
             return dict(action.choices)
@@ -95,7 +95,7 @@ def _convert(path: str, where: str, action: argparse.Action, value: Any) -> Any:
 def apply(parser: argparse.ArgumentParser, command: str, path: str) -> dict[str, Any]:
     """Set the command's defaults from the config file (flags still override); returns what was applied."""
     data = load(path)
-    subs = _subparsers(parser)
+    subs = subparsers(parser)
     if command not in subs:
         raise ConfigError(f"unknown command {command!r}")
     options = _options(subs[command])

@@ -14,14 +14,14 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from . import corpus
+from . import corpus, tables
 from .chunking import ChunkerConfig, build_context, chunk_markdown, first_heading, verify_chunks
 from .tables import CHUNKS, PAPERS, QUARANTINE, QuarantineReason, chunk_id, stable_hash
 
 DEFAULT_MAX_PAPER_BYTES = 16 * 1024 * 1024
 
 # Papers an incremental run found unchanged (internal: the chunk job replaces them with the earlier rows).
-UNCHANGED = pa.schema([pa.field("paper_id", pa.string(), nullable=False), pa.field("source", pa.string())])
+UNCHANGED = tables.UNCHANGED_PAPERS
 METADATA_FIELDS = ("title", "authors", "year", "venue", "url", "language")
 
 

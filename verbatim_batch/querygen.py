@@ -22,6 +22,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from . import tables
 from .tables import stable_hash
 
 # (name, what it asks for, a short example) — the 18 types of the question taxonomy.
@@ -58,11 +59,7 @@ QUESTION_TYPES: list[tuple[str, str, str]] = [
 TYPE_NAMES = [t[0] for t in QUESTION_TYPES]
 _TYPE_INDEX = {re.sub(r"[^a-z]", "", n.lower()): n for n in TYPE_NAMES}
 
-QUERIES_SCHEMA = pa.schema([
-    ("query_id", pa.string()), ("query", pa.string()), ("question", pa.string()), ("question_type", pa.string()),
-    ("paper_id", pa.string()), ("chunk_id", pa.string()), ("chunk_index", pa.int32()), ("model_id", pa.string()),
-    ("error", pa.string()),
-])
+QUERIES_SCHEMA = tables.GENERATED_QUERIES
 
 
 def types_messages(chunk: str) -> list[dict[str, str]]:
@@ -162,9 +159,7 @@ def pick_chunks(chunks: pa.Table, paper_ids: Sequence[str], seed: int = 0, min_c
         options = sorted(by_paper.get(pid, []), key=lambda r: r["chunk_index"])
         if options:
             out.append(random.Random(f"chunk:{seed}:{pid}").choice(options))
-    return pa.Table.from_pylist(out, schema=pa.schema([
-        ("chunk_id", pa.string()), ("paper_id", pa.string()), ("chunk_index", pa.int32()),
-        ("text", pa.large_string()), ("heading_path", pa.list_(pa.string()))]))
+    return pa.Table.from_pylist(out, schema=tables.PICKED_CHUNKS)
 
 
 class QueryGenerator:

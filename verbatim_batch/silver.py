@@ -72,38 +72,7 @@ _REFERENCE_HEADING = re.compile(
     rf"(?:selected |cited |select )?(?:{'|'.join(REFERENCE_HEADINGS)})(?: and notes| cited)?"
 )
 LABEL_IGNORE = -100
-
-SILVER_SCHEMA = tables._schema(
-    "silver",
-    [
-        pa.field("question", pa.string(), nullable=False),
-        pa.field("paper_id", pa.string()),
-        pa.field("chunk_id", pa.string()),
-        pa.field("chunk", pa.large_string(), nullable=False),
-        pa.field("label", pa.int8(), nullable=False),  # 1 when the pair has spans
-        pa.field(
-            "spans",
-            pa.list_(pa.struct([("start", pa.int64()), ("end", pa.int64()), ("text", pa.large_string())])),
-            nullable=False,
-        ),
-        pa.field("source", pa.string(), nullable=False),  # gold | retrieved
-        pa.field("rank", pa.int32()),  # retrieval rank, null when retrieval missed the gold chunk
-        pa.field("teacher_model", pa.string()),
-        pa.field("query_id", pa.string(), nullable=False),
-    ],
-)
-
-SILVER_WINDOWS_SCHEMA = tables._schema(
-    "silver_windows",
-    [
-        pa.field("query_id", pa.string(), nullable=False),
-        pa.field("chunk_id", pa.string()),
-        pa.field("window", pa.int32(), nullable=False),  # 0-based window index within the pair
-        pa.field("input_ids", pa.list_(pa.int32()), nullable=False),
-        pa.field("attention_mask", pa.list_(pa.int8()), nullable=False),
-        pa.field("labels", pa.list_(pa.int8()), nullable=False),  # 1 evidence, 0 context, -100 ignored
-    ],
-)
+SILVER_SCHEMA, SILVER_WINDOWS_SCHEMA = tables.SILVER, tables.SILVER_WINDOWS
 
 # --- text signals ------------------------------------------------------------------------------------------
 

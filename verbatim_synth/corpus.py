@@ -22,8 +22,8 @@ with ``str.replace`` once per paper.  One core produces several tens of MB/s.
 
 CLI::
 
-    python -m verbatim_batch.synth --out DIR --n 100 [--seed 0] [--format md|parquet|jsonl] [--bad]
-    python -m verbatim_batch.synth --out DIR --total-mb 1024 --format parquet
+    python -m verbatim_synth --out DIR --n 100 [--seed 0] [--format md|parquet|jsonl] [--bad]
+    python -m verbatim_synth --out DIR --total-mb 1024 --format parquet
 """
 
 # ruff: noqa: E501  (sentence templates, captions and code snippets are long string data)
@@ -1721,7 +1721,7 @@ def write_bad_inputs(out_dir, seed: int = 0, big_bytes: int = 50 * 1024 * 1024) 
 # ---------------------------------------------------------------------------
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m verbatim_batch.synth",
+    ap = argparse.ArgumentParser(prog="python -m verbatim_synth",
                                  description="Generate a synthetic docling-style paper corpus.")
     ap.add_argument("--out", required=True, help="output directory")
     g = ap.add_mutually_exclusive_group(required=True)

@@ -8,7 +8,6 @@ dropping it or stopping the job.
 
 from __future__ import annotations
 
-import io
 import json
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -17,6 +16,7 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 
 from .. import storage
+from ..records import iter_records
 from ..tables import PAIR_INPUT, pair_id, query_id_for, text_chunk_id
 
 # Fields of a pairs file that have a column of their own; everything else goes to ``extra``.
@@ -25,26 +25,8 @@ _CHUNK_COLUMNS = ["chunk_id", "paper_id", "chunk_index", "start", "text"]
 
 
 def read_pair_records(path: str) -> Iterable[dict[str, Any]]:
-    """Rows of a JSONL or Parquet pairs file (local or a URI); a JSONL line that is not an object yields an
-    error record."""
-    if path.endswith(".parquet") or storage.isdir(path):
-        yield from storage.dataset(path).to_table().to_pylist()
-        return
-    fs, local = storage.resolve(path)
-    with fs.open_input_stream(local) as raw, io.TextIOWrapper(raw, encoding="utf-8", errors="replace") as fh:
-        for lineno, line in enumerate(fh, 1):  # streamed; \n, \r\n and \r all end a line
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                yield {"__error__": f"invalid_json: line {lineno}: {exc.msg}", "__line__": lineno}
-                continue
-            if not isinstance(rec, dict):
-                yield {"__error__": f"invalid_record: line {lineno} is not a JSON object", "__line__": lineno}
-                continue
-            rec.setdefault("__line__", lineno)
-            yield rec
+    """Rows of a JSONL or Parquet pairs file (``records.iter_records``: a malformed line is an error record)."""
+    return iter_records(path)
 
 
 def chunk_lookup(chunks_dir: str, chunk_ids: Iterable[str]) -> dict[str, dict[str, Any]]:

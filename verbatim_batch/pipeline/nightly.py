@@ -31,23 +31,23 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import storage
-from .chunking import ChunkerConfig
-from .faults import fault_point
-from .runs import (
+from .. import storage
+from ..chunking import ChunkerConfig
+from ..faults import fault_point
+from ..runs import (
     RUNS_DIR,
     build_manifest,
     committed_run,
     current_run,
     new_run_id,
-    prune_runs,
-    read_manifest,
+    publish,
     safe_run_id,
-    set_current,
-    validate_manifest,
+    write_manifest,
 )
+from .chains import STAGES, Chain, run_chain
+from .retrieve import jsonable
+from .runner import write_report
 
-STAGES = ("chunks", "embeddings", "index", "retrieval", "spans")
 PLAN_FILE = "plan.json"
 
 
@@ -76,15 +76,14 @@ class NightlyJob:
     num_cpus: int | None = None
 
     def config(self) -> dict[str, Any]:
-        from .embedding import EmbedderConfig
-        from .extract.semantic import SemanticConfig
-        from .pipeline import _jsonable
+        from ..embedding import EmbedderConfig
+        from ..extract.semantic import SemanticConfig
 
         return {"input": self.input, "queries": self.queries, "metadata": self.metadata, "format": self.format,
                 "chunker_config_hash": self.chunker.hash, "embedder_hash": (self.embedder or EmbedderConfig()).hash,
                 "extractor_hash": (self.extractor or SemanticConfig()).hash, "method": self.method,
                 "top_k": self.top_k, "max_drift": self.max_drift,
-                "dense": _jsonable(self.dense.__dict__) if self.dense is not None else None}
+                "dense": jsonable(self.dense.__dict__) if self.dense is not None else None}
 
 
 def _plan(run_dir: str, root: str, config: dict[str, Any]) -> dict[str, Any]:
@@ -103,21 +102,6 @@ def _plan(run_dir: str, root: str, config: dict[str, Any]) -> dict[str, Any]:
 
 def run_nightly(job: NightlyJob) -> tuple[str, dict[str, Any]]:
     """One incremental run under ``job.root``; moves ``current`` to it once it is committed."""
-    from .embedding import EmbedderConfig
-    from .extract.semantic import SemanticConfig
-    from .pipeline import (
-        ChunkJob,
-        EmbedJob,
-        ExtractJob,
-        IndexJob,
-        RetrieveJob,
-        run_chunk,
-        run_embed,
-        run_extract,
-        run_index,
-        run_retrieve,
-    )
-
     t0 = time.perf_counter()
     root = storage.normalize(job.root)
     config = job.config()
@@ -129,39 +113,14 @@ def run_nightly(job: NightlyJob) -> tuple[str, dict[str, Any]]:
     plan = _plan(run_dir, root, config)
     base = storage.join(root, RUNS_DIR, plan["base"]) if plan["base"] else None
 
-    def out(stage: str) -> str:
-        return storage.join(run_dir, stage)
-
-    def prev(stage: str) -> str | None:
-        return storage.join(base, stage) if base else None
-
-    ray_args = {"address": job.address, "num_cpus": job.num_cpus, "run_id": run_id}
-    steps = [
-        ("chunks", lambda: run_chunk(ChunkJob(
-            input=job.input, output=out("chunks"), format=job.format, metadata=job.metadata, chunker=job.chunker,
-            previous=prev("chunks"), **ray_args))),
-        ("embeddings", lambda: run_embed(EmbedJob(
-            chunks=out("chunks"), output=out("embeddings"), embedder=job.embedder or EmbedderConfig(),
-            batch_rows=job.embed_batch_rows, previous=prev("embeddings"), max_retries=job.max_retries,
-            **ray_args))),
-        ("index", lambda: run_index(IndexJob(
-            embeddings=out("embeddings"), chunks=out("chunks"), output=out("index"), dense=job.dense,
-            previous=prev("index"), max_drift=job.max_drift, **ray_args))),
-        ("retrieval", lambda: run_retrieve(RetrieveJob(
-            index=out("index"), queries=job.queries, output=out("retrieval"), previous=prev("retrieval"),
-            **ray_args))),
-        ("spans", lambda: run_extract(ExtractJob(
-            output=out("spans"), extractor=job.extractor or SemanticConfig(), retrieval=out("retrieval"),
-            method=job.method, top_k=job.top_k, batch_rows=job.extract_batch_rows, previous=prev("spans"),
-            max_retries=job.max_retries, **ray_args))),
-    ]
-    manifests: dict[str, dict[str, Any]] = {}
-    timings: dict[str, float] = {}
-    for name, step in steps:
-        t = time.perf_counter()
-        _, manifests[name] = step()
-        timings[name] = time.perf_counter() - t
-        fault_point(f"stage.done:{name}")
+    chain = Chain(input=job.input, queries=job.queries, metadata=job.metadata, format=job.format,
+                  chunker=job.chunker, embedder=job.embedder, dense=job.dense, extractor=job.extractor,
+                  method=job.method, top_k=job.top_k, max_drift=job.max_drift, embed_batch_rows=job.embed_batch_rows,
+                  extract_batch_rows=job.extract_batch_rows)
+    results, timings = run_chain(chain, run_dir, previous=base, run_id=run_id, address=job.address,
+                                 num_cpus=job.num_cpus, max_retries=job.max_retries,
+                                 after_stage=lambda name: fault_point(f"stage.done:{name}"))
+    manifests = {name: m for name, (_, m) in results.items()}
     manifest = build_manifest(
         run_id=run_id, command="nightly", config=config | {"base": plan["base"]},
         inputs=[job.input, job.queries] + ([job.metadata] if job.metadata else []),
@@ -170,28 +129,10 @@ def run_nightly(job: NightlyJob) -> tuple[str, dict[str, Any]]:
     )
     manifest["stages"] = {name: name for name in STAGES}
     manifest["index_update"] = manifests["index"].get("update", {"action": "rebuilt"})
-    validate_manifest(manifest)
-    fault_point("commit")
-    storage.write_text(storage.join(run_dir, "manifest.json"), json.dumps(manifest, indent=2, sort_keys=True))
-    _report(run_dir, manifest)
+    write_manifest(run_dir, manifest, on_commit=write_report)
     fault_point("nightly.committed")  # committed, `current` not yet moved
     manifest["pruned"] = publish(root, run_id, job.keep_runs)
     return run_dir, manifest
-
-
-def publish(root: str, run_id: str, keep_runs: int) -> list[str]:
-    """Move ``current`` to a committed run unless a newer run is already current, then apply retention;
-    returns the run ids pruned. Safe to repeat: a rerun of a run killed after its commit calls it again."""
-    current = current_run(root)
-    if current != run_id:
-        created = read_manifest(storage.join(root, RUNS_DIR, run_id))["created_at"]
-        try:
-            newer = current is not None and read_manifest(storage.join(root, RUNS_DIR, current))["created_at"] > created
-        except FileNotFoundError:  # the current run is gone: anything committed replaces it
-            newer = False
-        if not newer:
-            set_current(root, run_id)
-    return prune_runs(root, keep_runs, protect=(run_id,))
 
 
 def _counts(manifests: dict[str, dict[str, Any]]) -> dict[str, int]:
@@ -212,15 +153,3 @@ def _counts(manifests: dict[str, dict[str, Any]]) -> dict[str, int]:
             if key in got:
                 counts[f"{stage}.{key}"] = int(got[key])
     return counts
-
-
-def _report(run_dir: str, manifest: dict[str, Any]) -> None:
-    from .report import write_report
-
-    try:
-        write_report(run_dir, manifest)
-    except Exception as exc:  # noqa: BLE001 - the report never stops a commit
-        import logging
-
-        logging.getLogger(__name__).warning("could not write the nightly report for %s: %s", run_dir, exc)
-

@@ -64,7 +64,8 @@ class RunDir:
         self.resumed = storage.isdir(self.staging)
         storage.makedirs(self.staging)
 
-    def commit(self, manifest: Mapping[str, Any], on_commit: Callable[[str, dict[str, Any]], None] | None = None) -> str:
+    def commit(self, manifest: Mapping[str, Any],
+               on_commit: Callable[[str, dict[str, Any]], None] | None = None) -> str:
         """Write the manifest (and whatever ``on_commit`` derives from the run, e.g. its report), then move
         the staging folder into place."""
         write_manifest(self.staging, manifest, on_commit)

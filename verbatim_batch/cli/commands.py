@@ -1,0 +1,324 @@
+"""The commands: each turns parsed options into a job, runs it, and prints where its outputs are."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from importlib import resources
+from typing import Any
+
+from .. import storage
+from ..chunking import ChunkerConfig
+
+EXAMPLES = resources.files("verbatim_batch") / "examples"
+
+
+def _given(args: argparse.Namespace, **names: str) -> dict[str, Any]:
+    """``{field: args.<dest>}`` for every ``field=dest`` whose option was given (not None)."""
+    return {f: getattr(args, d) for f, d in names.items() if getattr(args, d, None) is not None}
+
+
+def run_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``RunOptions`` fields a command's run and Ray options set."""
+    return _given(args, output="output", overwrite="overwrite", run_id="run_id", previous="previous",
+                  max_retries="stage_retries", address="address", num_cpus="num_cpus")
+
+
+def actor_options(args: argparse.Namespace) -> dict[str, Any]:
+    return _given(args, batch_rows="batch_rows", concurrency="concurrency", threads="threads")
+
+
+def chunker(args: argparse.Namespace, prefix: str = "") -> ChunkerConfig:
+    p = prefix.replace("-", "_")
+    return ChunkerConfig(heading_levels=getattr(args, p + "heading_levels"), min_chars=getattr(args, p + "min_chars"),
+                         max_chars=getattr(args, p + "max_chars"), normalization=getattr(args, p + "normalize"))
+
+
+def llm_config(args: argparse.Namespace, **fixed: Any):
+    """An ``LLMConfig`` from the LLM options (those a command does not take stay at their defaults)."""
+    from ..extract import extractor_config
+
+    if not args.model:
+        raise ValueError("--extractor llm needs --model (the served model name, or a hub id for vllm)")
+    given = _given(args, backend="backend", base_url="base_url", api_key_env="api_key_env", style="style",
+                   docs_per_request="docs_per_request", max_tokens="max_tokens", max_in_flight="max_in_flight",
+                   timeout_s="timeout", max_retries="max_retries", tensor_parallel_size="tensor_parallel_size",
+                   engines="engines")
+    if getattr(args, "no_structured_output", False):
+        given["structured_output"] = False
+    return extractor_config("llm", model=args.model, **(given | fixed))
+
+
+def extractor(args: argparse.Namespace, threshold: float | None = None):
+    """The extractor config the extractor options describe."""
+    from ..extract import extractor_config
+
+    common = {"threshold": threshold if threshold is not None else args.threshold, "min_chars": args.min_chars,
+              "merge_gap": args.merge_gap, "token_budget": args.token_budget}
+    if args.extractor == "highlighter":
+        return extractor_config(
+            "highlighter", model=args.model, revision=args.revision, max_length=args.max_length, stride=args.stride,
+            dtype=args.dtype, trust_remote_code=args.trust_remote_code or None, **common)
+    if args.extractor == "llm":
+        return llm_config(args)
+    return extractor_config("semantic", model=args.model, margin=args.margin, **common)
+
+
+def report(path: str, manifest: dict) -> None:
+    """Where a committed run's tables are, and its main counts."""
+    counts = manifest["counts"]
+    print(f"run {manifest['run_id']} committed to {path}")
+    for name, info in manifest["tables"].items():
+        print(f"  {name:<11} {info['rows']:>9} rows  {os.path.join(path, name)}")
+    print(f"  manifest    {os.path.join(path, 'manifest.json')}")
+    reasons = {k.split(".", 1)[1]: v for k, v in counts.items() if k.startswith("quarantine.")}
+    if reasons:
+        print(f"  quarantined by reason: {json.dumps(reasons, sort_keys=True)}")
+    if "papers_bytes" in counts:
+        print(f"  {counts['papers_bytes'] / 1e6:.1f} MB of papers in {manifest['timings_s']['total']:.1f} s")
+    if "pairs" in counts:
+        print(f"  {counts['pairs']} pairs: {counts.get('pairs_with_spans', 0)} with spans, "
+              f"{counts.get('pairs_abstained', 0)} abstained, {counts.get('pairs_failed', 0)} failed; "
+              f"{counts.get('spans', 0)} spans, {counts.get('verbatim_violations', 0)} withheld as non-verbatim")
+    if "truncated" in counts:
+        print(f"  {counts.get('tokens', 0)} tokens, {counts['truncated']} chunks truncated to the model's length")
+
+
+def cmd_chunk(args: argparse.Namespace) -> int:
+    from ..pipeline import ChunkJob, run_chunk
+
+    if args.max_paper_mb <= 0:
+        raise ValueError(f"--max-paper-mb must be positive, got {args.max_paper_mb}")
+    path, manifest = run_chunk(ChunkJob(
+        input=args.input, format=args.format, metadata=args.metadata, chunker=chunker(args),
+        max_paper_bytes=int(args.max_paper_mb * 1024 * 1024), store_text=not args.no_store_text,
+        **_given(args, concurrency="concurrency"), **run_options(args)))
+    report(path, manifest)
+    return 0
+
+
+def cmd_embed(args: argparse.Namespace) -> int:
+    from ..embedding import EmbedderConfig
+    from ..pipeline import EmbedJob, run_embed
+
+    fields = {"output_dtype": args.output_dtype, "trust_remote_code": args.trust_remote_code}
+    fields |= _given(args, model="model", revision="revision", max_length="max_length", token_budget="token_budget")
+    path, manifest = run_embed(EmbedJob(chunks=args.chunks, embedder=EmbedderConfig(**fields), **actor_options(args),
+                                        **run_options(args)))
+    report(path, manifest)
+    return 0
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    from ..index import DenseSpec
+    from ..pipeline import IndexJob, run_index
+
+    spec = DenseSpec(kind=args.kind, nlist=args.nlist, nprobe=args.nprobe, pq_m=args.pq_m)
+    path, manifest = run_index(IndexJob(embeddings=args.embeddings, chunks=args.chunks, dense=spec,
+                                        bm25=not args.no_bm25, max_drift=args.max_drift, **run_options(args)))
+    report(path, manifest)
+    return 0
+
+
+def _weights(value: str) -> dict[str, float]:
+    out = {}
+    for part in value.split(","):
+        name, _, weight = part.partition("=")
+        try:
+            out[name.strip()] = float(weight)
+        except ValueError:
+            raise ValueError(f"--weights expects name=number pairs like dense=1,bm25=0.5, got {value!r}") from None
+    return out
+
+
+def cmd_retrieve(args: argparse.Namespace) -> int:
+    from ..pipeline import RetrieveJob, run_retrieve
+    from ..retrieval import RetrieverConfig
+
+    cfg = RetrieverConfig(
+        index_dir=args.index, k=args.k, methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
+        weights=_weights(args.weights), rrf_k=args.rrf_k, nprobe=args.nprobe,
+    )
+    path, manifest = run_retrieve(RetrieveJob(index=args.index, queries=args.queries, retriever=cfg,
+                                              **_given(args, batch_rows="batch_rows", concurrency="concurrency"),
+                                              **run_options(args)))
+    report(path, manifest)
+    return 0
+
+
+def cmd_extract(args: argparse.Namespace) -> int:
+    from ..pipeline import ExtractJob, run_extract
+
+    path, manifest = run_extract(ExtractJob(
+        extractor=extractor(args), pairs=args.pairs, retrieval=args.retrieval, chunks=args.chunks,
+        queries=args.queries, method=args.method, top_k=args.top_k, max_chunk_chars=args.max_chunk_chars,
+        **actor_options(args), **run_options(args)))
+    report(path, manifest)
+    return 0
+
+
+def _thresholds(value: str) -> list[float]:
+    try:
+        return [float(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"--sweep-threshold expects numbers like 0.2,0.3,0.4, got {value!r}") from None
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from ..evaluate import evaluate_files, evaluate_predictions, gold_key, load_gold
+    from ..extract import build_extractor
+    from ..metrics import format_table
+
+    if args.sweep_threshold is None:
+        if not args.predictions:
+            raise ValueError("give --predictions, or --sweep-threshold to run an extractor on the gold pairs")
+        result = evaluate_files(args.gold, args.predictions)
+        print(json.dumps(result, indent=2) if args.json else format_table(result))
+        return 0
+    thresholds = _thresholds(args.sweep_threshold)
+    if args.extractor not in ("highlighter", "semantic"):
+        raise ValueError("--sweep-threshold works with the highlighter and semantic extractors")
+    gold = load_gold(args.gold)
+    ext = build_extractor(extractor(args, thresholds[0]))
+    runs = ext.sweep([g["query"] for g in gold], [g["chunk"] for g in gold], thresholds)
+    results = {}
+    for t, pair_results in runs.items():
+        preds = {gold_key(g): [(s.start, s.end) for s in r.spans] for g, r in zip(gold, pair_results, strict=True)}
+        results[str(t)] = evaluate_predictions(gold, preds)
+    if args.json:
+        print(json.dumps({"extractor": ext.describe(), "thresholds": results}, indent=2))
+    else:
+        for t, result in results.items():
+            print(f"\n== {args.extractor} at threshold {t} ==")
+            print(format_table(result))
+    return 0
+
+
+def cmd_querygen(args: argparse.Namespace) -> int:
+    from ..pipeline import QueryGenJob, run_querygen
+
+    path, manifest = run_querygen(QueryGenJob(
+        chunks=args.chunks, llm=llm_config(args, backend="http"), seed=args.seed,
+        **_given(args, n_papers="n_papers", concurrency="concurrency"), **run_options(args)))
+    report(path, manifest)
+    return 0
+
+
+def cmd_silver(args: argparse.Namespace) -> int:
+    from ..pipeline import SilverJob, run_silver
+
+    path, manifest = run_silver(SilverJob(
+        chunks=args.chunks, index=args.index, llm=llm_config(args, backend="http"), seed=args.seed,
+        dev_fraction=args.dev_fraction, tokenizer=args.tokenizer,
+        **_given(args, n_papers="n_papers", top_k="top_k", max_length="max_length", stride="stride"),
+        **run_options(args)))
+    report(path, manifest)
+    steps = ("papers", "queries", "rows", "kept", "train", "dev")
+    print("  " + " -> ".join(f"{manifest['counts'].get(k, 0)} {k}" for k in steps))
+    return 0
+
+
+def cmd_nightly(args: argparse.Namespace) -> int:
+    from ..embedding import EmbedderConfig
+    from ..pipeline import NightlyJob, run_nightly
+
+    if args.embed_model is None:  # the bundled embedder needs no hub
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    job = NightlyJob(
+        input=args.input, queries=args.queries, root=args.root, metadata=args.metadata, format=args.format,
+        chunker=chunker(args, "chunk-"), embedder=EmbedderConfig(model=args.embed_model) if args.embed_model else None,
+        extractor=extractor(args), method=args.method, top_k=args.top_k, max_drift=args.max_drift,
+        keep_runs=args.keep_runs, embed_batch_rows=args.embed_batch_rows, extract_batch_rows=args.extract_batch_rows,
+        **_given(args, run_id="run_id", max_retries="stage_retries", address="address", num_cpus="num_cpus"))
+    path, manifest = run_nightly(job)
+    counts = manifest["counts"]
+    print(f"nightly run {manifest['run_id']} committed to {path}; current -> {manifest['run_id']}")
+    print("  papers: " + ", ".join(f"{counts.get('chunks.papers_' + k, 0)} {k}"
+                                   for k in ("unchanged", "changed", "added", "removed")))
+    c = {k.split(".", 1)[1]: v for k, v in counts.items() if k.startswith(("embeddings.", "spans."))}
+    print(f"  chunks embedded {c.get('embedded', 0)}, carried {c.get('carried', 0)}; "
+          f"index {manifest.get('index_update', {}).get('action')}")
+    print(f"  pairs extracted {c.get('extracted_pairs', 0)}, carried {c.get('carried_pairs', 0)}; "
+          f"{c.get('spans', 0)} spans")
+    if storage.is_remote(args.root):  # object stores have no `current` symlink: CURRENT names the run
+        print(f"  load the current span table: verbatim_batch.runs.current_table('{args.root}', 'spans')")
+    else:
+        print(f"  load the current span table: pandas.read_parquet('{os.path.join(args.root, 'current/spans/spans')}')")
+    return 0
+
+
+def demo_chain():
+    """The demo's chain: the bundled example corpus and labelled queries, offline defaults."""
+    from ..pipeline import Chain
+
+    corpus_dir = str(EXAMPLES / "corpus")
+    return Chain(input=corpus_dir, queries=str(EXAMPLES / "queries.jsonl"), format="md",
+                 metadata=os.path.join(corpus_dir, "metadata.jsonl"))
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """chunk -> embed -> index -> retrieve -> extract on the bundled corpus and queries, offline on CPU."""
+    from ..pipeline import run_chain
+    from ..records import read_rows
+    from ..retrieval import recall_at
+    from ..runs import read_manifest, read_table
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    out = storage.normalize(args.output)
+    chain = demo_chain()
+
+    def show(stage: str) -> None:
+        path = os.path.join(out, stage)
+        print(f"\n== {stage} ==")
+        report(path, read_manifest(path))
+
+    run_chain(chain, out, overwrite=True, address=args.address, num_cpus=args.num_cpus, after_stage=show)
+    labels, _ = read_rows(chain.queries, columns=["query_id", "chunk_id"])
+    recall = recall_at(read_table(os.path.join(out, "retrieval"), "retrieval"),
+                       {r["query_id"]: r["chunk_id"] for r in labels.to_pylist()}, k=5)
+    print(f"\nrecall@5 on the {labels.num_rows} bundled labelled queries: "
+          + ", ".join(f"{m} {v:.2f}" for m, v in recall.items()))
+    _show_spans(os.path.join(out, "spans"))
+    print(f"\nA readable report with the spans highlighted: {os.path.join(out, 'spans', 'report.html')}")
+    print(f"\nOutputs under {out}. Load the span table with:")
+    print(f"  {sys.executable} -c \"import pyarrow.parquet as pq; "
+          f"print(pq.read_table('{out}/spans/spans').to_pandas().head())\"")
+    return 0
+
+
+def _show_spans(run_dir: str, n: int = 3) -> None:
+    """A few extracted spans, best first, so a new user sees what the run produced."""
+    from ..runs import read_table
+
+    spans = read_table(run_dir, "spans", ["query", "paper_id", "text", "score"]).to_pylist()
+    spans.sort(key=lambda r: -(r["score"] or 0))
+    print(f"\n{len(spans)} verbatim spans; the top {min(n, len(spans))}:")
+    for r in spans[:n]:
+        text = " ".join(r["text"].split())
+        print(f"  [{r['score']:.2f}] {r['query']!r} -> {r['paper_id']}: \"{text[:160]}\"")
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from ..report import REPORT_HTML, REPORT_JSON, write_report
+
+    result = write_report(args.run_dir, n_samples=args.samples)
+    print(f"{result['command']} run {result['run_id']}:")
+    print(f"  {os.path.join(args.run_dir, REPORT_JSON)}\n  {os.path.join(args.run_dir, REPORT_HTML)}")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from ..verify import verify_run
+
+    result = verify_run(args.run_dir)
+    print(json.dumps(result, indent=2))
+    return 1 if result["errors"] else 0
+
+
+HANDLERS = {
+    "chunk": cmd_chunk, "embed": cmd_embed, "index": cmd_index, "retrieve": cmd_retrieve, "extract": cmd_extract,
+    "evaluate": cmd_evaluate, "querygen": cmd_querygen, "silver": cmd_silver, "demo": cmd_demo,
+    "nightly": cmd_nightly, "verify": cmd_verify, "report": cmd_report,
+}

@@ -1,0 +1,250 @@
+"""Every command-line option, declared once, and the groups commands are built from.
+
+``OPTIONS`` maps an option's name to its flag and argparse settings; ``GROUPS`` names the sets that several
+commands share (run, Ray, actors, chunker, embedder, extractor, LLM). A command lists the groups and single
+options it takes (``COMMANDS``), optionally with a flag prefix (``nightly`` takes the chunker group as
+``--chunk-*``) or a per-command ``required``/``default``. The YAML config key of an option is its ``dest``
+(the flag without dashes, ``-`` as ``_``), so each option has exactly one key.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..chunking import ChunkerConfig
+from ..corpus import NORMALIZATIONS
+
+
+def _levels(value: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated levels like 1,2,3,4, got {value!r}") from None
+
+
+def _normalizations(value: str) -> tuple[str, ...]:
+    ops = tuple(v.strip() for v in value.split(",") if v.strip() and v.strip() != "none")
+    bad = set(ops) - set(NORMALIZATIONS)
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown normalization {sorted(bad)}; choose from {NORMALIZATIONS}")
+    return ops
+
+
+@dataclass(frozen=True)
+class Opt:
+    flag: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def _o(flag: str, **kwargs: Any) -> Opt:
+    return Opt(flag, kwargs)
+
+
+_CHUNKER = ChunkerConfig()
+FORMATS = ["auto", "md", "parquet", "jsonl"]
+
+OPTIONS: dict[str, Opt] = {
+    # run folders and Ray (every run-writing command)
+    "output": _o("--output", help="run folder to create (atomically)"),
+    "overwrite": _o("--overwrite", action="store_true",
+                    help="replace an existing run folder that this tool wrote (anything else is refused)"),
+    "run_id": _o("--run-id", help="name the run; rerunning with the same id after a crash resumes it "
+                 "(committed work is skipped) and a committed run is left as is"),
+    "previous": _o("--previous", help="an earlier run of this stage: its results for unchanged input are carried "
+                   "over instead of computed again (chunk: unchanged papers; embed: unchanged chunks; index: "
+                   "updated in place; retrieve: reused when index and queries are the same; extract: unchanged "
+                   "pairs)"),
+    "stage_retries": _o("--stage-retries", type=int, help="retries of a failed batch (recorded in the manifest) (2)"),
+    "config": _o("--config", help="YAML file of options (see README: Configuration); flags override it"),
+    "address": _o("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)"),
+    "num_cpus": _o("--num-cpus", type=int, help="CPUs for a local Ray (default: all)"),
+    # actor pools
+    "batch_rows": _o("--batch-rows", type=int, help="rows per actor call, sorted and packed inside "
+                     "(embed 1024, extract 64)"),
+    "concurrency": _o("--concurrency", type=int, help="parallel actors or tasks (default: one model actor per "
+                      "GPU, else 1; 2 for LLM requests; chunk: as many as Ray schedules)"),
+    "threads": _o("--threads", type=int, help="torch threads per CPU actor (default: all CPUs)"),
+    # inputs
+    "input": _o("--input", help="the corpus: a folder of .md files, or a Parquet/JSONL file or folder"),
+    "format": _o("--format", choices=FORMATS, default="auto", help="input format (auto: from file extensions)"),
+    "metadata": _o("--metadata", help="metadata table (.parquet/.jsonl/.csv) joined by paper id"),
+    "chunks": _o("--chunks", help="a committed chunk run folder"),
+    "embeddings": _o("--embeddings", help="a committed embed run folder"),
+    "index": _o("--index", help="an index run folder from `verbatim-batch index`"),
+    "queries": _o("--queries", help="query file (JSONL, Parquet or CSV) with query (and query_id)"),
+    "pairs": _o("--pairs", help="JSONL/Parquet pairs file (query + chunk or chunk_id per row)"),
+    "retrieval": _o("--retrieval", help="a committed retrieval run: pairs are query x top-k"),
+    "root": _o("--root", help="folder holding runs/ and the current pointer"),
+    # chunker and ingest
+    "min_chars": _o("--min-chars", type=int, default=_CHUNKER.min_chars, help="merge chunks shorter than this"),
+    "max_chars": _o("--max-chars", type=int, default=_CHUNKER.max_chars, help="split chunks longer than this"),
+    "heading_levels": _o("--heading-levels", type=_levels, default=_CHUNKER.heading_levels,
+                         help="ATX levels that split (1,2,3,4)"),
+    "normalize": _o("--normalize", type=_normalizations, default=(),
+                    help=f"opt-in text normalisation, comma-separated from {','.join(NORMALIZATIONS)} (default: "
+                    "none; changes offsets and is recorded on every row)"),
+    "max_paper_mb": _o("--max-paper-mb", type=float, default=16.0, help="quarantine papers larger than this"),
+    "no_store_text": _o("--no-store-text", action="store_true", help="do not keep paper text in the papers table"),
+    # models (embedder, highlighter, semantic, LLM)
+    "model": _o("--model", help="hub id or local path; for an LLM, the name the endpoint serves (defaults: embed "
+                "and semantic: the bundled all-MiniLM-L6-v2; highlighter: KRLabsOrg/acl-verbatim-modernbert)"),
+    "revision": _o("--revision", help="model revision (hub)"),
+    "max_length": _o("--max-length", type=int, help="tokens per model input: the embedder truncates to it, the "
+                     "highlighter and silver windows cut windows of it (embedder: the model's; highlighter: 8192)"),
+    "stride": _o("--stride", type=int, help="tokens shared by neighbouring windows (256)"),
+    "token_budget": _o("--token-budget", type=int, help="padded tokens per forward pass"),
+    "output_dtype": _o("--output-dtype", choices=["float32", "float16"], default="float32",
+                       help="embedding vectors' type"),
+    "trust_remote_code": _o("--trust-remote-code", action="store_true",
+                            help="allow model code from the hub (off by default)"),
+    "dtype": _o("--dtype", choices=["auto", "float32", "bfloat16", "float16"], help="highlighter weights (auto)"),
+    # extractors
+    "extractor": _o("--extractor", choices=["semantic", "highlighter", "llm"], default="semantic",
+                    help="semantic: offline sentence scorer (bundled MiniLM); highlighter: ModernBERT token "
+                    "classifier; llm: an LLM through an OpenAI-compatible endpoint or in-cluster vLLM"),
+    "threshold": _o("--threshold", type=float, help="keep tokens / sentences scoring at least this "
+                    "(highlighter 0.2; semantic: see README)"),
+    "span_min_chars": _o("--min-chars", type=int, help="drop spans shorter than this (10)"),
+    "merge_gap": _o("--merge-gap", type=int, help="merge spans at most this many characters apart (20)"),
+    "margin": _o("--margin", type=float, help="semantic: keep sentences within this of the best one"),
+    "max_chunk_chars": _o("--max-chunk-chars", type=int, help="pairs with longer chunks become error rows (200000)"),
+    # LLMs
+    "backend": _o("--backend", choices=["http", "vllm"], help="http: OpenAI-compatible endpoint; vllm: in-cluster"),
+    "base_url": _o("--base-url", help="http: the endpoint, e.g. http://127.0.0.1:8000/v1 (or OPENAI_BASE_URL)"),
+    "api_key_env": _o("--api-key-env", help="http: environment variable holding the API key (OPENAI_API_KEY)"),
+    "style": _o("--style", choices=["default", "paragraph"], help="prompt: exact spans, or whole passages"),
+    "docs_per_request": _o("--docs-per-request", type=int,
+                           help="chunks per request as doc_0..doc_n (5; 1 = one each)"),
+    "max_tokens": _o("--max-tokens", type=int, help="answer length limit (2048)"),
+    "no_structured_output": _o("--no-structured-output", action="store_true",
+                               help="do not ask for schema-constrained JSON"),
+    "max_in_flight": _o("--max-in-flight", type=int, help="http: concurrent requests per actor (8)"),
+    "timeout": _o("--timeout", type=float, help="http: seconds per request (180)"),
+    "max_retries": _o("--max-retries", type=int, help="http: retries with backoff on 429/5xx/connection errors (4)"),
+    "tensor_parallel_size": _o("--tensor-parallel-size", type=int, help="vllm: GPUs per engine (1)"),
+    "engines": _o("--engines", type=int, help="vllm: engine replicas (1)"),
+    # index and retrieval
+    "kind": _o("--kind", choices=["auto", "flat", "ivf_flat", "ivf_pq"], default="auto",
+               help="auto: exact Flat below 1M vectors, IVF-Flat up to 20M, IVF-PQ above"),
+    "nlist": _o("--nlist", type=int, help="IVF lists (default: 4 x sqrt(vectors))"),
+    "nprobe": _o("--nprobe", type=int, help="IVF lists to probe (default: the index's)"),
+    "pq_m": _o("--pq-m", type=int, help="IVF-PQ sub-quantizers"),
+    "no_bm25": _o("--no-bm25", action="store_true", help="skip the full-text index"),
+    "max_drift": _o("--max-drift", type=float, default=0.2, help="with --previous: rebuild the index when "
+                    "(removed + added) / vectors since the last build exceeds this"),
+    "k": _o("--k", type=int, default=10, help="chunks retrieved per query and method"),
+    "methods": _o("--methods", default="dense,bm25,hybrid", help="any of dense,bm25,hybrid"),
+    "weights": _o("--weights", default="dense=1,bm25=1", help="hybrid RRF weights"),
+    "rrf_k": _o("--rrf-k", type=int, default=60, help="RRF constant"),
+    "method": _o("--method", default="hybrid", help="retrieval method whose top-k rows become pairs"),
+    "top_k": _o("--top-k", type=int, default=5, help="retrieved chunks per query to extract from"),
+    # evaluate
+    "gold": _o("--gold", help="pairs file with relevant and gold_spans"),
+    "predictions": _o("--predictions", help="a span table / extract run folder, or JSONL rows with spans"),
+    "json": _o("--json", action="store_true", help="print the metrics as JSON"),
+    "sweep_threshold": _o("--sweep-threshold", help="run an extractor on the gold pairs at these thresholds, e.g. "
+                          "0.2,0.3,0.4,0.5, and score each (needs no --predictions)"),
+    # querygen, silver
+    "n_papers": _o("--n-papers", type=int, help="papers to sample, one chunk each (querygen 100, silver 2000)"),
+    "seed": _o("--seed", type=int, default=0, help="sampling seed"),
+    "dev_fraction": _o("--dev-fraction", type=float, default=0.1, help="queries held out for the dev split"),
+    "tokenizer": _o("--tokenizer", help="write tokenized windows for this tokenizer (hub id or path)"),
+    # nightly
+    "keep_runs": _o("--keep-runs", type=int, default=7, help="committed runs kept (older ones are deleted)"),
+    "embed_batch_rows": _o("--embed-batch-rows", type=int, default=1024, help="chunks per embedding actor call"),
+    "extract_batch_rows": _o("--extract-batch-rows", type=int, default=64, help="pairs per extraction actor call"),
+    # report
+    "samples": _o("--samples", type=int, default=12, help="pairs shown with highlighted spans (extract runs)"),
+}
+
+GROUPS: dict[str, list[str]] = {
+    "run": ["output", "overwrite", "run_id", "previous", "stage_retries"],
+    "ray": ["config", "address", "num_cpus"],
+    "actors": ["batch_rows", "concurrency", "threads"],
+    "chunker": ["min_chars", "max_chars", "heading_levels", "normalize"],
+    "ingest": ["max_paper_mb", "no_store_text"],
+    "embedder": ["model", "revision", "max_length", "token_budget", "output_dtype", "trust_remote_code"],
+    "extractor": ["extractor", "model", "revision", "threshold", "span_min_chars", "merge_gap", "max_length",
+                  "stride", "margin", "token_budget", "dtype", "trust_remote_code"],
+    "llm": ["backend", "base_url", "api_key_env", "style", "docs_per_request", "max_tokens", "no_structured_output",
+            "max_in_flight", "timeout", "max_retries", "tensor_parallel_size", "engines"],
+}
+
+
+@dataclass(frozen=True)
+class Use:
+    """A group or option a command takes: with a flag prefix, or other ``required``/``default`` settings."""
+
+    name: str
+    prefix: str = ""
+    only: tuple[str, ...] = ()  # of a group, only these options
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+def _u(name: str, prefix: str = "", only: tuple[str, ...] = (), **settings: Any) -> Use:
+    return Use(name, prefix, only, settings)
+
+
+REQ = {"required": True}
+COMMANDS: dict[str, tuple[str, list[Use]]] = {
+    "chunk": ("chunk a corpus into papers/chunks/quarantine Parquet tables", [
+        _u("input", **REQ), _u("format"), _u("metadata"), _u("concurrency"), _u("run", only=(
+            "output", "overwrite", "run_id", "previous")), _u("chunker"), _u("ingest"), _u("ray")]),
+    "embed": ("embed the chunks of a chunk run", [
+        _u("chunks", **REQ), _u("embedder"), _u("actors"), _u("run"), _u("ray")]),
+    "index": ("build FAISS + BM25 indexes from an embeddings run", [
+        _u("embeddings", **REQ), _u("chunks", **REQ), _u("kind"), _u("nlist"), _u("nprobe"), _u("pq_m"),
+        _u("no_bm25"), _u("max_drift"), _u("run", only=("output", "overwrite", "run_id", "previous")), _u("ray")]),
+    "retrieve": ("top-k chunks per query: dense, BM25 and hybrid", [
+        _u("index", **REQ), _u("queries", **REQ), _u("k"), _u("methods"), _u("weights"), _u("rrf_k"),
+        _u("nprobe"), _u("actors", only=("batch_rows", "concurrency")),
+        _u("run", only=("output", "overwrite", "run_id", "previous")), _u("ray")]),
+    "extract": ("extract verbatim evidence spans for (query, chunk) pairs", [
+        _u("pairs"), _u("retrieval"), _u("chunks"), _u("queries"), _u("method"), _u("top_k"), _u("extractor"),
+        _u("llm"), _u("max_chunk_chars"), _u("actors"), _u("run"), _u("ray")]),
+    "evaluate": ("score predicted spans against a gold pairs file (paper metrics)", [
+        _u("gold", **REQ), _u("predictions"), _u("json"), _u("sweep_threshold"), _u("extractor"), _u("llm"),
+        _u("config")]),
+    "querygen": ("generate 3 search queries per sampled chunk with an LLM (3 steps)", [
+        _u("chunks", **REQ), _u("n_papers"), _u("seed"), _u("concurrency"), _u("model", **REQ),
+        _u("llm", only=("base_url", "api_key_env", "max_tokens", "no_structured_output", "max_in_flight",
+                        "timeout", "max_retries")),
+        _u("run", only=("output", "overwrite", "run_id")), _u("ray")]),
+    "silver": ("silver training data: sample, querygen, retrieve, teacher, filter, split", [
+        _u("chunks", **REQ), _u("index", **REQ), _u("n_papers"), _u("seed"), _u("top_k"), _u("dev_fraction"),
+        _u("tokenizer"), _u("max_length"), _u("stride"), _u("model", **REQ),
+        _u("llm", only=("base_url", "api_key_env", "max_tokens", "no_structured_output", "max_in_flight",
+                        "timeout", "max_retries")),
+        _u("run", only=("output", "overwrite", "run_id", "stage_retries")), _u("ray")]),
+    "nightly": ("incremental run against the last committed one; moves ROOT/current", [
+        _u("input", **REQ), _u("queries", **REQ), _u("root", **REQ), _u("metadata"), _u("format"),
+        _u("model", prefix="embed-", help="embedding model, hub id or path (default: the bundled MiniLM)"),
+        _u("method"), _u("top_k"), _u("max_drift"), _u("keep_runs"), _u("embed_batch_rows"),
+        _u("extract_batch_rows"), _u("chunker", prefix="chunk-"), _u("extractor"), _u("llm"),
+        _u("run", only=("run_id", "stage_retries")), _u("ray")]),
+    "demo": ("run the pipeline on the bundled example corpus (offline, CPU)", [
+        _u("output", default="verbatim-demo", help="folder for the demo's runs"), _u("ray")]),
+}
+
+
+def _add(parser: argparse.ArgumentParser, name: str, use: Use) -> None:
+    opt = OPTIONS[name]
+    flag = "--" + use.prefix + opt.flag[2:]
+    kwargs = dict(opt.kwargs) | use.settings
+    dest = (use.prefix + name).replace("-", "_")
+    if name == "span_min_chars":  # the extractor's --min-chars keeps the flag's own key
+        dest = "min_chars"
+    parser.add_argument(flag, dest=dest, **kwargs)
+
+
+def add_options(parser: argparse.ArgumentParser, uses: list[Use]) -> None:
+    """Add the options of ``uses`` (groups or single options) to a command's parser."""
+    for use in uses:
+        if use.name in GROUPS:
+            for name in GROUPS[use.name]:
+                if not use.only or name in use.only:
+                    _add(parser, name, Use(name, use.prefix, (), use.settings))
+        else:
+            _add(parser, use.name, use)

@@ -1,0 +1,27 @@
+"""Stages wired into Ray Data, each in its own module, all run by one runner (``runner.run_stage``).
+
+- ``ray_env``: joining or starting Ray, sizing model actors;
+- ``source`` / ``sink``: reading a corpus, writing a stage's tables with resumable writes and carry-forward;
+- ``runner``: the run lifecycle shared by every stage (staging, resume, carry, manifest, commit, report);
+- one module per stage: ``chunk``, ``embed``, ``index``, ``retrieve``, ``extract``, ``querygen``, ``silver``;
+- ``chains``: chunk -> embed -> index -> retrieve -> extract, defined once; ``nightly``: incremental chains.
+"""
+
+from .chains import STAGES, Chain, run_chain
+from .chunk import ChunkJob, run_chunk
+from .embed import EmbedJob, run_embed
+from .extract import ExtractJob, build_pairs, run_extract
+from .index import IndexJob, run_index
+from .nightly import NightlyJob, run_nightly
+from .querygen import QueryGenJob, run_querygen
+from .ray_env import init_ray
+from .retrieve import RetrieveJob, read_queries, run_retrieve
+from .runner import RunOptions, Stage, StageContext, StageResult, run_stage
+from .silver import SilverJob, run_silver
+
+__all__ = [
+    "STAGES", "Chain", "ChunkJob", "EmbedJob", "ExtractJob", "IndexJob", "NightlyJob", "QueryGenJob", "RetrieveJob",
+    "RunOptions", "SilverJob", "Stage", "StageContext", "StageResult", "build_pairs", "init_ray", "read_queries",
+    "run_chain", "run_chunk", "run_embed", "run_extract", "run_index", "run_nightly", "run_querygen",
+    "run_retrieve", "run_silver", "run_stage",
+]

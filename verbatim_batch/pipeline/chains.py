@@ -1,0 +1,89 @@
+"""The chain chunk -> embed -> index -> retrieve -> extract, defined once.
+
+The demo, nightly runs, benchmarks and tests all run it through ``run_chain``: each stage is its own
+committed run folder under one output folder (``chunks/``, ``embeddings/``, ``index/``, ``retrieval/``,
+``spans/``), optionally building on the same stages of an earlier chain (``previous``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import storage
+from ..chunking import ChunkerConfig
+from .chunk import ChunkJob, run_chunk
+from .embed import EmbedJob, run_embed
+from .extract import ExtractJob, run_extract
+from .index import IndexJob, run_index
+from .retrieve import RetrieveJob, run_retrieve
+
+STAGES = ("chunks", "embeddings", "index", "retrieval", "spans")
+
+
+@dataclass
+class Chain:
+    """What a chain run reads and how each stage is set up (None: the stage's offline default)."""
+
+    input: str  # the corpus
+    queries: str  # the query file
+    metadata: str | None = None
+    format: str = "auto"
+    chunker: ChunkerConfig = field(default_factory=ChunkerConfig)
+    embedder: Any = None  # EmbedderConfig
+    dense: Any = None  # index.DenseSpec
+    extractor: Any = None  # extractor config; None: the offline semantic extractor
+    method: str = "hybrid"
+    top_k: int = 5
+    max_drift: float = 0.2
+    embed_batch_rows: int = 1024
+    extract_batch_rows: int = 64
+
+
+def run_chain(chain: Chain, output: str, *, previous: str | None = None, run_id: str | None = None,
+              overwrite: bool = False, address: str | None = None, num_cpus: int | None = None,
+              max_retries: int = 2, after_stage: Callable[[str], None] | None = None,
+              ) -> tuple[dict[str, tuple[str, dict[str, Any]]], dict[str, float]]:
+    """Run every stage into ``output/<stage>``; returns ``({stage: (path, manifest)}, {stage: seconds})``."""
+    from ..embedding import EmbedderConfig
+    from ..extract.semantic import SemanticConfig
+
+    out = storage.normalize(output)
+
+    def at(stage: str) -> str:
+        return storage.join(out, stage)
+
+    def prev(stage: str) -> str | None:
+        return storage.join(previous, stage) if previous else None
+
+    common = {"run_id": run_id, "overwrite": overwrite, "address": address, "num_cpus": num_cpus,
+              "max_retries": max_retries}
+    steps: dict[str, Callable[[], tuple[str, dict[str, Any]]]] = {
+        "chunks": lambda: run_chunk(ChunkJob(
+            input=chain.input, output=at("chunks"), format=chain.format, metadata=chain.metadata,
+            chunker=chain.chunker, previous=prev("chunks"), **common)),
+        "embeddings": lambda: run_embed(EmbedJob(
+            chunks=at("chunks"), output=at("embeddings"), embedder=chain.embedder or EmbedderConfig(),
+            batch_rows=chain.embed_batch_rows, previous=prev("embeddings"), **common)),
+        "index": lambda: run_index(IndexJob(
+            embeddings=at("embeddings"), chunks=at("chunks"), output=at("index"), dense=chain.dense,
+            previous=prev("index"), max_drift=chain.max_drift, **common)),
+        "retrieval": lambda: run_retrieve(RetrieveJob(
+            index=at("index"), queries=chain.queries, output=at("retrieval"), previous=prev("retrieval"),
+            **common)),
+        "spans": lambda: run_extract(ExtractJob(
+            output=at("spans"), extractor=chain.extractor or SemanticConfig(), retrieval=at("retrieval"),
+            method=chain.method, top_k=chain.top_k, batch_rows=chain.extract_batch_rows, previous=prev("spans"),
+            **common)),
+    }
+    results: dict[str, tuple[str, dict[str, Any]]] = {}
+    timings: dict[str, float] = {}
+    for name in STAGES:
+        t = time.perf_counter()
+        results[name] = steps[name]()
+        timings[name] = time.perf_counter() - t
+        if after_stage is not None:
+            after_stage(name)
+    return results, timings

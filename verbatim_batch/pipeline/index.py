@@ -1,0 +1,89 @@
+"""The index stage: an embed run (+ its chunk run) -> FAISS and BM25 indexes, built in one Ray task (on a
+GPU node when there is one), or updated from ``previous`` when the embed run carried vectors from it."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from .. import storage
+from ..index.folder import build_index_files, index_fingerprint, update_index_files
+from ..runs import committed_table_dir, manifest_config, read_manifest
+from .ray_env import gpus
+from .runner import RunOptions, Stage, StageContext, StageResult, run_stage
+
+
+@dataclass
+class IndexJob(RunOptions):
+    embeddings: str  # a committed embed run folder
+    chunks: str  # the chunk run it came from (for BM25 text and paper ids)
+    dense: Any = None  # index.DenseSpec; None: auto by size
+    bm25: bool = True
+    max_drift: float = 0.2  # (removed + added) / old vectors above which the index is rebuilt
+
+
+class IndexStage(Stage):
+    command = "index"
+
+    def plan(self) -> tuple[dict[str, Any], list[str]]:
+        job: IndexJob = self.job
+        self.emb_dir = committed_table_dir(job.embeddings, "embeddings")
+        self.chunks_dir = committed_table_dir(job.chunks, "chunks")
+        self.embed_config = manifest_config(job.embeddings)
+        config = {"embeddings": job.embeddings, "chunks": job.chunks, "bm25": job.bm25,
+                  "embedder": self.embed_config["embedder"]}
+        return config | ({"max_drift": job.max_drift} if job.previous else {}), [job.embeddings, job.chunks]
+
+    def _update(self, staging: str) -> dict[str, Any] | None:
+        """Stats of an in-place update of ``previous``, or None when it must be rebuilt."""
+        from ..index import DenseSpec
+
+        job: IndexJob = self.job
+        prev = manifest_config(job.previous)
+        prev_embed = manifest_config(prev["embeddings"])
+        if not (self.embed_config.get("previous") == prev["embeddings"] and prev["bm25"] == job.bm25
+                and prev_embed.get("model_revision") == self.embed_config.get("model_revision")
+                and (job.dense is None or dataclasses.asdict(job.dense) == dataclasses.asdict(DenseSpec()))):
+            return None
+        since = prev.get("since_rebuild") or [read_manifest(job.previous)["counts"]["vectors"], 0]
+        stats = update_index_files(job.previous, self.emb_dir, self.chunks_dir, staging, job.bm25, job.max_drift,
+                                   tuple(since))
+        if stats:
+            stats["spec"] = prev["dense"]
+        return stats
+
+    def execute(self, ctx: StageContext) -> StageResult:
+        from ..index import DenseSpec
+
+        job: IndexJob = self.job
+        stats = self._update(ctx.staging) if job.previous else None
+        if stats is None:
+            ctx.ray()
+            task = ray.remote(num_cpus=1, num_gpus=1 if gpus() else 0)(build_index_files)
+            stats = ray.get(task.remote(self.emb_dir, self.chunks_dir, ctx.staging, job.dense or DenseSpec(),
+                                        job.bm25))
+        config = {
+            "dense": stats["spec"],
+            "fingerprint": index_fingerprint(storage.join(ctx.staging, "ids.parquet"), self.embed_config,
+                                             stats["spec"], job.bm25),
+            "since_rebuild": stats.get("since_rebuild", [stats["n"], 0]),
+        }
+        counts = {"vectors": stats["n"], "dim": stats["dim"]}
+        counts |= {k: stats[k] for k in ("removed", "added") if k in stats}
+        return StageResult(
+            tables={"ids": {"rows": stats["n"], "files": 1}}, counts=counts, timings_s=stats["timings"],
+            config=config,
+            manifest={"update": {"action": stats["update"], "drift": round(stats.get("drift", 1.0), 6)}})
+
+
+def run_index(job: IndexJob) -> tuple[str, dict[str, Any]]:
+    """Build the dense and full-text indexes of an embed run.
+
+    With ``previous`` (the index of the embed run that ``job.embeddings`` carried vectors from), the old index
+    is updated in place (removed chunks out, new ones in, trained structure kept) unless the drift is over
+    ``max_drift``; the manifest says which (``update``: unchanged, added or rebuilt).
+    """
+    return run_stage(IndexStage(job))

@@ -1,0 +1,155 @@
+"""The silver job: sample -> queries -> retrieve -> teacher extraction -> filter -> split -> write.
+
+Each step is its own committed run under the job's output folder (``querygen/``, ``retrieval/``,
+``teacher/``, ``data/``), all under one run id, so a rerun with ``--run-id`` after a kill skips the steps
+already committed and resumes the one that was interrupted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .. import storage
+from ..runs import committed_table_dir, new_run_id, read_table
+from .extract import ExtractJob, run_extract
+from .querygen import QueryGenJob, run_querygen
+from .retrieve import RetrieveJob, jsonable, run_retrieve
+from .runner import RunOptions, Stage, StageContext, StageResult, run_stage
+
+
+@dataclass
+class SilverJob(RunOptions):
+    """``output``: a folder for the job's runs: querygen/, retrieval/, teacher/, data/."""
+
+    chunks: str  # committed chunk run
+    index: str  # index folder built from that chunk run
+    llm: Any  # LLMConfig for query generation and the teacher (the teacher uses the paragraph prompt)
+    n_papers: int = 2000
+    seed: int = 0
+    top_k: int = 5
+    dev_fraction: float = 0.1
+    tokenizer: str | None = None  # hub id or path; None: no tokenized windows
+    max_length: int = 8192
+    stride: int = 256
+
+
+def silver_pairs(queries: pa.Table, retrieval: pa.Table, top_k: int) -> list[dict[str, Any]]:
+    """Top-k hybrid chunks of each generated query, plus its source chunk when retrieval missed it."""
+    hits: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in retrieval.filter(pc.equal(retrieval["method"], "hybrid")).to_pylist():
+        if r["rank"] <= top_k:
+            hits[r["query_id"]].append(r)
+    out = []
+    for q in queries.to_pylist():
+        ranked = sorted(hits.get(q["query_id"], []), key=lambda r: r["rank"])
+        rows = [{"query_id": q["query_id"], "query": q["query"], "chunk_id": r["chunk_id"], "rank": r["rank"],
+                 "source": "gold" if r["chunk_id"] == q["chunk_id"] else "retrieved"} for r in ranked]
+        if all(r["chunk_id"] != q["chunk_id"] for r in ranked):
+            rows.append({"query_id": q["query_id"], "query": q["query"], "chunk_id": q["chunk_id"], "rank": None,
+                         "source": "gold"})
+        out.extend(rows)
+    return out
+
+
+class SilverDataStage(Stage):
+    """The last step: teacher rows -> filtered, split silver tables (and tokenized windows)."""
+
+    command = "silver"
+
+    def __init__(self, job: SilverJob, steps: dict[str, tuple[str, dict[str, Any]]]) -> None:
+        super().__init__(dataclasses.replace(job, output=storage.join(storage.normalize(job.output), "data"),
+                                             previous=None))
+        self.silver, self.steps = job, steps
+
+    def plan(self) -> tuple[dict[str, Any], list[str]]:
+        job = self.silver
+        self.teacher = dataclasses.replace(job.llm, style="paragraph")
+        config = {"chunks": job.chunks, "index": job.index, "n_papers": job.n_papers, "seed": job.seed,
+                  "top_k": job.top_k, "dev_fraction": job.dev_fraction, "teacher": jsonable(self.teacher.to_dict()),
+                  "tokenizer": job.tokenizer, "max_length": job.max_length, "stride": job.stride}
+        return config, [job.chunks, job.index] + [path for path, _ in self.steps.values()]
+
+    def execute(self, ctx: StageContext) -> StageResult:
+        from .. import silver
+
+        job = self.silver
+        (_, qg), (ex_dir, ex) = self.steps["querygen"], self.steps["teacher"]
+        rows, failed = teacher_rows(ex_dir, job.chunks, self.teacher.model)
+        kept, dropped = silver.filter_rows(rows)
+        train, dev = silver.split_by_query(kept, dev_fraction=job.dev_fraction, seed=job.seed)
+        tokenizer = None
+        if job.tokenizer:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(job.tokenizer)
+        written = silver.write_silver(ctx.staging, train, dev, tokenizer=tokenizer, max_length=job.max_length,
+                                      stride=job.stride)
+        counts = {"papers": qg["counts"]["chunks"], "queries": qg["counts"]["queries"], "rows": len(rows) + failed,
+                  "rows_failed": failed, "kept": len(kept), "train": len(train), "dev": len(dev),
+                  "teacher_spans": ex["counts"]["spans"], "teacher_rejects": ex["counts"]["rejects"],
+                  **{f"dropped.{k}": v for k, v in dropped.items()},
+                  **{f"written.{k}": v for k, v in written.items() if isinstance(v, int)}}
+        return StageResult(tables={}, counts=counts)
+
+
+def run_silver(job: SilverJob) -> tuple[str, dict[str, Any]]:
+    """The whole silver pipeline; every step is its own committed run under ``job.output``."""
+    from ..retrieval import RetrieverConfig
+
+    out = storage.normalize(job.output)
+    storage.makedirs(out)
+    run_id = job.run_id or new_run_id("silver", {"output": out})
+    common = {"overwrite": job.overwrite, "address": job.address, "num_cpus": job.num_cpus, "run_id": run_id,
+              "max_retries": job.max_retries}
+    steps: dict[str, tuple[str, dict[str, Any]]] = {}
+    steps["querygen"] = run_querygen(QueryGenJob(chunks=job.chunks, output=storage.join(out, "querygen"),
+                                                 llm=job.llm, n_papers=job.n_papers, seed=job.seed, **common))
+    queries = read_table(steps["querygen"][0], "queries").filter(pc.is_valid(pc.field("query")))
+    qfile = storage.join(out, "querygen-queries.parquet")
+    storage.write_parquet(queries.select(["query_id", "query"]), qfile)
+    steps["retrieval"] = run_retrieve(RetrieveJob(
+        index=job.index, queries=qfile, output=storage.join(out, "retrieval"),
+        retriever=RetrieverConfig(index_dir=job.index, k=job.top_k, methods=("hybrid",)), **common))
+    pairs = silver_pairs(queries, read_table(steps["retrieval"][0], "retrieval"), job.top_k)
+    pfile = storage.join(out, "querygen-pairs.parquet")
+    storage.write_parquet(pa.Table.from_pylist(pairs), pfile)
+    steps["teacher"] = run_extract(ExtractJob(output=storage.join(out, "teacher"),
+                                              extractor=dataclasses.replace(job.llm, style="paragraph"),
+                                              pairs=pfile, chunks=job.chunks, **common))
+    return run_stage(SilverDataStage(dataclasses.replace(job, run_id=run_id), steps))
+
+
+def teacher_rows(extract_dir: str, chunks_run: str, teacher_model: str) -> tuple[list[dict[str, Any]], int]:
+    """One dict per teacher pair with its chunk, heading path and verbatim spans; and how many pairs failed."""
+    from ..extract.pairs import chunk_lookup
+
+    pairs = read_table(extract_dir, "pairs").to_pylist()
+    spans: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for s in read_table(extract_dir, "spans", ["pair_id", "start", "end", "text"]).to_pylist():
+        spans[s.pop("pair_id")].append(s)
+    chunks_dir = committed_table_dir(chunks_run, "chunks")
+    known = chunk_lookup(chunks_dir, [p["chunk_id"] for p in pairs])
+    import pyarrow.dataset as pads
+
+    heads = storage.dataset(chunks_dir).to_table(
+        columns=["chunk_id", "heading_path"], filter=pads.field("chunk_id").isin(list(known))).to_pylist()
+    heading = {h["chunk_id"]: h["heading_path"] for h in heads}
+    rows = []
+    for p in pairs:
+        extra = json.loads(p["extra"]) if p["extra"] else {}
+        chunk = known.get(p["chunk_id"])
+        rows.append({
+            "query_id": p["query_id"], "question": p["query"], "paper_id": p["paper_id"], "chunk_id": p["chunk_id"],
+            "chunk": chunk["text"] if chunk else None, "source": extra.get("source", "retrieved"), "rank": p["rank"],
+            "spans": sorted(spans.get(p["pair_id"], []), key=lambda s: s["start"]),
+            "heading_path": heading.get(p["chunk_id"], []), "teacher_model": teacher_model, "error": p["error"],
+        })
+    ok = [r for r in rows if not r["error"] and r["chunk"] is not None]
+    return ok, len(rows) - len(ok)

@@ -1,0 +1,5 @@
+import sys
+
+from .corpus import main
+
+sys.exit(main())
