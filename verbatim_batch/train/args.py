@@ -56,18 +56,28 @@ def job_from_args(args: argparse.Namespace) -> TrainJob:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The project's parser with a ``train`` command added (so a shared ``--config`` file applies)."""
-    from ..cli import build_parser as project_parser
-    from ..config import _subparsers
+def _subcommands(parser: argparse.ArgumentParser):
+    for action in parser._actions:  # noqa: SLF001 - argparse keeps subparsers here
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            return action
+    return None
 
-    parser = project_parser()
-    if "train" not in _subparsers(parser):
-        for action in parser._actions:  # noqa: SLF001
-            if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
-                p = action.add_parser("train", help="fine-tune the highlighter on silver data with Ray Train")
-                add_train_arguments(p)
-                add_common_arguments(p)
+
+def build_parser() -> argparse.ArgumentParser:
+    """The project's parser with a ``train`` command added (so a shared ``--config`` file applies), or a
+    parser of ``train`` alone when the project's is not at hand."""
+    try:
+        from ..cli import build_parser as project_parser
+
+        parser = project_parser()
+    except ImportError:
+        parser = argparse.ArgumentParser(prog="verbatim-batch")
+        parser.add_subparsers(dest="command")
+    sub = _subcommands(parser)
+    if sub is not None and "train" not in sub.choices:
+        p = sub.add_parser("train", help="fine-tune the highlighter on silver data with Ray Train")
+        add_train_arguments(p)
+        add_common_arguments(p)
     return parser
 
 

@@ -74,6 +74,9 @@ class TrainJob:
             raise ValueError("warmup_ratio must be in [0, 1)")
         if not 0 <= self.stride < self.max_length // 2:
             raise ValueError(f"stride must be in [0, max_length / 2), got {self.stride}")
+        local = os.path.expanduser(self.model)
+        if os.path.isdir(local):  # workers run elsewhere (another cwd, another node): an absolute path
+            self.model = os.path.abspath(local)
 
     def config(self) -> dict[str, Any]:
         """What decides the trained weights (not where the run goes or which cluster runs it)."""

@@ -268,6 +268,20 @@ def load_model(model: str, seed: int):
     return net, tok
 
 
+def _FaultPoint():
+    """A callback with the crash tests' fault point ``train.save``, reached on every checkpoint save before
+    Ray Train hears of it (``VERBATIM_BATCH_FAULT=train.save#2;target=driver``: the driver dies there)."""
+    from transformers import TrainerCallback
+
+    from ..faults import fault_point
+
+    class FaultPoint(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            fault_point("train.save")
+
+    return FaultPoint()
+
+
 def _resume_step(checkpoint_dir: str | None) -> int:
     if not checkpoint_dir:
         return 0
@@ -307,21 +321,25 @@ def train_loop_per_worker(cfg: dict[str, Any]) -> None:
         passes = BatchPasses(rows, per_pass=steps * accum, pad_token_id=pad, skip=(step % steps) * accum,
                              first_pass=step // steps)
         trainer = make_trainer(cfg, model, tokenizer, passes, eval_batches, eval_pairs, out_dir,
-                               callbacks=[RayTrainReportCallback()])
+                               callbacks=[_FaultPoint(), RayTrainReportCallback()])
         trainer = prepare_trainer(trainer)
         t0 = time.perf_counter()
-        output = trainer.train(resume_from_checkpoint=resume_from)
+        if step >= steps * cfg["epochs"]:  # killed after its last checkpoint: nothing left to train
+            global_step, loss = step, float("nan")
+        else:
+            output = trainer.train(resume_from_checkpoint=resume_from)
+            global_step, loss = int(output.global_step), float(output.training_loss)
         wall = time.perf_counter() - t0
     tokens = torch.tensor([float(passes.tokens)], dtype=torch.float64)
     if _dist():
         _dist().all_reduce(tokens)
     busy = wall - trainer.clock["eval_s"] - trainer.clock["save_s"]
     summary = {
-        "global_step": int(output.global_step), "resumed_from_step": step, "workers": ctx.get_world_size(),
+        "global_step": global_step, "resumed_from_step": step, "workers": ctx.get_world_size(),
         "train_tokens": int(tokens.item()), "train_wall_s": wall, "train_busy_s": busy,
         "eval_s": trainer.clock["eval_s"], "save_s": trainer.clock["save_s"],
         "tokens_per_s": float(tokens.item()) / busy if busy > 0 else 0.0,
-        "training_loss": float(output.training_loss),
+        "training_loss": loss,
     }
     if ctx.get_world_rank() == 0:  # Ray Train keeps metrics with checkpoints only: the summary goes in a file
         storage.write_text(cfg["summary"], json.dumps(summary, sort_keys=True))
