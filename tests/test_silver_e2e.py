@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -41,11 +44,18 @@ def served(tmp_path_factory):
         yield srv
 
 
-def test_silver_job_end_to_end(served, ray_local, tmp_path):
-    chunks, _ = run_chunk(ChunkJob(input=str(CORPUS), output=str(tmp_path / "chunks"), format="md",
+@pytest.fixture(scope="module")
+def built(ray_local, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("silver-runs")
+    chunks, _ = run_chunk(ChunkJob(input=str(CORPUS), output=str(tmp / "chunks"), format="md",
                                    metadata=str(CORPUS / "metadata.jsonl")))
-    emb, _ = run_embed(EmbedJob(chunks=chunks, output=str(tmp_path / "emb")))
-    index, _ = run_index(IndexJob(embeddings=emb, chunks=chunks, output=str(tmp_path / "index")))
+    emb, _ = run_embed(EmbedJob(chunks=chunks, output=str(tmp / "emb")))
+    index, _ = run_index(IndexJob(embeddings=emb, chunks=chunks, output=str(tmp / "index")))
+    return chunks, index
+
+
+def test_silver_job_end_to_end(served, built, tmp_path):
+    chunks, index = built
     llm = LLMConfig(model=served.model, base_url=served.base_url, max_tokens=96, max_in_flight=2, timeout_s=300)
     data, manifest = run_silver(SilverJob(chunks=chunks, index=index, output=str(tmp_path / "silver"), llm=llm,
                                           n_papers=4, seed=1, tokenizer=DEFAULT_MODEL, max_length=128, stride=32))
@@ -76,3 +86,29 @@ def test_silver_job_end_to_end(served, ray_local, tmp_path):
     windows = load_dataset("parquet", data_files={s: str(Path(data) / "windows" / f"{s}.parquet") for s in files})
     first = next(iter(windows.values()))[0]
     assert len(first["input_ids"]) == len(first["labels"]) <= 128 and -100 in first["labels"]
+
+
+def test_silver_killed_twice_resumes_by_run_id(served, built, tmp_path):
+    """`verbatim-batch silver --run-id`: SIGKILLed after its first querygen write, then after its first
+    teacher write; each rerun with the same id keeps what was done (no query generated twice) and the
+    last one commits the data."""
+    chunks, index = built
+    out = tmp_path / "silver"
+    argv = [sys.executable, "-m", "verbatim_batch.cli", "silver", "--chunks", chunks, "--index", index,
+            "--output", str(out), "--model", served.model, "--base-url", served.base_url, "--max-tokens", "96",
+            "--max-in-flight", "2", "--timeout", "300", "--n-papers", "4", "--seed", "1", "--run-id", "s1",
+            "--num-cpus", "2"]
+    for point in ("sink.recorded:queries", "sink.recorded:spans"):
+        env = {**os.environ, "VERBATIM_BATCH_FAULT": f"{point}#1@{tmp_path / point};target=driver"}
+        killed = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+        assert killed.returncode == -signal.SIGKILL, (point, (killed.stdout + killed.stderr)[-3000:])
+        assert (tmp_path / point).exists() and not (out / "data" / "manifest.json").exists()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    qg = read_manifest(str(out / "querygen"))
+    assert qg["run_id"] == "s1" and qg["counts"]["resumed_chunks"] == 4 and qg["counts"]["queries"] == 12
+    teacher = read_manifest(str(out / "teacher"))["counts"]
+    assert teacher["resumed_pairs"] >= 1 and teacher["extracted_pairs"] == teacher["pairs"] - teacher["resumed_pairs"]
+    data = read_manifest(str(out / "data"))
+    assert data["run_id"] == "s1" and data["counts"]["rows"] == teacher["pairs"]
+    assert not list(out.glob(".*staging*")), "staging folders left behind"

@@ -24,11 +24,9 @@ How a batch is embedded:
 
 On CUDA, long batches are processed in waves and the next wave is tokenized in a
 background thread while the GPU runs the current one (the Rust tokenizer and CUDA
-waits both release the GIL). Alternatively, ``EmbedTokenizer`` (the same config; no
-weights) tokenizes in a separate CPU stage, and the Embedder then only runs the model
-on batches that carry ``input_ids``. ``Embedder.stats`` counts rows, real and padded tokens,
+waits both release the GIL). ``Embedder.stats`` counts rows, real and padded tokens,
 truncated and empty rows, forward passes, and the time spent tokenizing vs in the
-forward passes, so the lead can put them in a run manifest.
+forward passes (benchmarks/bench_embedding.py reads them).
 """
 
 from __future__ import annotations
@@ -67,8 +65,6 @@ _OUTPUT_DTYPES = {"float32": pa.float32(), "float16": pa.float16()}
 _RUNTIME_FIELDS = ("device", "token_budget", "max_batch_rows")
 # On CUDA, a call with more rows than this is processed in waves (tokenize ahead).
 _WAVE_ROWS = 2048
-# Columns EmbedTokenizer adds (and Embedder reads instead of tokenizing).
-PRETOKENIZED_COLUMN = "input_ids"
 
 
 def default_model_path() -> str | None:
@@ -250,13 +246,9 @@ class Embedder:
         if any(c is None for c in chunk_ids) or any(p is None for p in paper_ids):
             raise ValueError("embed: chunk_id and paper_id must not be null")
         try:
-            if PRETOKENIZED_COLUMN in batch.column_names:  # tokenized upstream by EmbedTokenizer
-                tok, empty = self._from_pretokenized(batch)
-                vectors, n_tokens, truncated = self._run(n, iter([(0, n, tok)]))
-            else:
-                texts, empty_mask = embedding_texts(batch, self.document_prompt)
-                empty = int(empty_mask.sum())
-                vectors, n_tokens, truncated = self._embed(texts)
+            texts, empty_mask = embedding_texts(batch, self.document_prompt)
+            empty = int(empty_mask.sum())
+            vectors, n_tokens, truncated = self._embed(texts)
         except NonFiniteEmbeddingError as exc:
             bad = [chunk_ids[i] for i in exc.indices]
             raise NonFiniteEmbeddingError(
@@ -331,23 +323,6 @@ class Embedder:
             raise NonFiniteEmbeddingError(f"{self.model_id}: non-finite embedding for rows {bad[:20]}", bad)
         return vectors, n_tokens, truncated
 
-    def _from_pretokenized(self, batch: pa.Table) -> tuple[_Tokenized, int]:
-        t0 = time.perf_counter()
-        col = batch.column(PRETOKENIZED_COLUMN).combine_chunks()
-        lengths = np.asarray(col.value_lengths().fill_null(0), dtype=np.int64)
-        flat = np.asarray(col.flatten(), dtype=np.int64)
-        if len(lengths) and int(lengths.max()) > self.max_length:
-            raise ValueError(
-                f"pre-tokenized rows are longer ({int(lengths.max())}) than max_length {self.max_length}: "
-                "EmbedTokenizer and Embedder must share one EmbedderConfig"
-            )
-        offsets = np.zeros(len(lengths), np.int64)
-        np.cumsum(lengths[:-1], out=offsets[1:])
-        truncated = np.asarray(batch.column("truncated").to_numpy(zero_copy_only=False), dtype=bool)
-        empty = int(np.asarray(batch.column("empty").to_numpy(zero_copy_only=False), dtype=bool).sum()) \
-            if "empty" in batch.column_names else 0
-        return _Tokenized(flat, offsets, lengths, truncated, time.perf_counter() - t0), empty
-
     def _tokenize(self, texts: list[str]) -> _Tokenized:
         return tokenize_texts(self._backend, self.tokenizer, self.max_length, texts)
 
@@ -394,53 +369,6 @@ class Embedder:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
-
-
-class EmbedTokenizer:
-    """Optional CPU stage before the Embedder: tokenizes chunk rows so GPU actors only run the model.
-
-    Returns ``chunk_id``, ``paper_id``, ``input_ids`` (list<int32>, truncated, special tokens
-    included), ``truncated`` and ``empty`` (blank text) columns. An ``Embedder`` built from the
-    same ``EmbedderConfig`` embeds such batches without tokenizing; its output is the same.
-    Loads the tokenizer and the model config only, never the weights.
-    """
-
-    def __init__(self, config: EmbedderConfig | None = None) -> None:
-        from transformers import AutoConfig, AutoTokenizer
-
-        self.config = config = config or EmbedderConfig()
-        model_dir = resolve_model_dir(config.model, config.revision, "embedding model")
-        st_conf = _sentence_transformers_config(model_dir)
-        weights_dir = str(model_dir / st_conf["transformer_path"])
-        self.tokenizer = AutoTokenizer.from_pretrained(weights_dir, trust_remote_code=config.trust_remote_code)
-        mconf = AutoConfig.from_pretrained(weights_dir, trust_remote_code=config.trust_remote_code)
-        self.max_length = _resolve_max_length(config.max_length, st_conf, self.tokenizer, mconf)
-        self.document_prompt = _resolve_prompt(config.document_prompt, st_conf["prompts"], ("document", "passage"),
-                                               None)
-        self._backend = _truncating_backend(self.tokenizer, self.max_length)
-        self.stats: dict[str, Any] = dict(rows=0, tokens=0, truncated=0, empty=0, tokenize_s=0.0)
-
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        if not isinstance(batch, pa.Table):
-            batch = pa.table(batch)
-        texts, empty = embedding_texts(batch, self.document_prompt)
-        tok = tokenize_texts(self._backend, self.tokenizer, self.max_length, texts)
-        offsets = np.zeros(len(texts) + 1, np.int32)
-        np.cumsum(tok.lengths, out=offsets[1:])
-        ids = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(tok.flat.astype(np.int32)))
-        s = self.stats
-        s["rows"] += len(texts)
-        s["tokens"] += int(tok.lengths.sum())
-        s["truncated"] += int(tok.truncated.sum())
-        s["empty"] += int(empty.sum())
-        s["tokenize_s"] += tok.seconds
-        return pa.table({
-            "chunk_id": batch.column("chunk_id"),
-            "paper_id": batch.column("paper_id"),
-            PRETOKENIZED_COLUMN: ids,
-            "truncated": pa.array(tok.truncated),
-            "empty": pa.array(empty),
-        })
 
 
 # --- pure helpers ----------------------------------------------------------------------

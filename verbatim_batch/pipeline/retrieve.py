@@ -115,7 +115,7 @@ class RetrieveStage(Stage):
                 ds.write_datasink(sink)
         result = sink.finish()
         counts = {"queries": self.queries.num_rows, "rejected_empty_query": self.rejected, "reused": int(reused),
-                  **result.counts}
+                  **result.counts} | ({"resumed_queries": len(ctx.done)} if ctx.done else {})
         return StageResult(tables=table_entries(result, ["retrieval"]), counts=counts)
 
 
