@@ -1,10 +1,14 @@
 """Sentence segments of a markdown chunk, as character offsets.
 
-Prose lines are split at sentence ends (``.``, ``!``, ``?`` followed by space and an
-upper-case letter, digit or opening bracket), except after common abbreviations of
-scientific writing (``e.g.``, ``et al.``, ``Fig.``, initials ...). Markdown structure
-decides the rest: a heading line is never a candidate; each table row, list item and
-caption is a unit of its own; fenced code is one unit per block. Segments never
+Prose lines are split at sentence ends (``.``, ``!``, ``?``, possibly followed by closing
+quotes or brackets and by citation markers such as ``[12]`` or ``<sup>3</sup>``, then space and
+an upper-case letter, digit or opening bracket), except after common abbreviations of
+scientific writing (``e.g.``, ``et al.``, ``Fig.``, initials ...); a period between digits
+(``0.923``) is never an end, as no space follows it. Markdown structure decides the rest: a
+heading line is never a candidate; each table row (pipe rows, and lines with two or more tabs,
+as PDF conversions write tables), each list item and each caption paragraph (``Table 3: ...``,
+``**Figure 2.** ...``, one unit however many sentences it has) is a unit of its own; fenced code
+is one unit per block. Segments never
 include surrounding whitespace, so ``text[start:end]`` is the unit itself.
 """
 
@@ -16,7 +20,8 @@ _ABBREVIATIONS = frozenset(
     """e.g i.e et al etc cf vs fig figs eq eqs sec secs tab tbl ref refs approx resp no nos vol pp ch app
     dr mr mrs ms prof st jr sr inc ltd co corp dept univ max min avg std var""".split()
 )
-_BOUNDARY = re.compile(r"[.!?][\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])")
+_BOUNDARY = re.compile(r"[.!?][\"')\]]*(?:\[[^\]\n]{1,40}\]|<sup>[^<\n]{1,20}</sup>)*\s+(?=[\"'(\[]?[A-Z0-9])")
+_CAPTION = re.compile(r"[*_]{0,2}(?:Table|Tab\.|Figure|Fig\.)\s*[A-Z]?\d+[a-z]?\s*[:.|]")
 _FENCE = re.compile(r"^\s{0,3}(```|~~~)")
 _TABLE_SEPARATOR = re.compile(r"^\s*\|?\s*:?-{2,}")
 _LIST_ITEM = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s+")
@@ -40,6 +45,8 @@ def _is_abbreviation(text: str, dot: int) -> bool:
 
 
 def _split_prose(text: str, start: int, end: int) -> list[tuple[int, int]]:
+    if _CAPTION.match(text, start):
+        return [(start, end)]
     out = []
     s = start
     for m in _BOUNDARY.finditer(text, start, end):
@@ -95,7 +102,7 @@ def sentence_segments(text: str) -> list[tuple[int, int]]:
             flush()
         elif stripped.startswith("#") or _TABLE_SEPARATOR.match(line):
             flush()  # headings and table rules are not evidence
-        elif stripped.startswith("|") or _LIST_ITEM.match(line):
+        elif stripped.startswith("|") or _LIST_ITEM.match(line) or line.count("\t") >= 2:
             flush()
             if (seg := _strip(text, line_start, line_end)) is not None:
                 segments.append(seg)
