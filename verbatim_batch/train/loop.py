@@ -203,6 +203,8 @@ def make_trainer(cfg: dict[str, Any], model, tokenizer, passes: BatchPasses,
     from torch.utils.data import DataLoader, IterableDataset
     from transformers import Trainer, TrainingArguments
 
+    from ..faults import fault_point
+
     class _Iterable(IterableDataset):
         def __iter__(self):
             return iter(passes)
@@ -214,6 +216,7 @@ def make_trainer(cfg: dict[str, Any], model, tokenizer, passes: BatchPasses,
             return DataLoader(_Iterable(), batch_size=None)
 
         def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
+            fault_point("train.evaluate")  # crash tests: a worker killed here, before this epoch's checkpoint
             t0 = time.perf_counter()
             metrics = evaluate_model(self.model, tokenizer, eval_batches, eval_pairs,
                                      max_length=cfg["max_length"], stride=cfg["stride"], device=self.args.device,
@@ -268,20 +271,6 @@ def load_model(model: str, seed: int):
     return net, tok
 
 
-def _FaultPoint():
-    """A callback with the crash tests' fault point ``train.save``, reached on every checkpoint save before
-    Ray Train hears of it (``VERBATIM_BATCH_FAULT=train.save#2;target=driver``: the driver dies there)."""
-    from transformers import TrainerCallback
-
-    from ..faults import fault_point
-
-    class FaultPoint(TrainerCallback):
-        def on_save(self, args, state, control, **kwargs):
-            fault_point("train.save")
-
-    return FaultPoint()
-
-
 def _resume_step(checkpoint_dir: str | None) -> int:
     if not checkpoint_dir:
         return 0
@@ -321,7 +310,7 @@ def train_loop_per_worker(cfg: dict[str, Any]) -> None:
         passes = BatchPasses(rows, per_pass=steps * accum, pad_token_id=pad, skip=(step % steps) * accum,
                              first_pass=step // steps)
         trainer = make_trainer(cfg, model, tokenizer, passes, eval_batches, eval_pairs, out_dir,
-                               callbacks=[_FaultPoint(), RayTrainReportCallback()])
+                               callbacks=[RayTrainReportCallback()])
         trainer = prepare_trainer(trainer)
         t0 = time.perf_counter()
         if step >= steps * cfg["epochs"]:  # killed after its last checkpoint: nothing left to train
