@@ -8,8 +8,10 @@ three promises, checked by property tests:
 * pipe tables (with their ``Table N:`` caption) and fenced code blocks are never
   split; one that is larger than ``max_chars`` stays whole and is flagged.
 
-How it works: the text is cut into lines on ``\\n`` (a ``\\r`` before it stays in
-the text, so CRLF papers keep their offsets). Lines become *units*: a heading
+How it works: the text is cut into lines at ``\\n``, ``\\r\\n`` or a lone ``\\r``
+(terminators stay in the text, so offsets are exact whatever the line ends; a
+leading byte-order mark is ignored when classifying the first line and kept in
+the first chunk). Lines become *units*: a heading
 line, a paragraph (a run of non-blank text lines), a pipe table (plus an
 adjacent caption paragraph) or a fenced code block. Units are grouped into
 sections at ATX headings whose level is in ``heading_levels``; deeper headings
@@ -51,6 +53,10 @@ _BLANK, _LINE_TEXT, _LINE_HEADING, _LINE_TABLE, _LINE_FENCE = 0, 1, 2, 3, 4
 _HEADING_RE = re.compile(r"(#{1,6})(?:[ \t]+(.*?))?(?:[ \t]+#+)?[ \t]*$")
 _FENCE_RE = re.compile(r"(`{3,}|~{3,})(.*)$")
 _SENTENCE_END_RE = re.compile(r"[.!?][\"')\]]*\s")
+_LONE_CR_RE = re.compile(r"\r(?!\n)")
+_LINE_SPLIT_RE = re.compile(r"\n|\r(?!\n)")
+_LINE_END_RE = re.compile(r"\r\n?|\n")
+BOM = "\ufeff"
 
 
 @dataclass(frozen=True)
@@ -119,7 +125,7 @@ def build_context(title: str | None, heading_path: tuple[str, ...] | list[str]) 
 
 def first_heading(text: str, limit: int = 20_000) -> str | None:
     """Text of the first ATX heading near the top of the paper (docling puts the title there)."""
-    for line in text[:limit].split("\n"):
+    for line in _LINE_END_RE.split(text[:limit].removeprefix(BOM)):
         stripped = line.strip()
         if stripped.startswith("#") and len(line) - len(line.lstrip(" ")) <= 3:
             m = _HEADING_RE.match(stripped)
@@ -145,24 +151,41 @@ def chunk_markdown(text: str, config: ChunkerConfig | None = None) -> list[Chunk
 # --- lines and units -------------------------------------------------------------
 
 
+def _split_lines(text: str) -> tuple[list[str], list[int]]:
+    """Lines and their start offsets. ``\n``, ``\r\n`` and a lone ``\r`` end a line (CommonMark's line
+    endings); a ``\r`` before ``\n`` stays at the end of its line, as it always did, so CRLF papers chunk
+    exactly as before."""
+    lines = _LINE_SPLIT_RE.split(text) if "\r" in text and _LONE_CR_RE.search(text) else text.split("\n")
+    starts = [0] * len(lines)
+    pos = 0
+    for i, line in enumerate(lines):
+        starts[i] = pos
+        pos += len(line) + 1  # every terminator but the last is one character (\n or a lone \r)
+    return lines, starts
+
+
 def _units(text: str, config: ChunkerConfig) -> list[tuple]:
     """Units as tuples ``(kind, start, end, level, heading_text, flags)``."""
-    lines = text.split("\n")
+    lines, starts = _split_lines(text)
     n = len(lines)
-    starts = [0] * n
-    pos = 0
     cls = [_BLANK] * n
     indents = [0] * n
     fences: dict[int, tuple[str, int, bool]] = {}  # line -> (char, length, can_close)
     closers: dict[str, list[int]] = {"`": [], "~": []}
+    bom = text.startswith(BOM)
     for i, line in enumerate(lines):
-        starts[i] = pos
-        pos += len(line) + 1
-        body = line.lstrip()
-        if not body:
-            continue
-        indent = len(line) - len(body)
-        indents[i] = indent
+        if i == 0 and bom:  # a byte-order mark is not text: classify the line without it, keep it in the unit
+            body = line[1:].lstrip()
+            indent = len(line) - 1 - len(body)
+            if not body:
+                cls[i] = _LINE_TEXT
+                continue
+        else:
+            body = line.lstrip()
+            if not body:
+                continue
+            indent = len(line) - len(body)
+            indents[i] = indent
         c = body[0]
         if indent <= 3:
             if c == "#":
@@ -193,9 +216,9 @@ def _units(text: str, config: ChunkerConfig) -> list[tuple]:
         if kind == _BLANK:
             i += 1
             continue
-        start = starts[i] + indents[i]
+        start = starts[i] + indents[i]  # a leading BOM stays inside the first unit (coverage is exact)
         if kind == _LINE_HEADING:
-            m = _HEADING_RE.match(lines[i].strip())
+            m = _HEADING_RE.match(lines[i].lstrip(BOM).strip() if i == 0 else lines[i].strip())
             units.append((_HEADING, start, line_end(i), len(m.group(1)), (m.group(2) or "").strip(), ()))
             i += 1
             continue
@@ -351,6 +374,9 @@ def _split_long(text: str, start: int, end: int, limit: int) -> list[tuple[int, 
             break
         window_end = pos + limit
         cut = text.rfind("\n", pos + 1, window_end)
+        if cut <= pos:  # a lone \r ends a line too (CR-only papers)
+            cut = max((m.start() for m in _LONE_CR_RE.finditer(text, pos + 1, window_end)
+                       if text[m.start() + 1 : m.start() + 2] != "\n"), default=-1)
         if cut <= pos:
             cut = -1
             for m in _SENTENCE_END_RE.finditer(text, pos, window_end + 1):

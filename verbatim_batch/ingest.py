@@ -60,14 +60,20 @@ class IngestStage:
             ):
                 bad[key].append(value)
 
-        cols = batch.to_pydict()
+        cols = batch.to_pydict() if batch.num_rows else {}  # an empty block may come without columns
+        if not cols:
+            cols = {name: [] for name in tables.RAW_RECORDS.names}
         for pid, source, raw, n_bytes, error in zip(
             cols["paper_id"], cols["source"], cols["raw"], cols["n_bytes"], cols["error"], strict=True
         ):
             if error:
                 quarantine(pid, source, error, n_bytes, raw)
                 continue
-            pid = pid.strip() if isinstance(pid, str) else pid
+            pid, bad_id = corpus.paper_id_of(pid)  # readers give strings; anything else is set aside
+            if bad_id:
+                quarantine(None, source, bad_id, n_bytes, raw)
+                continue
+            pid = pid.strip() if pid is not None else None
             if not pid:
                 quarantine(None, source, f"{QuarantineReason.MISSING_ID}: no paper id", n_bytes, raw)
                 continue

@@ -269,11 +269,17 @@ class QuarantineReason:
     INVALID_RECORD = "invalid_record"
     READ_ERROR = "read_error"
     CHUNKER_ERROR = "chunker_error"
+    # input paths that are never opened
+    NOT_A_REGULAR_FILE = "not_a_regular_file"  # a FIFO, socket or device (stat only)
+    BROKEN_SYMLINK = "broken_symlink"  # a symlink whose target does not exist
+    SYMLINK_LOOP = "symlink_loop"  # a symlinked folder that leads to one of its own ancestors
+    DUPLICATE_PATH = "duplicate_path"  # a symlinked folder that leads to a folder read under another path
 
     ALL = frozenset(
         {
             EMPTY, INVALID_UTF8, NUL_BYTES, BINARY, TOO_LARGE, DUPLICATE_ID,
             MISSING_ID, MISSING_TEXT, INVALID_RECORD, READ_ERROR, CHUNKER_ERROR,
+            NOT_A_REGULAR_FILE, BROKEN_SYMLINK, SYMLINK_LOOP, DUPLICATE_PATH,
         }
     )
 

@@ -96,15 +96,20 @@ def balanced_groups(files: list, parallelism: int, max_bytes: int) -> list[list]
 def find_duplicates(
     fs: pafs.FileSystem, files: list[corpus.SourceFile], fmt: str, max_paper_bytes: int
 ) -> tuple[dict[str, str], int]:
-    """``({paper_id: winning source}, number of records)``; the first source in path order wins."""
+    """``({paper_id: winning source}, number of records)``; the first source in path order wins, among
+    records the reader did not already reject (an unreadable or malformed record cannot cost a good one
+    its place)."""
     if fmt == "md":
-        pairs: Iterable[tuple[str, str]] = ((corpus.md_paper_id(f.path), f.path) for f in files)
+        pairs: Iterable[tuple[str | None, str]] = (
+            (None if f.problem or f.size > max_paper_bytes else corpus.md_paper_id(f.path), f.path)
+            for f in files)
     else:  # ids only: Parquet reads one column, JSONL parses lines once more
         ds = read_corpus(CorpusDatasource(fs, files, fmt, max_paper_bytes, ids_only=True))
-        pairs = (
-            (pid, src)
-            for batch in ds.select_columns(["paper_id", "source"]).iter_batches(batch_format="pyarrow")
-            for pid, src in zip(batch["paper_id"].to_pylist(), batch["source"].to_pylist(), strict=True)
+        pairs = (  # a record the reader already rejected never wins over a good one
+            (None if err else pid, src)
+            for batch in ds.select_columns(["paper_id", "source", "error"]).iter_batches(batch_format="pyarrow")
+            for pid, src, err in zip(batch["paper_id"].to_pylist(), batch["source"].to_pylist(),
+                                     batch["error"].to_pylist(), strict=True)
         )
     seen: dict[str, list[str]] = defaultdict(list)
     n = 0
