@@ -10,9 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the uploaded working dir
 
-from verbatim_batch.faults import mark_driver  # noqa: E402
-from verbatim_batch.train.args import main  # noqa: E402
+from verbatim_batch.cli import main  # noqa: E402
 
 if __name__ == "__main__":
-    mark_driver()
-    sys.exit(main())
+    sys.exit(main(["train", *sys.argv[1:]]))

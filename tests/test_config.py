@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from verbatim_batch import config
-from verbatim_batch.cli import parse_args, build_parser
+from verbatim_batch.cli import build_parser, parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
 

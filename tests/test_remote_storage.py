@@ -19,7 +19,6 @@ from test_nightly import EXAMPLES, PAPERS, assert_tables_match, make_corpus, nig
 
 from verbatim_batch import faults, storage
 from verbatim_batch.faults import InjectedFault
-from verbatim_batch.runs import publish
 from verbatim_batch.runs import (
     RUNS_DIR,
     OutputExistsError,
@@ -28,6 +27,7 @@ from verbatim_batch.runs import (
     completed_keys,
     current_run,
     current_table,
+    publish,
     read_manifest,
     record_write,
     staged,

@@ -167,9 +167,10 @@ def test_extract_from_retrieval_writes_verbatim_spans_with_paper_offsets(built, 
     assert len(labels) >= 5 and found >= 0.9 * len(labels), (found, len(labels))
 
 
-def _sorted(path: str, key: str):
+def _sorted(path: str, key: str | list[str]):
     table = pq.read_table(path)
-    return table.drop_columns([c for c in ("run_id",) if c in table.column_names]).sort_by(key)
+    keys = [(k, "ascending") for k in ([key] if isinstance(key, str) else key)]
+    return table.drop_columns([c for c in ("run_id",) if c in table.column_names]).sort_by(keys)
 
 
 def test_every_stage_resumes_by_run_id(built, tmp_path, monkeypatch):

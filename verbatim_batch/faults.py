@@ -9,7 +9,8 @@ point. The value is ``POINT[#N][@MARKER]`` with optional ``;target=driver``:
 - ``MARKER``: a file created when the fault fires; while it exists the fault never
   fires again, in any process, so a restarted worker or a rerun job goes through;
 - ``action=raise`` raises ``InjectedFault`` (a transient error the stage retries)
-  instead of killing;
+  instead of killing; ``action=stop`` sends SIGSTOP instead (the process freezes
+  mid-run, e.g. for a test to inspect a running job);
 - ``target=driver`` kills the driver (the process that called ``mark_driver``) instead
   of the process that reached the point, e.g. a driver killed while workers read.
 
@@ -68,4 +69,4 @@ def fault_point(name: str) -> None:
     if options["action"] == "raise":
         raise InjectedFault(f"injected fault at {name}")
     pid = int(os.environ.get(DRIVER_ENV, os.getpid())) if options["target"] == "driver" else os.getpid()
-    os.kill(pid, signal.SIGKILL)
+    os.kill(pid, signal.SIGSTOP if options["action"] == "stop" else signal.SIGKILL)

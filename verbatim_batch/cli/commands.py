@@ -249,6 +249,32 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     return 0
 
 
+def train_job(args: argparse.Namespace):
+    """The ``TrainJob`` the train options describe (unset options keep the job's defaults)."""
+    from ..train import TrainJob
+
+    return TrainJob(train=args.train, model=args.model, seed=args.seed, use_gpu=args.use_gpu, **_given(
+        args, eval="eval", epochs="epochs", lr="lr", batch_size="batch_size", batch_tokens="batch_tokens",
+        grad_accum="grad_accum", warmup_ratio="warmup_ratio", max_length="max_length", stride="stride",
+        num_workers="num_workers", cpus_per_worker="cpus_per_worker", keep_checkpoints="keep_checkpoints"),
+        **run_options(args))
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from ..train import run_train
+
+    path, manifest = run_train(train_job(args))
+    t = manifest["training"]
+    best = t["best"]
+    print(f"train run {manifest['run_id']} -> {path}")
+    print(f"  model: {path}/model  (best epoch {best['epoch']}: Word-F1 {best.get('eval_word_f1', 0):.3f}, "
+          f"IoU-F1 {best.get('eval_iou_f1', 0):.3f}, eval loss {best.get('eval_loss', 0):.4f})")
+    print(f"  {t['global_step']} steps ({t['steps_per_epoch']}/epoch), resumed from step {t['resumed_from_step']}; "
+          f"{(t['throughput'].get('tokens_per_s') or 0):.0f} tokens/s")
+    print(f"  curves: {path}/training.html")
+    return 0
+
+
 def demo_chain():
     """The demo's chain: the bundled example corpus and labelled queries, offline defaults."""
     from ..pipeline import Chain
@@ -320,5 +346,5 @@ def cmd_verify(args: argparse.Namespace) -> int:
 HANDLERS = {
     "chunk": cmd_chunk, "embed": cmd_embed, "index": cmd_index, "retrieve": cmd_retrieve, "extract": cmd_extract,
     "evaluate": cmd_evaluate, "querygen": cmd_querygen, "silver": cmd_silver, "demo": cmd_demo,
-    "nightly": cmd_nightly, "verify": cmd_verify, "report": cmd_report,
+    "nightly": cmd_nightly, "verify": cmd_verify, "report": cmd_report, "train": cmd_train,
 }

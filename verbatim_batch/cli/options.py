@@ -155,6 +155,20 @@ OPTIONS: dict[str, Opt] = {
     "keep_runs": _o("--keep-runs", type=int, default=7, help="committed runs kept (older ones are deleted)"),
     "embed_batch_rows": _o("--embed-batch-rows", type=int, default=1024, help="chunks per embedding actor call"),
     "extract_batch_rows": _o("--extract-batch-rows", type=int, default=64, help="pairs per extraction actor call"),
+    # train
+    "train": _o("--train", help="a silver run (its train split), or Parquet/JSONL pairs with question (or query), "
+                "chunk and spans [{start, end}]"),
+    "eval": _o("--eval", help="pairs to evaluate on each epoch (default: the silver run's dev split)"),
+    "epochs": _o("--epochs", type=int, help="passes over the training pairs (3)"),
+    "lr": _o("--lr", type=float, help="peak learning rate, linear warmup then linear decay (5e-5)"),
+    "batch_size": _o("--batch-size", type=int, help="windows per step per worker (8)"),
+    "batch_tokens": _o("--batch-tokens", type=int, help="token budget per step per worker instead of --batch-size"),
+    "grad_accum": _o("--grad-accum", type=int, help="batches per optimizer step (1)"),
+    "warmup_ratio": _o("--warmup-ratio", type=float, help="share of steps spent warming up (0.1)"),
+    "num_workers": _o("--num-workers", type=int, help="Ray Train workers, DDP (2)"),
+    "use_gpu": _o("--use-gpu", action="store_true", help="one GPU per worker, NCCL, bf16 autocast"),
+    "cpus_per_worker": _o("--cpus-per-worker", type=float, help="CPUs per training worker (1)"),
+    "keep_checkpoints": _o("--keep-checkpoints", type=int, help="checkpoints kept besides the best (2)"),
     # report
     "samples": _o("--samples", type=int, default=12, help="pairs shown with highlighted spans (extract runs)"),
 }
@@ -224,6 +238,11 @@ COMMANDS: dict[str, tuple[str, list[Use]]] = {
         _u("method"), _u("top_k"), _u("max_drift"), _u("keep_runs"), _u("embed_batch_rows"),
         _u("extract_batch_rows"), _u("chunker", prefix="chunk-"), _u("extractor"), _u("llm"),
         _u("run", only=("run_id", "stage_retries")), _u("ray")]),
+    "train": ("fine-tune the highlighter (a ModernBERT token classifier) on silver data with Ray Train", [
+        _u("train", **REQ), _u("eval"), _u("model", default="answerdotai/ModernBERT-base"), _u("epochs"), _u("lr"),
+        _u("batch_size"), _u("batch_tokens"), _u("grad_accum"), _u("warmup_ratio"), _u("max_length"), _u("stride"),
+        _u("num_workers"), _u("use_gpu"), _u("cpus_per_worker"), _u("keep_checkpoints"), _u("seed"),
+        _u("run", only=("output", "overwrite", "run_id")), _u("ray")]),
     "demo": ("run the pipeline on the bundled example corpus (offline, CPU)", [
         _u("output", default="verbatim-demo", help="folder for the demo's runs"), _u("ray")]),
 }

@@ -84,16 +84,9 @@ class TrainJob:
 
 
 def _init_ray(address: str | None, num_cpus: int | None) -> None:
-    """Join ``address`` (or ``RAY_ADDRESS``), else start a fresh local Ray."""
-    import ray
+    from ..pipeline.ray_env import init_ray
 
-    if ray.is_initialized():
-        return
-    address = address or os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address, log_to_driver=True)
-    else:
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+    init_ray(address, num_cpus)
 
 
 def _effective_max_length(model: str, max_length: int) -> tuple[int, Any]:

@@ -1,0 +1,70 @@
+"""Ends a local Ray's processes when the driver that started it dies, however it dies.
+
+``ray.init`` starts the GCS, the raylet and their agents as children of the driver. On ``kill -9`` of the
+driver the GCS and raylet go, but the dashboard and runtime-env agents are left to init and, trying to report
+to a GCS that is gone, stay. The reaper is a small process in its own session that watches the driver:
+every half second it notes the driver's descendants, and once the driver is gone it kills those still alive
+(matching pid and start time, so a reused pid is never hit), then exits. A driver that ends normally has
+shut its Ray down already; the reaper then finds nothing to kill.
+
+    python -m verbatim_batch.pipeline.reaper DRIVER_PID
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+
+INTERVAL_S = 0.5
+
+
+def start(driver_pid: int | None = None) -> subprocess.Popen:
+    """Start the reaper for ``driver_pid`` (this process by default) in a session of its own."""
+    return subprocess.Popen([sys.executable, "-m", "verbatim_batch.pipeline.reaper", str(driver_pid or os.getpid())],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True, close_fds=True)
+
+
+def _descendants(proc: psutil.Process) -> dict[int, float]:
+    try:
+        return {p.pid: p.create_time() for p in proc.children(recursive=True) if p.pid != os.getpid()}
+    except psutil.Error:
+        return {}
+
+
+def watch(driver_pid: int) -> int:
+    """Watch ``driver_pid``; after it dies, kill what it left; returns how many processes were killed."""
+    try:
+        driver = psutil.Process(driver_pid)
+        started = driver.create_time()
+    except psutil.Error:
+        return 0
+    seen: dict[int, float] = {}
+    while True:
+        try:
+            alive = driver.is_running() and driver.create_time() == started and driver.status() != "zombie"
+        except psutil.Error:
+            alive = False
+        if not alive:
+            break
+        seen.update(_descendants(driver))
+        seen = {pid: t for pid, t in seen.items() if psutil.pid_exists(pid)}
+        time.sleep(INTERVAL_S)
+    killed = 0
+    for pid, created in seen.items():
+        try:
+            proc = psutil.Process(pid)
+            if proc.create_time() == created:
+                proc.kill()
+                killed += 1
+        except psutil.Error:
+            pass
+    return killed
+
+
+if __name__ == "__main__":
+    watch(int(sys.argv[1]))
