@@ -42,16 +42,39 @@ def _options(sub: argparse.ArgumentParser) -> dict[str, argparse.Action]:
     return {a.dest: a for a in sub._actions if a.option_strings and a.dest not in ("help", "config")}  # noqa: SLF001
 
 
+MAX_CONFIG_BYTES = 1 << 20
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """Safe YAML without anchors and aliases: a config never needs them, and nested aliases expand
+    exponentially (a few hundred bytes can ask for gigabytes)."""
+
+    def compose_node(self, parent, index):  # noqa: ANN001 - PyYAML's signature
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(None, None, "YAML aliases (*name) are not allowed in a config",
+                                              event.start_mark)
+        return super().compose_node(parent, index)
+
+
 def load(path: str) -> dict[str, Any]:
     """The YAML mapping in ``path`` (an empty file is an empty config)."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config {path} is not a file")
+        if p.stat().st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"config {path} is larger than {MAX_CONFIG_BYTES} bytes")
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read config {path}: {exc}") from exc
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        data = yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader subclass
+    except (yaml.YAMLError, RecursionError) as exc:
+        problem = getattr(exc, "problem", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        raise ConfigError(f"{path}: not valid YAML: {problem}{where}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -67,12 +90,12 @@ def _convert(path: str, where: str, action: argparse.Action, value: Any) -> Any:
     """A YAML value checked and converted the way the command-line flag would be."""
     flag = action.option_strings[-1]
     label = f"{path}: {where}{action.dest}"
+    if value is None:  # `key:` with no value keeps the option's default
+        return action.default
     if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):  # noqa: SLF001
         if not isinstance(value, bool):
             raise ConfigError(f"{label} must be true or false (like {flag}), got {value!r}")
         return value if isinstance(action, argparse._StoreTrueAction) else not value  # noqa: SLF001
-    if value is None:
-        return None
     kind = action.type
     if kind in (int, float):
         ok = isinstance(value, int) and not isinstance(value, bool) or (kind is float and isinstance(value, float))
@@ -102,6 +125,8 @@ def apply(parser: argparse.ArgumentParser, command: str, path: str) -> dict[str,
     every = {dest for sub in subs.values() for dest in _options(sub)}
     values: dict[str, Any] = {}
     for name, value in data.items():
+        if not isinstance(name, str):
+            raise ConfigError(f"{path}: option names are strings, got {name!r}")
         if name in subs:
             continue
         key = _key(name)
@@ -114,6 +139,8 @@ def apply(parser: argparse.ArgumentParser, command: str, path: str) -> dict[str,
         if not isinstance(section, dict):
             raise ConfigError(f"{path}: section {command!r} must be a mapping")
         for name, value in section.items():
+            if not isinstance(name, str):
+                raise ConfigError(f"{path}: {command}: option names are strings, got {name!r}")
             key = _key(name)
             if key not in options:
                 known = ", ".join(sorted(options))

@@ -50,17 +50,33 @@ def _read_jsonl(path: str) -> list[tuple[int, dict[str, Any]]]:
     out = []
     fs, local = storage.resolve(path)
     with fs.open_input_stream(local) as raw, io.TextIOWrapper(raw, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
+        for lineno, line in _lines(fh, path):
             if not line.strip():
                 continue
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{path}, line {lineno}: invalid JSON ({exc.msg})") from None
+            except RecursionError:
+                raise ValueError(f"{path}, line {lineno}: JSON nested too deeply") from None
             if not isinstance(obj, dict):
                 raise ValueError(f"{path}, line {lineno}: expected a JSON object, got {type(obj).__name__}")
             out.append((lineno, obj))
     return out
+
+
+def _lines(fh, path: str):
+    """Numbered lines of a text file; ValueError (not a traceback) on bytes that are not UTF-8."""
+    lineno = 0
+    while True:
+        try:
+            line = fh.readline()
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{path}, line {lineno + 1}: not UTF-8 ({exc.reason})") from None
+        if not line:
+            return
+        lineno += 1
+        yield lineno, line
 
 
 def _has_ids(row: Mapping[str, Any]) -> bool:
@@ -111,7 +127,11 @@ def normalize_gold_row(row: Mapping[str, Any], where: str = "") -> dict[str, Any
     chunk = row["chunk"]
     spans: list[Span] = []
     unaligned = int(row.get("gold_unaligned") or 0)
-    for span in row.get("gold_spans") or []:
+    gold = row.get("gold_spans")
+    if gold is not None and not isinstance(gold, (list, tuple)):
+        raise ValueError(f"{prefix}'gold_spans' must be a list of strings or {{'start', 'end'}} objects, got a "
+                         f"{type(gold).__name__}")
+    for span in gold or []:
         if isinstance(span, str):
             placed = align_gold(chunk, span)
             if placed is None:
@@ -126,6 +146,8 @@ def normalize_gold_row(row: Mapping[str, Any], where: str = "") -> dict[str, Any
     out["gold_spans"] = spans
     out["gold_unaligned"] = unaligned
     if out.get("chunk_index") is not None:
+        if isinstance(out["chunk_index"], bool) or not isinstance(out["chunk_index"], (int, str)):
+            raise ValueError(f"{prefix}'chunk_index' must be an integer, got {out['chunk_index']!r}")
         out["chunk_index"] = int(out["chunk_index"])
     for name in ("query_id", "paper_id", "chunk_id", "relevant"):
         out.setdefault(name, None)
@@ -146,7 +168,10 @@ def load_gold(path: str | Path) -> list[dict[str, Any]]:
         records = [(f"{path} row {i}", r) for i, r in enumerate(storage.read_parquet(path).to_pylist())]
     else:
         records = [(f"{path}, line {n}", r) for n, r in _read_jsonl(path)]
-    return [normalize_gold_row(r, where) for where, r in records]
+    rows = [normalize_gold_row(r, where) for where, r in records]
+    if not rows:
+        raise ValueError(f"{path} holds no gold pairs: nothing to evaluate against")
+    return rows
 
 
 # ---------------------------------------------------------------------------

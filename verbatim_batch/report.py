@@ -15,7 +15,7 @@ from collections import Counter
 from typing import Any
 
 from . import storage
-from .runs import MANIFEST_FILE
+from .runs import MANIFEST_FILE, read_manifest
 
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
@@ -39,7 +39,7 @@ def _reasons(values: list[str | None]) -> dict[str, int]:
 def build_report(run_dir: str, manifest: dict[str, Any] | None = None) -> dict[str, Any]:
     """The figures of one run folder (committed, or a staging folder with its manifest given)."""
     if manifest is None:
-        manifest = json.loads(storage.read_text(storage.join(run_dir, MANIFEST_FILE)))
+        manifest = read_manifest(run_dir)
     counts = manifest.get("counts", {})
     timings = manifest.get("timings_s", {})
     total = float(timings.get("total") or 0.0)
@@ -206,7 +206,7 @@ def render_html(report: dict[str, Any], sample_rows: list[dict[str, Any]]) -> st
 def write_report(run_dir: str, manifest: dict[str, Any] | None = None, n_samples: int = 12) -> dict[str, Any]:
     """Write ``report.json`` and ``report.html`` into the run folder; returns the report."""
     if manifest is None:
-        manifest = json.loads(storage.read_text(storage.join(run_dir, MANIFEST_FILE)))
+        manifest = read_manifest(run_dir)
     report = build_report(run_dir, manifest)
     rows = samples(run_dir, manifest, n_samples) if manifest.get("command") == "extract" else []
     spans_run = storage.join(run_dir, "spans")

@@ -32,6 +32,47 @@ def _normalizations(value: str) -> tuple[str, ...]:
     return ops
 
 
+class _Bounded:
+    """An argparse type: a number of ``kind`` within bounds, rejected at parse time with the bound named."""
+
+    def __init__(self, kind: type, low: float | None = None, high: float | None = None, low_open: bool = False,
+                 high_open: bool = False) -> None:
+        self.kind, self.low, self.high, self.low_open, self.high_open = kind, low, high, low_open, high_open
+        self.__name__ = kind.__name__
+
+    def __call__(self, text: str) -> int | float:
+        try:
+            value = self.kind(text)
+        except (TypeError, ValueError):
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if self.kind is int else 'a number'}, "
+                                             f"got {text!r}") from None
+        if value != value or value in (float("inf"), float("-inf")):
+            raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+        low_bad = self.low is not None and (value < self.low or (self.low_open and value == self.low))
+        high_bad = self.high is not None and (value > self.high or (self.high_open and value == self.high))
+        if low_bad or high_bad:
+            lo = "" if self.low is None else f"{'>' if self.low_open else '>='} {self.low}"
+            hi = "" if self.high is None else f"{'<' if self.high_open else '<='} {self.high}"
+            raise argparse.ArgumentTypeError(f"must be {' and '.join(x for x in (lo, hi) if x)}, got {text!r}")
+        return value
+
+
+def _run_id(run_id: str) -> str:
+    from ..runs import safe_run_id
+
+    try:
+        return safe_run_id(run_id)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+POSITIVE = _Bounded(int, 1)  # counts and sizes
+NON_NEGATIVE = _Bounded(int, 0)
+FRACTION = _Bounded(float, 0, 1)
+POSITIVE_FLOAT = _Bounded(float, 0, low_open=True)
+NON_NEGATIVE_FLOAT = _Bounded(float, 0)
+
+
 @dataclass(frozen=True)
 class Opt:
     flag: str
@@ -50,22 +91,23 @@ OPTIONS: dict[str, Opt] = {
     "output": _o("--output", help="run folder to create (atomically)"),
     "overwrite": _o("--overwrite", action="store_true",
                     help="replace an existing run folder that this tool wrote (anything else is refused)"),
-    "run_id": _o("--run-id", help="name the run; rerunning with the same id after a crash resumes it "
+    "run_id": _o("--run-id", type=_run_id, help="name the run; rerunning with the same id after a crash resumes it "
                  "(committed work is skipped) and a committed run is left as is"),
     "previous": _o("--previous", help="an earlier run of this stage: its results for unchanged input are carried "
                    "over instead of computed again (chunk: unchanged papers; embed: unchanged chunks; index: "
                    "updated in place; retrieve: reused when index and queries are the same; extract: unchanged "
                    "pairs)"),
-    "stage_retries": _o("--stage-retries", type=int, help="retries of a failed batch (recorded in the manifest) (2)"),
+    "stage_retries": _o("--stage-retries", type=NON_NEGATIVE,
+                        help="retries of a failed batch (recorded in the manifest) (2)"),
     "config": _o("--config", help="YAML file of options (see README: Configuration); flags override it"),
     "address": _o("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)"),
-    "num_cpus": _o("--num-cpus", type=int, help="CPUs for a local Ray (default: all)"),
+    "num_cpus": _o("--num-cpus", type=POSITIVE, help="CPUs for a local Ray (default: all)"),
     # actor pools
-    "batch_rows": _o("--batch-rows", type=int, help="rows per actor call, sorted and packed inside "
+    "batch_rows": _o("--batch-rows", type=POSITIVE, help="rows per actor call, sorted and packed inside "
                      "(embed 1024, extract 64)"),
-    "concurrency": _o("--concurrency", type=int, help="parallel actors or tasks (default: one model actor per "
+    "concurrency": _o("--concurrency", type=POSITIVE, help="parallel actors or tasks (default: one model actor per "
                       "GPU, else 1; 2 for LLM requests; chunk: as many as Ray schedules)"),
-    "threads": _o("--threads", type=int, help="torch threads per CPU actor (default: all CPUs)"),
+    "threads": _o("--threads", type=POSITIVE, help="torch threads per CPU actor (default: all CPUs)"),
     # inputs
     "input": _o("--input", help="the corpus: a folder of .md files, or a Parquet/JSONL file or folder"),
     "format": _o("--format", choices=FORMATS, default="auto", help="input format (auto: from file extensions)"),
@@ -78,23 +120,24 @@ OPTIONS: dict[str, Opt] = {
     "retrieval": _o("--retrieval", help="a committed retrieval run: pairs are query x top-k"),
     "root": _o("--root", help="folder holding runs/ and the current pointer"),
     # chunker and ingest
-    "min_chars": _o("--min-chars", type=int, default=_CHUNKER.min_chars, help="merge chunks shorter than this"),
-    "max_chars": _o("--max-chars", type=int, default=_CHUNKER.max_chars, help="split chunks longer than this"),
+    "min_chars": _o("--min-chars", type=NON_NEGATIVE, default=_CHUNKER.min_chars,
+                    help="merge chunks shorter than this"),
+    "max_chars": _o("--max-chars", type=POSITIVE, default=_CHUNKER.max_chars, help="split chunks longer than this"),
     "heading_levels": _o("--heading-levels", type=_levels, default=_CHUNKER.heading_levels,
                          help="ATX levels that split (1,2,3,4)"),
     "normalize": _o("--normalize", type=_normalizations, default=(),
                     help=f"opt-in text normalisation, comma-separated from {','.join(NORMALIZATIONS)} (default: "
                     "none; changes offsets and is recorded on every row)"),
-    "max_paper_mb": _o("--max-paper-mb", type=float, default=16.0, help="quarantine papers larger than this"),
+    "max_paper_mb": _o("--max-paper-mb", type=POSITIVE_FLOAT, default=16.0, help="quarantine papers larger than this"),
     "no_store_text": _o("--no-store-text", action="store_true", help="do not keep paper text in the papers table"),
     # models (embedder, highlighter, semantic, LLM)
     "model": _o("--model", help="hub id or local path; for an LLM, the name the endpoint serves (defaults: embed "
                 "and semantic: the bundled all-MiniLM-L6-v2; highlighter: KRLabsOrg/acl-verbatim-modernbert)"),
     "revision": _o("--revision", help="model revision (hub)"),
-    "max_length": _o("--max-length", type=int, help="tokens per model input: the embedder truncates to it, the "
+    "max_length": _o("--max-length", type=POSITIVE, help="tokens per model input: the embedder truncates to it, the "
                      "highlighter and silver windows cut windows of it (embedder: the model's; highlighter: 8192)"),
-    "stride": _o("--stride", type=int, help="tokens shared by neighbouring windows (256)"),
-    "token_budget": _o("--token-budget", type=int, help="padded tokens per forward pass"),
+    "stride": _o("--stride", type=NON_NEGATIVE, help="tokens shared by neighbouring windows (256)"),
+    "token_budget": _o("--token-budget", type=POSITIVE, help="padded tokens per forward pass"),
     "output_dtype": _o("--output-dtype", choices=["float32", "float16"], default="float32",
                        help="embedding vectors' type"),
     "trust_remote_code": _o("--trust-remote-code", action="store_true",
@@ -104,42 +147,44 @@ OPTIONS: dict[str, Opt] = {
     "extractor": _o("--extractor", choices=["semantic", "highlighter", "llm"], default="semantic",
                     help="semantic: offline sentence scorer (bundled MiniLM); highlighter: ModernBERT token "
                     "classifier; llm: an LLM through an OpenAI-compatible endpoint or in-cluster vLLM"),
-    "threshold": _o("--threshold", type=float, help="keep tokens / sentences scoring at least this "
+    "threshold": _o("--threshold", type=FRACTION, help="keep tokens / sentences scoring at least this "
                     "(highlighter 0.2; semantic: see README)"),
-    "span_min_chars": _o("--min-chars", type=int, help="drop spans shorter than this (10)"),
-    "merge_gap": _o("--merge-gap", type=int, help="merge spans at most this many characters apart (20)"),
-    "margin": _o("--margin", type=float, help="semantic: keep sentences within this of the best one"),
-    "max_chunk_chars": _o("--max-chunk-chars", type=int, help="pairs with longer chunks become error rows (200000)"),
+    "span_min_chars": _o("--min-chars", type=NON_NEGATIVE, help="drop spans shorter than this (10)"),
+    "merge_gap": _o("--merge-gap", type=NON_NEGATIVE, help="merge spans at most this many characters apart (20)"),
+    "margin": _o("--margin", type=NON_NEGATIVE_FLOAT, help="semantic: keep sentences within this of the best one"),
+    "max_chunk_chars": _o("--max-chunk-chars", type=POSITIVE,
+                          help="pairs with longer chunks become error rows (200000)"),
     # LLMs
     "backend": _o("--backend", choices=["http", "vllm"], help="http: OpenAI-compatible endpoint; vllm: in-cluster"),
     "base_url": _o("--base-url", help="http: the endpoint, e.g. http://127.0.0.1:8000/v1 (or OPENAI_BASE_URL)"),
     "api_key_env": _o("--api-key-env", help="http: environment variable holding the API key (OPENAI_API_KEY)"),
     "style": _o("--style", choices=["default", "paragraph"], help="prompt: exact spans, or whole passages"),
-    "docs_per_request": _o("--docs-per-request", type=int,
+    "docs_per_request": _o("--docs-per-request", type=POSITIVE,
                            help="chunks per request as doc_0..doc_n (5; 1 = one each)"),
-    "max_tokens": _o("--max-tokens", type=int, help="answer length limit (2048)"),
+    "max_tokens": _o("--max-tokens", type=POSITIVE, help="answer length limit (2048)"),
     "no_structured_output": _o("--no-structured-output", action="store_true",
                                help="do not ask for schema-constrained JSON"),
-    "max_in_flight": _o("--max-in-flight", type=int, help="http: concurrent requests per actor (8)"),
-    "timeout": _o("--timeout", type=float, help="http: seconds per request (180)"),
-    "max_retries": _o("--max-retries", type=int, help="http: retries with backoff on 429/5xx/connection errors (4)"),
-    "tensor_parallel_size": _o("--tensor-parallel-size", type=int, help="vllm: GPUs per engine (1)"),
-    "engines": _o("--engines", type=int, help="vllm: engine replicas (1)"),
+    "max_in_flight": _o("--max-in-flight", type=POSITIVE, help="http: concurrent requests per actor (8)"),
+    "timeout": _o("--timeout", type=POSITIVE_FLOAT, help="http: seconds per request (180)"),
+    "max_retries": _o("--max-retries", type=NON_NEGATIVE,
+                      help="http: retries with backoff on 429/5xx/connection errors (4)"),
+    "tensor_parallel_size": _o("--tensor-parallel-size", type=POSITIVE, help="vllm: GPUs per engine (1)"),
+    "engines": _o("--engines", type=POSITIVE, help="vllm: engine replicas (1)"),
     # index and retrieval
     "kind": _o("--kind", choices=["auto", "flat", "ivf_flat", "ivf_pq"], default="auto",
                help="auto: exact Flat below 1M vectors, IVF-Flat up to 20M, IVF-PQ above"),
-    "nlist": _o("--nlist", type=int, help="IVF lists (default: 4 x sqrt(vectors))"),
-    "nprobe": _o("--nprobe", type=int, help="IVF lists to probe (default: the index's)"),
-    "pq_m": _o("--pq-m", type=int, help="IVF-PQ sub-quantizers"),
+    "nlist": _o("--nlist", type=POSITIVE, help="IVF lists (default: 4 x sqrt(vectors))"),
+    "nprobe": _o("--nprobe", type=POSITIVE, help="IVF lists to probe (default: the index's)"),
+    "pq_m": _o("--pq-m", type=POSITIVE, help="IVF-PQ sub-quantizers"),
     "no_bm25": _o("--no-bm25", action="store_true", help="skip the full-text index"),
-    "max_drift": _o("--max-drift", type=float, default=0.2, help="with --previous: rebuild the index when "
+    "max_drift": _o("--max-drift", type=NON_NEGATIVE_FLOAT, default=0.2, help="with --previous: rebuild the index when "
                     "(removed + added) / vectors since the last build exceeds this"),
-    "k": _o("--k", type=int, default=10, help="chunks retrieved per query and method"),
+    "k": _o("--k", type=POSITIVE, default=10, help="chunks retrieved per query and method"),
     "methods": _o("--methods", default="dense,bm25,hybrid", help="any of dense,bm25,hybrid"),
     "weights": _o("--weights", default="dense=1,bm25=1", help="hybrid RRF weights"),
-    "rrf_k": _o("--rrf-k", type=int, default=60, help="RRF constant"),
+    "rrf_k": _o("--rrf-k", type=NON_NEGATIVE, default=60, help="RRF constant"),
     "method": _o("--method", default="hybrid", help="retrieval method whose top-k rows become pairs"),
-    "top_k": _o("--top-k", type=int, default=5, help="retrieved chunks per query to extract from"),
+    "top_k": _o("--top-k", type=POSITIVE, default=5, help="retrieved chunks per query to extract from"),
     # evaluate
     "gold": _o("--gold", help="pairs file with relevant and gold_spans"),
     "predictions": _o("--predictions", help="a span table / extract run folder, or JSONL rows with spans"),
@@ -147,30 +192,31 @@ OPTIONS: dict[str, Opt] = {
     "sweep_threshold": _o("--sweep-threshold", help="run an extractor on the gold pairs at these thresholds, e.g. "
                           "0.2,0.3,0.4,0.5, and score each (needs no --predictions)"),
     # querygen, silver
-    "n_papers": _o("--n-papers", type=int, help="papers to sample, one chunk each (querygen 100, silver 2000)"),
-    "seed": _o("--seed", type=int, default=0, help="sampling seed"),
-    "dev_fraction": _o("--dev-fraction", type=float, default=0.1, help="queries held out for the dev split"),
+    "n_papers": _o("--n-papers", type=POSITIVE, help="papers to sample, one chunk each (querygen 100, silver 2000)"),
+    "seed": _o("--seed", type=NON_NEGATIVE, default=0, help="sampling seed"),
+    "dev_fraction": _o("--dev-fraction", type=FRACTION, default=0.1, help="queries held out for the dev split"),
     "tokenizer": _o("--tokenizer", help="write tokenized windows for this tokenizer (hub id or path)"),
     # nightly
-    "keep_runs": _o("--keep-runs", type=int, default=7, help="committed runs kept (older ones are deleted)"),
-    "embed_batch_rows": _o("--embed-batch-rows", type=int, default=1024, help="chunks per embedding actor call"),
-    "extract_batch_rows": _o("--extract-batch-rows", type=int, default=64, help="pairs per extraction actor call"),
+    "keep_runs": _o("--keep-runs", type=POSITIVE, default=7, help="committed runs kept (older ones are deleted)"),
+    "embed_batch_rows": _o("--embed-batch-rows", type=POSITIVE, default=1024, help="chunks per embedding actor call"),
+    "extract_batch_rows": _o("--extract-batch-rows", type=POSITIVE, default=64, help="pairs per extraction actor call"),
     # train
     "train": _o("--train", help="a silver run (its train split), or Parquet/JSONL pairs with question (or query), "
                 "chunk and spans [{start, end}]"),
     "eval": _o("--eval", help="pairs to evaluate on each epoch (default: the silver run's dev split)"),
-    "epochs": _o("--epochs", type=int, help="passes over the training pairs (3)"),
-    "lr": _o("--lr", type=float, help="peak learning rate, linear warmup then linear decay (5e-5)"),
-    "batch_size": _o("--batch-size", type=int, help="windows per step per worker (8)"),
-    "batch_tokens": _o("--batch-tokens", type=int, help="token budget per step per worker instead of --batch-size"),
-    "grad_accum": _o("--grad-accum", type=int, help="batches per optimizer step (1)"),
-    "warmup_ratio": _o("--warmup-ratio", type=float, help="share of steps spent warming up (0.1)"),
-    "num_workers": _o("--num-workers", type=int, help="Ray Train workers, DDP (2)"),
+    "epochs": _o("--epochs", type=POSITIVE, help="passes over the training pairs (3)"),
+    "lr": _o("--lr", type=POSITIVE_FLOAT, help="peak learning rate, linear warmup then linear decay (5e-5)"),
+    "batch_size": _o("--batch-size", type=POSITIVE, help="windows per step per worker (8)"),
+    "batch_tokens": _o("--batch-tokens", type=POSITIVE,
+                       help="token budget per step per worker instead of --batch-size"),
+    "grad_accum": _o("--grad-accum", type=POSITIVE, help="batches per optimizer step (1)"),
+    "warmup_ratio": _o("--warmup-ratio", type=FRACTION, help="share of steps spent warming up (0.1)"),
+    "num_workers": _o("--num-workers", type=POSITIVE, help="Ray Train workers, DDP (2)"),
     "use_gpu": _o("--use-gpu", action="store_true", help="one GPU per worker, NCCL, bf16 autocast"),
-    "cpus_per_worker": _o("--cpus-per-worker", type=float, help="CPUs per training worker (1)"),
-    "keep_checkpoints": _o("--keep-checkpoints", type=int, help="checkpoints kept besides the best (2)"),
+    "cpus_per_worker": _o("--cpus-per-worker", type=POSITIVE_FLOAT, help="CPUs per training worker (1)"),
+    "keep_checkpoints": _o("--keep-checkpoints", type=POSITIVE, help="checkpoints kept besides the best (2)"),
     # report
-    "samples": _o("--samples", type=int, default=12, help="pairs shown with highlighted spans (extract runs)"),
+    "samples": _o("--samples", type=NON_NEGATIVE, default=12, help="pairs shown with highlighted spans (extract runs)"),
 }
 
 GROUPS: dict[str, list[str]] = {

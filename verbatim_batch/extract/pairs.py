@@ -43,12 +43,16 @@ def chunk_lookup(chunks_dir: str, chunk_ids: Iterable[str]) -> dict[str, dict[st
 
 
 def _as_int(value: Any) -> int | None:
+    """An int32 column value: integers (or integral numbers) in range; anything else is None."""
     if value is None or isinstance(value, bool):
         return None
     try:
-        return int(value)
-    except (TypeError, ValueError):
+        number = int(value)
+    except (TypeError, ValueError, OverflowError):
         return None
+    if isinstance(value, float) and number != value:
+        return None
+    return number if -(2**31) <= number < 2**31 else None
 
 
 def pairs_from_records(records: Iterable[Mapping[str, Any]],
@@ -64,25 +68,36 @@ def pairs_from_records(records: Iterable[Mapping[str, Any]],
     for n, rec in enumerate(records):
         line = rec.get("__line__", n + 1)
         error = rec.get("__error__")
-        query = rec.get("query")
-        chunk = rec.get("chunk")
-        cid = rec.get("chunk_id")
-        cid = str(cid) if cid is not None else None
+        query = _text(rec.get("query"))
+        chunk = _text(rec.get("chunk"))
+        ids = {k: rec.get(k) for k in ("query_id", "chunk_id", "paper_id")}
+        bad_id = next((k for k, v in ids.items() if v is not None and not _is_id(v)), None)
+        cid = str(ids["chunk_id"]) if ids["chunk_id"] is not None and bad_id is None else None
         known = chunks.get(cid) if cid else None
         if error is None:
-            if not isinstance(query, str):
+            if bad_id is not None:
+                error = (f"invalid_id: record {line} has a {type(ids[bad_id]).__name__} {bad_id!r} "
+                         "(ids are strings or integers)")
+            elif _UNENCODABLE in (query, chunk):
+                error = f"invalid_text: record {line} has text that is not valid Unicode (a lone surrogate)"
+            elif not isinstance(query, str):
                 error = f"missing_query: record {line} has no string 'query'"
             elif chunk is None and known is None:
                 error = (f"chunk_not_found: chunk_id {cid!r} is not in the chunk table" if cid
                          else f"missing_chunk: record {line} has neither 'chunk' nor 'chunk_id'")
             elif chunk is not None and not isinstance(chunk, str):
                 error = f"invalid_chunk: record {line} has a non-string 'chunk'"
+            elif chunk is not None and known is not None and chunk != known["text"]:
+                error = (f"chunk_mismatch: record {line} gives chunk text that differs from chunk {cid!r} in the "
+                         "chunk table")
+        if _UNENCODABLE in (query, chunk):
+            query, chunk = (None if v is _UNENCODABLE else v for v in (query, chunk))
         if chunk is None and known is not None:
             chunk = known["text"]
         chunk_start = None
         if known is not None and chunk == known["text"]:
             chunk_start = known["start"]
-        qid = rec.get("query_id")
+        qid = ids["query_id"] if bad_id is None else None
         qid = str(qid) if qid is not None else (query_id_for(query) if isinstance(query, str) else f"line-{line}")
         if cid is None:
             cid = text_chunk_id(chunk) if isinstance(chunk, str) else f"line-{line}"
@@ -93,7 +108,8 @@ def pairs_from_records(records: Iterable[Mapping[str, Any]],
             pid = pair_id(qid, f"{cid}#line-{line}")  # error rows stay unique
         seen.add(pid)
         extra = {k: v for k, v in rec.items() if k not in KNOWN_FIELDS and not k.startswith("__")}
-        paper_id = rec.get("paper_id", known["paper_id"] if known else None)
+        paper_id = ids["paper_id"] if ids["paper_id"] is not None and bad_id is None else (
+            known["paper_id"] if known else None)
         chunk_index = _as_int(rec.get("chunk_index", known["chunk_index"] if known else None))
         relevant = rec.get("relevant")
         rows.append({
@@ -106,6 +122,23 @@ def pairs_from_records(records: Iterable[Mapping[str, Any]],
             "input_error": error,
         })
     return pa.Table.from_pylist(rows, schema=PAIR_INPUT)
+
+
+_UNENCODABLE = object()  # a string field that cannot be stored (lone surrogates)
+
+
+def _text(value: Any) -> Any:
+    """``value``, or ``_UNENCODABLE`` for a string that is not valid Unicode."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return _UNENCODABLE
+    return value
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
 
 
 def pairs_from_retrieval(retrieval: pa.Table, queries: Mapping[str, str],

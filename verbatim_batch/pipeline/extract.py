@@ -21,7 +21,7 @@ import ray
 from .. import storage
 from ..runs import committed_table_dir, manifest_config, read_table
 from ..tables import PAIR_INPUT, PAIRS, REJECTS, SPANS
-from .ray_env import cpu_threads, model_actor_args
+from .ray_env import cpu_actor_args, cpu_threads, model_actor_args
 from .retrieve import jsonable, read_queries
 from .runner import RunOptions, Stage, StageContext, StageResult, run_stage
 from .sink import RETRIES_COLUMN, table_entries, with_retries
@@ -148,8 +148,8 @@ def extract_dataset(job: ExtractJob, pairs: pa.Table, run_id: str) -> ray.data.D
     kwargs = {"config": cfg, "run_id": run_id, "max_chunk_chars": job.max_chunk_chars, "retries": job.max_retries}
     if isinstance(cfg, LLMConfig):  # http: I/O bound actors, no GPU; blocks keep a query's pairs together
         ds = ray.data.from_arrow(query_blocks(pairs, job.batch_rows))
-        return ds.map_batches(ExtractActor, batch_format="pyarrow", batch_size=None, num_cpus=0.5,
-                              concurrency=job.concurrency or 2, fn_constructor_kwargs=kwargs)
+        return ds.map_batches(ExtractActor, batch_format="pyarrow", batch_size=None,
+                              **cpu_actor_args(job.concurrency or 2, 0.5), fn_constructor_kwargs=kwargs)
     blocks = [pairs.slice(i, job.batch_rows) for i in range(0, max(1, pairs.num_rows), job.batch_rows)]
     kwargs["threads"] = cpu_threads(job.threads)
     return ray.data.from_arrow(blocks).map_batches(ExtractActor, batch_format="pyarrow",

@@ -14,6 +14,7 @@ import ray
 from .. import storage
 from ..runs import committed_table_dir, read_table
 from ..tables import GENERATED_QUERIES
+from .ray_env import cpu_actor_args
 from .retrieve import jsonable
 from .runner import RunOptions, Stage, StageContext, StageResult, run_stage
 from .sink import as_table, table_entries
@@ -75,7 +76,7 @@ class QueryGenStage(Stage):
             blocks = [todo.slice(i, rows) for i in range(0, todo.num_rows, rows)]
             ds = ray.data.from_arrow(blocks).map_batches(
                 QueryGenActor, fn_constructor_kwargs={"config": job.llm}, batch_format="pyarrow", batch_size=None,
-                num_cpus=0.5, concurrency=job.concurrency or 2)
+                **cpu_actor_args(job.concurrency or 2, 0.5))
             ds.write_datasink(sink)
         result = sink.finish()
         queries = storage.read_parquet(storage.join(ctx.staging, "queries"))

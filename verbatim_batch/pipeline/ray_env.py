@@ -58,13 +58,30 @@ def cpus() -> int:
     return max(1, int(ray.cluster_resources().get("CPU", 1)))
 
 
+def actor_pool(n_cpus: int, concurrency: int, cpus_per_actor: float) -> tuple[int, float]:
+    """``(actors, CPUs per actor)`` for a CPU actor pool that always leaves one CPU to the tasks that read and
+    write around it (a pool holding every CPU waits forever for its input). On a one-CPU machine the actors
+    claim no CPU; where the asked-for pool does not fit, it gets fewer actors, then less CPU each."""
+    spare = max(0, n_cpus - 1)
+    if not spare:
+        return 1, 0.0
+    actors = min(concurrency, max(1, int(spare // cpus_per_actor))) if cpus_per_actor > 0 else concurrency
+    return actors, min(cpus_per_actor, spare / actors)
+
+
 def model_actor_args(concurrency: int | None, batch_rows: int) -> dict[str, Any]:
     """``map_batches`` arguments for a model actor pool: one model per GPU when the cluster has GPUs, else
-    CPU actors."""
+    CPU actors sized by ``actor_pool``."""
     n = gpus()
     if n:
         return {"concurrency": concurrency or n, "num_gpus": 1, "batch_size": batch_rows}
-    return {"concurrency": concurrency or 1, "num_cpus": 1, "batch_size": batch_rows}
+    return cpu_actor_args(concurrency or 1, 1.0) | {"batch_size": batch_rows}
+
+
+def cpu_actor_args(concurrency: int, cpus_per_actor: float) -> dict[str, Any]:
+    """``concurrency`` and ``num_cpus`` of a CPU actor pool on this cluster (``actor_pool``)."""
+    actors, per_actor = actor_pool(cpus(), concurrency, cpus_per_actor)
+    return {"concurrency": actors, "num_cpus": per_actor}
 
 
 def cpu_threads(threads: int | None) -> int | None:

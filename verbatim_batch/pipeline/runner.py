@@ -16,6 +16,7 @@ touched; ``Stage.execute``: the work, writing tables into the staging folder) an
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -23,7 +24,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..runs import RunDir, build_manifest, committed_run, completed_keys, new_run_id, staged
+from .. import storage
+from ..runs import RunDir, build_manifest, committed_run, completed_keys, new_run_id, safe_run_id, staged
 from .ray_env import init_ray
 from .sink import StageTableSink, carry_rows
 
@@ -110,13 +112,30 @@ def write_report(run_dir: str, manifest: dict[str, Any]) -> None:
     write(run_dir, manifest)
 
 
+def _refuse_output_inside_inputs(output: str, inputs: list[str]) -> None:
+    """A run folder inside one of its own input folders would be read back as input by the next run (and a
+    folder the user owns would fill with ours): refused."""
+    if storage.is_remote(output):
+        return
+    out = os.path.realpath(output)
+    for path in inputs:
+        if not path or storage.is_remote(path) or not os.path.isdir(path):
+            continue
+        real = os.path.realpath(path)
+        if out == real or out.startswith(real.rstrip(os.sep) + os.sep):
+            raise ValueError(f"--output {output} is inside the input folder {path}: choose an output outside it")
+
+
 def run_stage(stage: Stage) -> tuple[str, dict[str, Any]]:
     """Run ``stage`` into ``stage.job.output``; returns ``(path, manifest)`` of the committed run."""
     job = stage.job
     t0 = time.perf_counter()
+    if job.run_id is not None:
+        safe_run_id(job.run_id)
     config, inputs = stage.plan()
     if job.previous:
         config, inputs = config | {"previous": job.previous}, [*inputs, job.previous]
+    _refuse_output_inside_inputs(job.output, inputs)
     if done := committed_run(job.output, job.run_id):
         return job.output, done
     run_id = job.run_id or new_run_id(stage.command, config)

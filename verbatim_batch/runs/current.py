@@ -72,7 +72,7 @@ def prune_runs(root: str, keep: int, protect: tuple[str, ...] = ()) -> list[str]
             continue
         try:
             committed.append((read_manifest(path)["created_at"], name))
-        except FileNotFoundError:
+        except (FileNotFoundError, ValueError, KeyError):
             unfinished.append((_started(path), name))
     committed.sort(reverse=True)
     newest = _dt.datetime.fromisoformat(committed[0][0]).timestamp() if committed else None

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -52,8 +53,13 @@ class RunDir:
                 and not storage.exists(storage.join(self.output, MANIFEST_FILE))):
             log.warning("%s has no manifest (a commit to an object store cut short): removing it", self.output)
             storage.rmtree(self.output)
-        if storage.exists(self.output) and not overwrite:
-            raise OutputExistsError(f"{self.output} exists; pass --overwrite to replace it")
+        if storage.exists(self.output):
+            if not overwrite:
+                raise OutputExistsError(f"{self.output} exists; pass --overwrite to replace it")
+            if not replaceable(self.output):
+                raise OutputExistsError(f"{self.output} exists and is not a run folder written by verbatim-batch "
+                                        "(no valid manifest.json): --overwrite only replaces runs; choose another "
+                                        "--output")
         storage.makedirs(parent)
         token = safe_run_id(run_id) if run_id else uuid.uuid4().hex[:12]
         self.staging = storage.join(parent, f".{name}.staging-{token}")
@@ -87,10 +93,35 @@ class RunDir:
         storage.rmtree(self.staging)
 
 
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
 def safe_run_id(run_id: str) -> str:
-    if not run_id or any(c in run_id for c in "/\\\0?#%") or run_id.startswith("."):
-        raise ValueError(f"run id {run_id!r} must be a plain name (no slashes, ?, # or %, not starting with a dot)")
+    """``run_id`` if it is a plain name usable in folder names everywhere (1-128 letters, digits, ``.``, ``_``,
+    ``-``, starting with a letter or digit); else ValueError."""
+    if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
+        shown = run_id if len(str(run_id)) <= 60 else f"{str(run_id)[:60]}... ({len(str(run_id))} characters)"
+        raise ValueError(f"run id {shown!r} must be 1-128 letters, digits, '.', '_' or '-', starting with a letter "
+                         "or digit")
     return run_id
+
+
+def replaceable(path: str) -> bool:
+    """Whether ``--overwrite`` may replace ``path``: an empty folder, or a run folder this tool wrote (a
+    ``manifest.json`` holding a run id, a command and a schema version). Anything else is a user's."""
+    if not storage.isdir(path):
+        return False
+    names = storage.listdir(path)
+    if not names:
+        return True
+    if MANIFEST_FILE not in names:
+        return False
+    try:
+        manifest = json.loads(storage.read_text(storage.join(path, MANIFEST_FILE)))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(manifest, dict) and all(isinstance(manifest.get(k), str)
+                                              for k in ("run_id", "command", "schema_version"))
 
 
 def record_write(staging: str, name: str, record: dict[str, Any]) -> None:

@@ -76,10 +76,19 @@ def validate_manifest(manifest: Mapping[str, Any]) -> None:
 
 
 def read_manifest(run_dir: str) -> dict[str, Any]:
+    """The manifest of a committed run; FileNotFoundError when there is none, ValueError when the file is not
+    a run manifest (not JSON, not an object, no run id or command)."""
     try:
-        return json.loads(storage.read_text(storage.join(storage.normalize(run_dir), MANIFEST_FILE)))
-    except (FileNotFoundError, NotADirectoryError):
+        text = storage.read_text(storage.join(storage.normalize(run_dir), MANIFEST_FILE))
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         raise FileNotFoundError(f"{run_dir} has no {MANIFEST_FILE}: not a committed run") from None
+    try:
+        manifest = json.loads(text)
+    except (ValueError, RecursionError):
+        raise ValueError(f"{run_dir}/{MANIFEST_FILE} is not valid JSON: not a run this tool wrote") from None
+    if not isinstance(manifest, dict) or not all(isinstance(manifest.get(k), str) for k in ("run_id", "command")):
+        raise ValueError(f"{run_dir}/{MANIFEST_FILE} is not a verbatim-batch run manifest (no run_id/command)")
+    return manifest
 
 
 def load_manifests(run_dirs: list[str]) -> pa.Table:
