@@ -46,6 +46,16 @@ def test_report_json_is_written_at_commit(extract_run):
     assert report["abstention_rate"] == sum(1 for n in ok if n == 0) / len(ok)
     assert report["spans_per_pair"]["max"] == max(ok) and report["verbatim_violations"] == 0
     assert report["throughput"]["pairs_per_s"] > 0 and "total" in report["timings_s"]
+    # where the time went: Ray start-up apart, model / gate / write summed over actors, pairs/s without start-up
+    spent = report["time_breakdown"]
+    assert {"read_pairs_s", "ray_start_s", "extract_and_write_wall_s", "model_s_summed_over_actors",
+            "gate_s_summed_over_actors", "write_s_summed_over_actors"} <= set(spent), spent
+    assert spent["model_s_summed_over_actors"] > 0
+    assert spent["pairs_per_s_excluding_ray_start"] == pytest.approx(
+        manifest["counts"]["extracted_pairs"] / spent["extract_and_write_wall_s"])
+    assert spent["extract_and_write_wall_s"] + spent["ray_start_s"] <= manifest["timings_s"]["total"]
+    with open(f"{out}/report.html", encoding="utf-8") as fh:
+        assert "Where the extract time went" in fh.read()
 
 
 def test_highlight_escapes_text_and_marks_spans():

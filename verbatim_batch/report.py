@@ -57,6 +57,10 @@ def build_report(run_dir: str, manifest: dict[str, Any] | None = None) -> dict[s
     if total > 0 and counts.get("papers_bytes"):
         rate["mb_per_s"] = counts["papers_bytes"] / 1e6 / total
     out["throughput"] = rate
+    if manifest.get("command") == "extract":
+        out["time_breakdown"] = extract_time(counts, timings)
+        if out["time_breakdown"].get("pairs_per_s_excluding_ray_start"):
+            rate["pairs_per_s_excluding_ray_start"] = out["time_breakdown"]["pairs_per_s_excluding_ray_start"]
     where = {"quarantine": run_dir, "pairs": run_dir, "rejects": run_dir}
     if manifest.get("command") == "nightly":  # a run of stage runs: figures per stage, tables in theirs
         where = {"quarantine": storage.join(run_dir, "chunks"), "pairs": storage.join(run_dir, "spans"),
@@ -174,6 +178,24 @@ def _fmt(value: Any) -> str:
     return json.dumps(value) if isinstance(value, (dict, list)) else str(value)
 
 
+def extract_time(counts: dict[str, Any], timings: dict[str, Any]) -> dict[str, Any]:
+    """Where an extract run's time went: reading pairs, Ray start-up, model, the verbatim gate and table
+    building, writing (summed over actors: with several actors these add up to more than the wall time),
+    and pairs/s over the extract-and-write wall time, Ray start-up excluded."""
+    out: dict[str, Any] = {}
+    for key, label in (("pairs", "read_pairs_s"), ("ray_start", "ray_start_s"),
+                       ("extract_and_write", "extract_and_write_wall_s"), ("total", "total_s")):
+        if key in timings:
+            out[label] = float(timings[key])
+    for part in ("model", "gate", "write"):
+        if f"time_ms.{part}" in counts:
+            out[f"{part}_s_summed_over_actors"] = counts[f"time_ms.{part}"] / 1000
+    wall = float(timings.get("extract_and_write") or 0)
+    if wall > 0 and counts.get("extracted_pairs"):
+        out["pairs_per_s_excluding_ray_start"] = counts["extracted_pairs"] / wall
+    return out
+
+
 def render_html(report: dict[str, Any], sample_rows: list[dict[str, Any]]) -> str:
     """A self-contained static page: run summary, then the sampled pairs with highlighted spans."""
     summary = {k: report.get(k) for k in ("run_id", "command", "created_at", "status")}
@@ -183,6 +205,8 @@ def render_html(report: dict[str, Any], sample_rows: list[dict[str, Any]]) -> st
     body = [f"<h1>verbatim-batch {html.escape(str(report.get('command')))} run</h1>",
             _kv_table("Summary", summary), _kv_table("Tables (rows)", report.get("tables", {})),
             _kv_table("Time per stage (s)", report.get("timings_s", {})),
+            *([_kv_table("Where the extract time went", report["time_breakdown"])]
+              if report.get("time_breakdown") else []),
             *(_kv_table(f"Stage: {stage}", figures) for stage, figures in report.get("stage_counts", {}).items()),
             _kv_table("Throughput", report.get("throughput", {})),
             _kv_table("Quarantined by reason", report.get("quarantine_by_reason", {})),

@@ -68,6 +68,7 @@ class ExtractStage:
         self.model_id = info.get("model_id")
         self.model_revision = info.get("model_revision")
         self.config_hash = info["config_hash"]
+        self.last_ms: dict[str, int] = {}  # where the last batch's time went: model, gate (verbatim check, rows)
 
     def _run(self, queries: list[str], chunks: list[str]) -> list[PairResult]:
         """The extractor over a batch; if the batch fails, each pair alone, so one bad pair fails alone."""
@@ -101,8 +102,11 @@ class ExtractStage:
             except Exception as exc:  # noqa: BLE001 - a single pair failed
                 got = [PairResult([], None, _error_reason(exc))]
             results = dict(zip(todo, got, strict=True))
-        latency_ms = 1000.0 * (time.perf_counter() - t0) / max(1, len(todo))
-        return self.tables(rows, results, errors, latency_ms)
+        t1 = time.perf_counter()
+        latency_ms = 1000.0 * (t1 - t0) / max(1, len(todo))
+        out = self.tables(rows, results, errors, latency_ms)
+        self.last_ms = {"model": round(1000 * (t1 - t0)), "gate": round(1000 * (time.perf_counter() - t1))}
+        return out
 
     def tables(self, rows: list[dict[str, Any]], results: dict[int, PairResult], errors: Sequence[str | None],
                latency_ms: float | None) -> dict[str, pa.Table]:

@@ -24,7 +24,7 @@ from ..tables import PAIR_INPUT, PAIRS, REJECTS, SPANS
 from .ray_env import cpu_actor_args, cpu_threads, model_actor_args
 from .retrieve import jsonable, read_queries
 from .runner import RunOptions, Stage, StageContext, StageResult, run_stage
-from .sink import RETRIES_COLUMN, table_entries, with_retries
+from .sink import RETRIES_COLUMN, table_entries, with_retries, with_times
 
 EXTRACT_TABLES = {"spans": SPANS, "pairs": PAIRS, "rejects": REJECTS}
 
@@ -47,7 +47,12 @@ class ExtractActor:
     def _packed(self, batch: pa.Table) -> pa.Table:
         from ..extract.stage import pack
 
-        return pack(self.stage(batch))
+        out = self.stage(batch)
+        t0 = time.perf_counter()
+        packed = pack(out)
+        ms = dict(self.stage.last_ms)
+        ms["gate"] = ms.get("gate", 0) + round(1000 * (time.perf_counter() - t0))
+        return with_times(packed, ms)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         from ..extract.stage import pack
@@ -207,9 +212,13 @@ class ExtractStage(Stage):
         skip = pa.array(sorted(ctx.done | carried), pa.string())
         todo = pairs.filter(pc.invert(pc.is_in(pairs["pair_id"], value_set=skip)))
         sink = ctx.sink(_unpack, EXTRACT_TABLES, key_columns={"pairs": "pair_id"})
+        timings = {"pairs": self.t_pairs}
         if todo.num_rows:  # no model is loaded when every pair is carried or already done
+            t0 = time.perf_counter()
             ctx.ray()
+            t1 = time.perf_counter()
             extract_dataset(job, todo, ctx.run_id).write_datasink(sink)
+            timings |= {"ray_start": t1 - t0, "extract_and_write": time.perf_counter() - t1}
         result = sink.finish()
         if result.rows["pairs"] != pairs.num_rows:
             raise RuntimeError(f"{pairs.num_rows} pairs in but {result.rows['pairs']} pair rows written")
@@ -221,8 +230,9 @@ class ExtractStage(Stage):
                   | {k: v for k, v in result.counts.items() if k.startswith("rejects.") or k == "stage_retries"}
                   | {"extracted_pairs": todo.num_rows, "carried_pairs": len(carried)}
                   | ({"resumed_pairs": len(ctx.done)} if ctx.done else {}))
-        return StageResult(tables=table_entries(result, EXTRACT_TABLES), counts=counts,
-                           timings_s={"pairs": self.t_pairs}, config=config)
+        counts |= {k: v for k, v in result.counts.items() if k.startswith("time_ms.")}
+        return StageResult(tables=table_entries(result, EXTRACT_TABLES), counts=counts, timings_s=timings,
+                           config=config)
 
 
 def _unpack(packed: pa.Table) -> dict[str, pa.Table]:
