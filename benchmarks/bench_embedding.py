@@ -47,9 +47,9 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from verbatim_synth import corpus as synth  # noqa: E402
 from verbatim_batch.chunking import build_context, chunk_markdown  # noqa: E402
 from verbatim_batch.embedding import DEFAULT_MODEL, Embedder, EmbedderConfig, plan_batches  # noqa: E402
+from verbatim_synth import corpus as synth  # noqa: E402
 
 
 def build_texts(n: int, seed: int = 0) -> list[str]:

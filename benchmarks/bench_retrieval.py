@@ -20,8 +20,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from verbatim_synth import corpus as synth  # noqa: E402
-from verbatim_synth.labelled import make_labelled_queries  # noqa: E402
 from verbatim_batch.pipeline import (  # noqa: E402
     ChunkJob,
     EmbedJob,
@@ -34,6 +32,8 @@ from verbatim_batch.pipeline import (  # noqa: E402
 )
 from verbatim_batch.retrieval import recall_at  # noqa: E402
 from verbatim_batch.runs import read_table  # noqa: E402
+from verbatim_synth import corpus as synth  # noqa: E402
+from verbatim_synth.labelled import make_labelled_queries  # noqa: E402
 
 
 def main() -> None:

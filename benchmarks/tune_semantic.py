@@ -59,12 +59,12 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from verbatim_synth import corpus as synth  # noqa: E402
 from verbatim_batch.chunking import chunk_markdown  # noqa: E402
 from verbatim_batch.extract.semantic import SemanticConfig, SemanticExtractor  # noqa: E402
 from verbatim_batch.extract.sentences import sentence_segments  # noqa: E402
-from verbatim_synth.labelled import _WORD_RE, STOPWORDS, candidate_sentences, keywords  # noqa: E402
 from verbatim_batch.metrics import EvalRow, evaluate  # noqa: E402
+from verbatim_synth import corpus as synth  # noqa: E402
+from verbatim_synth.labelled import _WORD_RE, STOPWORDS, candidate_sentences, keywords  # noqa: E402
 
 THRESHOLDS = [round(0.30 + 0.05 * i, 2) for i in range(11)]  # 0.30 .. 0.80
 # the v1 extractor this script tuned: unit similarity only (no lexical or paragraph signal, no paragraph fill)
