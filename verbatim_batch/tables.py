@@ -340,6 +340,27 @@ SILVER_WINDOWS = _schema(
     ],
 )
 
+# The pairs a training run read, as stored in its run folder (train_pairs/, eval_pairs/).
+TRAIN_PAIRS = _schema(
+    "train_pairs",
+    [
+        pa.field("pair_index", pa.int64(), nullable=False),  # row order of the input, after skipped rows
+        pa.field("query_id", pa.string(), nullable=False),  # the input's, else a hash of the question
+        pa.field("chunk_id", pa.string(), nullable=False),  # the input's, else a hash of the chunk text
+        pa.field("question", pa.large_string(), nullable=False),
+        pa.field("chunk", pa.large_string(), nullable=False),
+        pa.field("spans", pa.list_(pa.struct([("start", pa.int64()), ("end", pa.int64())])), nullable=False),
+    ],
+)
+
+# Packed training batches (in memory, fed to Ray Train through Ray Data; not written to the run folder).
+TRAIN_BATCHES = pa.schema([
+    pa.field("batch", pa.int32(), nullable=False),
+    pa.field("n_tokens", pa.int64(), nullable=False),  # real (unpadded) tokens
+    pa.field("input_ids", pa.list_(pa.list_(pa.int32())), nullable=False),
+    pa.field("labels", pa.list_(pa.list_(pa.int8())), nullable=False),
+])
+
 
 def schema_version_of(schema: pa.Schema) -> str | None:
     """The schema version recorded in a schema's (or Parquet file's) metadata."""

@@ -31,26 +31,7 @@ import pyarrow as pa
 from .. import storage, tables
 from ..silver import LABEL_IGNORE, tokenized_windows
 
-# The pairs a training run read, as stored in its run folder (train_pairs/, eval_pairs/).
-TRAIN_PAIRS_SCHEMA = tables._schema(
-    "train_pairs",
-    [
-        pa.field("pair_index", pa.int64(), nullable=False),  # row order of the input, after skipped rows
-        pa.field("query_id", pa.string(), nullable=False),  # the input's, else a hash of the question
-        pa.field("chunk_id", pa.string(), nullable=False),  # the input's, else a hash of the chunk text
-        pa.field("question", pa.large_string(), nullable=False),
-        pa.field("chunk", pa.large_string(), nullable=False),
-        pa.field("spans", pa.list_(pa.struct([("start", pa.int64()), ("end", pa.int64())])), nullable=False),
-    ],
-)
-
-# Packed training batches (in memory, fed to Ray Train through Ray Data; not written to the run folder).
-TRAIN_BATCHES_SCHEMA = pa.schema([
-    pa.field("batch", pa.int32(), nullable=False),
-    pa.field("n_tokens", pa.int64(), nullable=False),  # real (unpadded) tokens
-    pa.field("input_ids", pa.list_(pa.list_(pa.int32())), nullable=False),
-    pa.field("labels", pa.list_(pa.list_(pa.int8())), nullable=False),
-])
+TRAIN_PAIRS_SCHEMA, TRAIN_BATCHES_SCHEMA = tables.TRAIN_PAIRS, tables.TRAIN_BATCHES
 
 SKIP_REASONS = ("invalid_record", "missing_question", "missing_chunk", "bad_spans")
 SILVER_SPLITS = {"train": "train.parquet", "eval": "dev.parquet"}
