@@ -57,6 +57,9 @@ def test_embeddings_table(built):
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-3)
     counts = built["emb_manifest"]["counts"]
     assert counts["truncated"] == sum(emb["truncated"].to_pylist()) and counts["tokens"] > 0
+    # the Embedder's own figures reach the manifest: padding and where the time went
+    assert counts["padded_tokens"] >= counts["tokens"] and counts["time_ms.forward"] > 0
+    assert {"time_ms.tokenize", "time_ms.write"} <= set(counts)
 
 
 def test_sentence_queries_find_their_chunk_and_rerun_is_identical(built, tmp_path):

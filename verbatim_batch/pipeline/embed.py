@@ -15,7 +15,7 @@ from ..runs import committed_table_dir, manifest_config
 from ..tables import embeddings_schema
 from .ray_env import cpu_threads, model_actor_args
 from .runner import RunOptions, Stage, StageContext, StageResult, run_stage
-from .sink import as_table, drop_keys, table_entries, with_retries
+from .sink import as_table, drop_keys, table_entries, with_counts, with_retries
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +33,17 @@ class EmbedActor:
         self.embedder = Embedder(config)
         self.retries = retries
 
+    def _embed(self, batch: pa.Table) -> pa.Table:
+        before = dict(self.embedder.stats)
+        out = self.embedder(batch)
+        after = self.embedder.stats
+        return with_counts(out, {
+            "padded_tokens": after["padded_tokens"] - before["padded_tokens"],
+            "time_ms.tokenize": round(1000 * (after["tokenize_s"] - before["tokenize_s"])),
+            "time_ms.forward": round(1000 * (after["forward_s"] - before["forward_s"]))})
+
     def __call__(self, batch: pa.Table) -> pa.Table:
-        return with_retries(self.embedder, batch, self.retries, "embed")
+        return with_retries(self._embed, batch, self.retries, "embed")
 
 
 @dataclass

@@ -24,7 +24,7 @@ from ..tables import PAIR_INPUT, PAIRS, REJECTS, SPANS
 from .ray_env import cpu_actor_args, cpu_threads, model_actor_args
 from .retrieve import jsonable, read_queries
 from .runner import RunOptions, Stage, StageContext, StageResult, run_stage
-from .sink import RETRIES_COLUMN, table_entries, with_retries, with_times
+from .sink import RETRIES_COLUMN, table_entries, with_counts, with_retries
 
 EXTRACT_TABLES = {"spans": SPANS, "pairs": PAIRS, "rejects": REJECTS}
 
@@ -52,7 +52,7 @@ class ExtractActor:
         packed = pack(out)
         ms = dict(self.stage.last_ms)
         ms["gate"] = ms.get("gate", 0) + round(1000 * (time.perf_counter() - t0))
-        return with_times(packed, ms)
+        return with_counts(packed, {f"time_ms.{part}": v for part, v in ms.items()})
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         from ..extract.stage import pack

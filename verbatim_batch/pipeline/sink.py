@@ -34,17 +34,17 @@ class TableSinkResult:
 
 
 RETRIES_COLUMN = "_retries"  # stage actors report retried batches in this column (stripped before writing)
-TIME_PREFIX = "_ms_"  # stage actors report where a batch's time went in ``_ms_<part>`` columns (first row)
+COUNT_PREFIX = "_count_"  # stage actors report figures of a batch (time, padding) in ``_count_<name>`` columns
 
 
-def with_times(table: pa.Table, ms: dict[str, int]) -> pa.Table:
-    """``table`` with ``ms`` as ``_ms_<part>`` columns on its first row (the sink sums them into the manifest's
-    ``time_ms.<part>`` counts and strips them)."""
-    for part, value in ms.items():
+def with_counts(table: pa.Table, counts: dict[str, int]) -> pa.Table:
+    """``table`` with ``counts`` as ``_count_<name>`` columns on its first row; the sink adds them into the
+    manifest's counts (``time_ms.<part>`` for where time went) and strips them before writing."""
+    for name, value in counts.items():
         marks = [0] * table.num_rows
         if marks:
             marks[0] = int(value)
-        table = table.append_column(TIME_PREFIX + part, pa.array(marks, pa.int64()))
+        table = table.append_column(COUNT_PREFIX + name, pa.array(marks, pa.int64()))
     return table
 
 
@@ -83,15 +83,15 @@ class StageTableSink(Datasink):
 
     def write(self, blocks: Iterable, ctx) -> dict[str, Any]:
         retries = 0
-        times: Counter = Counter()
+        reported: Counter = Counter()
         outputs = []
         for block in blocks:
             table = BlockAccessor.for_block(block).to_arrow()
             if RETRIES_COLUMN in table.column_names:
                 retries += pc.sum(table[RETRIES_COLUMN]).as_py() or 0
                 table = table.drop_columns([RETRIES_COLUMN])
-            for name in [c for c in table.column_names if c.startswith(TIME_PREFIX)]:
-                times[f"time_ms.{name[len(TIME_PREFIX):]}"] += pc.sum(table[name]).as_py() or 0
+            for name in [c for c in table.column_names if c.startswith(COUNT_PREFIX)]:
+                reported[name[len(COUNT_PREFIX):]] += pc.sum(table[name]).as_py() or 0
                 table = table.drop_columns([name])
             outputs.append(self.stage(table))
         outputs = [o for o in outputs if any(t.num_rows for t in o.values())]
@@ -100,7 +100,7 @@ class StageTableSink(Datasink):
         key = stable_hash(*keys, size=10)
         out: dict[str, Any] = {"rows": {}, "files": {}, "counts": {}, "keys": keys}
         counts: Counter = Counter({"stage_retries": retries} if retries else {})
-        counts.update(times)
+        counts.update(reported)
         t_write = time.perf_counter()
         for name, schema in self.schemas.items():
             parts = [o[name] for o in outputs if name in o and o[name].num_rows]
@@ -115,7 +115,7 @@ class StageTableSink(Datasink):
             out["rows"][name] = table.num_rows
             out["files"][name] = f"{name}/part-{key}.parquet"
             fault_point("sink.write")  # some of this write's tables are on disk, its record is not
-        if times:  # stages that report their time also get the write's
+        if any(k.startswith("time_ms.") for k in reported):  # stages that report their time get the write's too
             counts["time_ms.write"] += round(1000 * (time.perf_counter() - t_write))
         out["counts"] = dict(counts)
         if keys or retries:
