@@ -97,11 +97,15 @@ def _convert(path: str, where: str, action: argparse.Action, value: Any) -> Any:
             raise ConfigError(f"{label} must be true or false (like {flag}), got {value!r}")
         return value if isinstance(action, argparse._StoreTrueAction) else not value  # noqa: SLF001
     kind = action.type
-    if kind in (int, float):
-        ok = isinstance(value, int) and not isinstance(value, bool) or (kind is float and isinstance(value, float))
+    base = getattr(kind, "kind", kind)  # a bounded number type (cli.options) checks its range after the type
+    if base in (int, float):
+        ok = isinstance(value, int) and not isinstance(value, bool) or (base is float and isinstance(value, float))
         if not ok:
-            raise ConfigError(f"{label} must be {'an integer' if kind is int else 'a number'}, got {value!r}")
-        value = kind(value)
+            raise ConfigError(f"{label} must be {'an integer' if base is int else 'a number'}, got {value!r}")
+        try:
+            value = kind(str(value)) if kind is not base else base(value)
+        except (argparse.ArgumentTypeError, ValueError) as exc:
+            raise ConfigError(f"{label} {exc}") from None
     elif kind is not None and kind is not str:  # custom parsers take the flag's text form
         text = ",".join(str(v) for v in value) if isinstance(value, (list, tuple)) else str(value)
         try:
