@@ -19,6 +19,7 @@ from test_nightly import EXAMPLES, PAPERS, assert_tables_match, make_corpus, nig
 
 from verbatim_batch import faults, storage
 from verbatim_batch.faults import InjectedFault
+from verbatim_batch.pipeline.runner import write_report
 from verbatim_batch.runs import (
     RUNS_DIR,
     OutputExistsError,
@@ -134,7 +135,7 @@ def test_completed_writes_resume_and_stay_out_of_the_run(where):
     with staged(out, run_id="r1", resume=True) as run:
         assert run.resumed and completed_keys(run.staging) == {"a", "b"}
         assert storage.walk_files(run.staging) == ["_writes/part-1.json", "t/part-1.parquet"]
-        run.commit(_manifest("r1"))
+        run.commit(_manifest("r1"), on_commit=write_report)  # as the runner commits: with the report
     assert storage.walk_files(out) == ["manifest.json", "report.html", "report.json", "t/part-1.parquet"]
     assert storage.listdir(where) == ["embeddings"]
 
@@ -199,9 +200,9 @@ def test_commit_to_s3_cut_short_is_not_a_run_and_resumes(s3, monkeypatch):
     with staged(out, run_id="r1", resume=True) as run:  # the partial output goes, the staging folder stays
         assert run.resumed and not storage.exists(out)
         assert storage.read_parquet(storage.join(run.staging, "t"))["x"].to_pylist() == [1, 2, 3]
-        run.commit(_manifest("r1"))
+        run.commit(_manifest("r1"))  # a bare RunDir commit: tables and manifest only
     assert read_manifest(out)["run_id"] == "r1"
-    assert sorted(storage.walk_files(out)) == ["manifest.json", "report.html", "report.json", "t/part-0.parquet"]
+    assert sorted(storage.walk_files(out)) == ["manifest.json", "t/part-0.parquet"]
     assert storage.listdir(f"s3://{BUCKET}/runs-commit") == ["chunks"], "staging folder left behind"
 
 
