@@ -14,12 +14,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from verbatim_synth import corpus as synth
 from verbatim_batch.chunking import ChunkerConfig
 from verbatim_batch.pipeline import ChunkJob, run_chunk
-from verbatim_batch.runs import MANIFEST_FILE, OutputExistsError, load_manifests, read_table
+from verbatim_batch.runs import MANIFEST_FILE, OutputExistsError, load_manifests, read_manifest, read_table
 from verbatim_batch.tables import CHUNKS, PAPERS, QUARANTINE, SCHEMA_VERSION, schema_version_of
 from verbatim_batch.verify import verify_run
+from verbatim_synth import corpus as synth
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -73,7 +73,9 @@ def test_chunk_job_tables_quarantine_and_invariants(ray_local, md_corpus, tmp_pa
     assert "/dup/" in dup_row["source"]
 
     # verbatim: every chunk is its paper's text at its offsets; coverage complete
-    assert verify_run(out) == {"papers": papers.num_rows, "chunks": chunks.num_rows, "errors": []}
+    checked = verify_run(out)
+    assert (checked["papers"], checked["chunks"], checked["errors"]) == (papers.num_rows, chunks.num_rows, [])
+    assert checked["unchecked"] == {} and checked["checked"]["papers_text_sha256"] == papers.num_rows
     texts = dict(zip(papers["paper_id"].to_pylist(), papers["markdown"].to_pylist(), strict=True))
     for row in chunks.slice(0, 200).to_pylist():
         assert texts[row["paper_id"]][row["start"] : row["end"]] == row["text"]
@@ -167,9 +169,14 @@ def test_existing_output_is_refused_and_overwrite_replaces(ray_local, md_corpus,
     (out / "keep.txt").write_text("user data")
     with pytest.raises(OutputExistsError):
         run_chunk(ChunkJob(input=str(corpus_dir), output=str(out)))
-    assert (out / "keep.txt").exists()
-    run_chunk(ChunkJob(input=str(corpus_dir), output=str(out), overwrite=True))
-    assert (out / MANIFEST_FILE).exists() and not (out / "keep.txt").exists()
+    with pytest.raises(OutputExistsError, match="not a run folder"):  # a user's folder: never replaced
+        run_chunk(ChunkJob(input=str(corpus_dir), output=str(out), overwrite=True))
+    assert (out / "keep.txt").read_text() == "user data"
+    (out / "keep.txt").unlink()
+    run_chunk(ChunkJob(input=str(corpus_dir), output=str(out), overwrite=True))  # an empty folder may go
+    first = read_manifest(str(out))["run_id"]
+    run_chunk(ChunkJob(input=str(corpus_dir), output=str(out), overwrite=True))  # and a run of ours
+    assert (out / MANIFEST_FILE).exists() and read_manifest(str(out))["run_id"] != first
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".run.")]  # no staging or old copies left
 
 

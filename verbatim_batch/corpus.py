@@ -555,22 +555,13 @@ def _load_metadata_cached(uri: str) -> tuple[tuple[str, tuple], ...]:
     if _is_local(fs) and os.path.exists(path) and not os.path.isfile(path):
         raise ValueError(f"metadata {uri}: not a regular file")
     try:
-        table = _read_metadata_table(fs, path, lower)
+        names, n, column = _read_metadata_table(fs, path, lower)
     except FileNotFoundError:
         raise FileNotFoundError(f"metadata not found: {uri}") from None
     except (OSError, ValueError, RecursionError, pa.ArrowException) as exc:
         raise ValueError(f"metadata {uri}: cannot read it as a table ({_one_line(exc, 200)})") from None
-    id_col = _pick(table.column_names, (*ID_COLUMNS, "id"), "id", f"metadata {uri}")
-    venue_col = next((c for c in _VENUE_ALIASES if c in table.column_names), None)
-    n = table.num_rows
-
-    def column(name: str | None) -> list:
-        if name is None or name not in table.column_names:
-            return [None] * n
-        try:
-            return table.column(name).to_pylist()
-        except (pa.ArrowException, ValueError, OverflowError):  # a type Python cannot hold: ignore the field
-            return [None] * n
+    id_col = _pick(names, (*ID_COLUMNS, "id"), "id", f"metadata {uri}")
+    venue_col = next((c for c in _VENUE_ALIASES if c in names), None)
 
     cols = {name: column(name) for name in META_FIELDS}
     venues = column(venue_col)
@@ -595,18 +586,47 @@ def _load_metadata_cached(uri: str) -> tuple[tuple[str, tuple], ...]:
     return tuple(out)
 
 
-def _read_metadata_table(fs: pafs.FileSystem, path: str, lower: str) -> pa.Table:
-    if lower.endswith(".parquet"):
-        return pq.read_table(path, filesystem=fs)
-    if lower.endswith(".csv"):
-        import pyarrow.csv as pacsv
+def _read_metadata_table(fs: pafs.FileSystem, path: str, lower: str):
+    """``(column names, number of rows, column(name) -> list of values)``. JSON lines are parsed one by one
+    (fields may change type from row to row; a line that is not a JSON object is skipped)."""
+    if lower.endswith((".parquet", ".csv")):
+        if lower.endswith(".parquet"):
+            table = pq.read_table(path, filesystem=fs)
+        else:
+            import pyarrow.csv as pacsv
 
-        with fs.open_input_stream(path) as stream:
-            return pacsv.read_csv(stream)
-    import pyarrow.json as pajson
+            with fs.open_input_stream(path) as stream:
+                table = pacsv.read_csv(stream)
+        n = table.num_rows
 
+        def column(name: str | None) -> list:
+            if name is None or name not in table.column_names:
+                return [None] * n
+            try:
+                return table.column(name).to_pylist()
+            except (pa.ArrowException, ValueError, OverflowError):  # a type Python cannot hold: ignore it
+                return [None] * n
+
+        return table.column_names, n, column
+    rows = []
     with fs.open_input_stream(path) as stream:
-        return pajson.read_json(stream)
+        for lineno, line in enumerate(_lines(stream), start=1):
+            if lineno == 1:
+                line = line.removeprefix(codecs.BOM_UTF8)
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(obj, dict):
+                rows.append(obj)
+    names = list(dict.fromkeys(k for r in rows for k in r))
+
+    def json_column(name: str | None) -> list:
+        return [r.get(name) for r in rows]
+
+    return names, len(rows), json_column
 
 
 def _str_or_none(value) -> str | None:

@@ -15,6 +15,7 @@ from ..chunking import ChunkerConfig
 from ..ingest import DEFAULT_MAX_PAPER_BYTES, METADATA_FIELDS, UNCHANGED, IngestStage, paper_fingerprint
 from ..runs import committed_table_dir, manifest_config
 from ..tables import CHUNKS, PAPERS, QUARANTINE
+from ..verify import iter_paper_checks
 from .ray_env import cpus
 from .runner import RunOptions, Stage, StageContext, StageResult, run_stage
 from .sink import table_entries
@@ -47,17 +48,28 @@ class ChunkJob(RunOptions):
         }
 
 
-def unchanged_map(job: ChunkJob) -> dict[str, str]:
-    """paper_id -> fingerprint of every paper of ``job.previous`` (empty when the chunker changed)."""
+def unchanged_map(job: ChunkJob) -> tuple[dict[str, str], int]:
+    """``({paper_id: fingerprint}, n_rejected)`` for the papers of ``job.previous`` whose rows may be carried.
+
+    Empty when the chunker or ``store_text`` changed, and when the previous run stored no text: carried rows
+    are trusted only when they verify (``verify.iter_paper_checks``: the stored text hashes to the paper's
+    sha256, every chunk is that text at its offsets). A previous paper that does not verify (tampered or
+    damaged rows) is not carried but chunked again from the source; ``n_rejected`` counts them.
+    """
     if not job.previous:
-        return {}
+        return {}, 0
     prev = manifest_config(job.previous)
-    if prev.get("chunker_config_hash") != job.chunker.hash or prev.get("store_text") != job.store_text:
-        return {}
+    if (prev.get("chunker_config_hash") != job.chunker.hash or prev.get("store_text") != job.store_text
+            or not job.store_text):
+        return {}, 0
     papers = storage.read_parquet(committed_table_dir(job.previous, "papers"),
                                   columns=["paper_id", "sha256", *METADATA_FIELDS]).to_pydict()
-    return {pid: paper_fingerprint(sha, tuple(papers[f][i] for f in METADATA_FIELDS))
-            for i, (pid, sha) in enumerate(zip(papers["paper_id"], papers["sha256"], strict=True))}
+    rejected = {pid for pid, problems, with_text, _ in iter_paper_checks(storage.normalize(job.previous))
+                if pid and (problems or not with_text)}
+    fingerprints = {pid: paper_fingerprint(sha, tuple(papers[f][i] for f in METADATA_FIELDS))
+                    for i, (pid, sha) in enumerate(zip(papers["paper_id"], papers["sha256"], strict=True))
+                    if pid not in rejected}
+    return fingerprints, len(rejected)
 
 
 def _ids(staging: str, table: str) -> set[str]:
@@ -84,7 +96,7 @@ class ChunkStage(Stage):
             files = [f for f in files if f.path != meta_path]
         duplicates, n_records = find_duplicates(fs, files, self.fmt, job.max_paper_bytes)
         t_scan = ctx.elapsed()
-        unchanged = unchanged_map(job)
+        unchanged, n_rejected = unchanged_map(job)
         stage = IngestStage(chunker=job.chunker, metadata_uri=job.metadata, duplicates=duplicates,
                             store_text=job.store_text, unchanged=unchanged)
         if job.metadata:
@@ -104,7 +116,7 @@ class ChunkStage(Stage):
             incremental = {
                 "papers_unchanged": len(same), "papers_changed": len(new_ids & unchanged.keys()),
                 "papers_added": len(new_ids - unchanged.keys()), "papers_removed": len(unchanged.keys() - present),
-                "chunks_carried": carried.get("chunks", 0),
+                "chunks_carried": carried.get("chunks", 0), "previous_papers_rejected": n_rejected,
             }
         result = sink.finish()
         accounted = (result.rows["papers"] - carried.get("papers", 0) + result.rows["quarantine"]

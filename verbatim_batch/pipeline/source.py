@@ -111,6 +111,11 @@ def find_duplicates(
             for pid, src, err in zip(batch["paper_id"].to_pylist(), batch["source"].to_pylist(),
                                      batch["error"].to_pylist(), strict=True)
         )
+    return duplicate_winners(pairs)
+
+
+def duplicate_winners(pairs: Iterable[tuple[str | None, str]]) -> tuple[dict[str, str], int]:
+    """``({paper_id: winning source}, number of pairs)`` from ``(paper_id or None, source)`` pairs."""
     seen: dict[str, list[str]] = defaultdict(list)
     n = 0
     for pid, src in pairs:
