@@ -554,6 +554,17 @@ def test_cli_chunk_md_folder_with_every_bad_path(ray_local, tmp_path):
     assert verify_run(str(run))["errors"] == []
 
 
+def test_cli_chunk_with_unreadable_metadata_is_one_line_rc_2(tmp_path, capsys):
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "a.md").write_text(paper("A"))
+    (tmp_path / "meta.parquet").write_bytes(b"not parquet")
+    rc = _cli_chunk(["--input", str(tmp_path / "c"), "--output", str(tmp_path / "run"),
+                     "--metadata", str(tmp_path / "meta.parquet")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "cannot read it as a table" in err and "\n" not in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["c", "meta.parquet"]
+
+
 def test_cli_chunk_jsonl_and_parquet_folders_with_bad_files(ray_local, tmp_path):
     js = tmp_path / "js"
     write_jsonl(js / "a.jsonl", [{"paper_id": "j1", "markdown": paper("J1")},

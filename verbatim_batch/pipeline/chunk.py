@@ -85,6 +85,8 @@ class ChunkStage(Stage):
 
     def plan(self) -> tuple[dict[str, Any], list[str]]:
         job = self.job
+        if job.metadata:
+            corpus.load_metadata(job.metadata)  # a bad metadata file stops the job here, with one line
         return job.config() | {"format": self.fmt}, [job.input] + ([job.metadata] if job.metadata else [])
 
     def execute(self, ctx: StageContext) -> StageResult:
@@ -99,8 +101,6 @@ class ChunkStage(Stage):
         unchanged, n_rejected = unchanged_map(job)
         stage = IngestStage(chunker=job.chunker, metadata_uri=job.metadata, duplicates=duplicates,
                             store_text=job.store_text, unchanged=unchanged)
-        if job.metadata:
-            corpus.load_metadata(job.metadata)  # fail fast on a bad metadata file
         ds = read_corpus(CorpusDatasource(fs, files, self.fmt, job.max_paper_bytes, parallelism=max(200, 4 * cpus())))
         sink = ctx.sink(stage, INGEST_TABLES | {"unchanged": UNCHANGED},
                         key_columns={"papers": "source", "quarantine": "source", "unchanged": "source"})
