@@ -7,7 +7,10 @@ every half second it notes the driver's descendants, and once the driver is gone
 (matching pid and start time, so a reused pid is never hit), then exits. A driver that ends normally has
 shut its Ray down already; the reaper then finds nothing to kill.
 
-    python -m verbatim_batch.pipeline.reaper DRIVER_PID
+    python verbatim_batch/pipeline/reaper.py DRIVER_PID
+
+It runs as a plain script (only psutil imported, not the package), and ``start`` waits until it has taken
+its first look at the driver's processes, so even a driver killed right after ``ray.init`` leaves nothing.
 """
 
 from __future__ import annotations
@@ -22,11 +25,18 @@ import psutil
 INTERVAL_S = 0.5
 
 
-def start(driver_pid: int | None = None) -> subprocess.Popen:
-    """Start the reaper for ``driver_pid`` (this process by default) in a session of its own."""
-    return subprocess.Popen([sys.executable, "-m", "verbatim_batch.pipeline.reaper", str(driver_pid or os.getpid())],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+def start(driver_pid: int | None = None, timeout_s: float = 30.0) -> subprocess.Popen:
+    """Start the reaper for ``driver_pid`` (this process by default) in a session of its own; returns once it
+    watches (or after ``timeout_s``, if the machine is that slow)."""
+    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), str(driver_pid or os.getpid())],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             start_new_session=True, close_fds=True)
+    import select
+
+    if select.select([proc.stdout], [], [], timeout_s)[0]:
+        proc.stdout.readline()
+    proc.stdout.close()
+    return proc
 
 
 def _descendants(proc: psutil.Process) -> dict[int, float]:
@@ -42,8 +52,10 @@ def watch(driver_pid: int) -> int:
         driver = psutil.Process(driver_pid)
         started = driver.create_time()
     except psutil.Error:
+        print("gone", flush=True)
         return 0
-    seen: dict[int, float] = {}
+    seen: dict[int, float] = _descendants(driver)
+    print("watching", flush=True)
     while True:
         try:
             alive = driver.is_running() and driver.create_time() == started and driver.status() != "zombie"
