@@ -71,20 +71,21 @@ def test_cluster_resources_always_leave_room_to_make_progress():
 
 
 @pytest.mark.slow
-def test_embed_on_one_cpu_does_not_deadlock(tmp_path):
+def test_embed_on_one_cpu_does_not_deadlock(ray_local, tmp_path):
     """`--num-cpus 1` used to hang: the embedding actor took the only CPU and the read could never run."""
+    from verbatim_batch.pipeline import ChunkJob, run_chunk
+
     papers = tmp_path / "papers"
     papers.mkdir()
     for f in sorted(CORPUS.glob("*.md"))[:2]:
         (papers / f.name).write_bytes(f.read_bytes())
+    chunks, _ = run_chunk(ChunkJob(input=str(papers), output=str(tmp_path / "chunks")))
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    for argv in (["chunk", "--input", str(papers), "--output", str(tmp_path / "chunks")],
-                 ["embed", "--chunks", str(tmp_path / "chunks"), "--output", str(tmp_path / "emb")]):
-        done = subprocess.run([sys.executable, "-m", "verbatim_batch.cli", *argv, "--num-cpus", "1"], env=env,
-                              capture_output=True, text=True, timeout=240)
-        assert done.returncode == 0, done.stderr[-3000:]
-    assert read_table(str(tmp_path / "emb"), "embeddings").num_rows == read_table(
-        str(tmp_path / "chunks"), "chunks").num_rows > 0
+    done = subprocess.run([sys.executable, "-m", "verbatim_batch.cli", "embed", "--chunks", chunks, "--output",
+                           str(tmp_path / "emb"), "--num-cpus", "1"], env=env, capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert read_table(str(tmp_path / "emb"), "embeddings").num_rows == read_table(chunks, "chunks").num_rows > 0
 
 
 # --- configs ---------------------------------------------------------------------------------------------------
