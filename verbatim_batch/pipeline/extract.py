@@ -19,10 +19,10 @@ import pyarrow.compute as pc
 import ray
 
 from .. import storage
-from ..runs import committed_table_dir, manifest_config, read_table
+from ..runs import committed_table_dir, jsonable, manifest_config, read_table
 from ..tables import PAIR_INPUT, PAIRS, REJECTS, SPANS
 from .ray_env import cpu_actor_args, cpu_threads, model_actor_args
-from .retrieve import jsonable, read_queries
+from .retrieve import read_queries
 from .runner import RunOptions, Stage, StageContext, StageResult, run_stage
 from .sink import RETRIES_COLUMN, table_entries, with_counts, with_retries
 

@@ -39,13 +39,13 @@ from ..runs import (
     build_manifest,
     committed_run,
     current_run,
+    jsonable,
     new_run_id,
     publish,
     safe_run_id,
     write_manifest,
 )
 from .chains import STAGES, Chain, run_chain
-from .retrieve import jsonable
 from .runner import write_report
 
 PLAN_FILE = "plan.json"

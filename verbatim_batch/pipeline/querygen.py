@@ -12,10 +12,9 @@ import pyarrow.compute as pc
 import ray
 
 from .. import storage
-from ..runs import committed_table_dir, read_table
+from ..runs import committed_table_dir, jsonable, read_table
 from ..tables import GENERATED_QUERIES
 from .ray_env import cpu_actor_args
-from .retrieve import jsonable
 from .runner import RunOptions, Stage, StageContext, StageResult, run_stage
 from .sink import as_table, table_entries
 

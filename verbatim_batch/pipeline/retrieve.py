@@ -13,7 +13,7 @@ import ray
 
 from .. import storage
 from ..records import iter_records
-from ..runs import manifest_config, read_manifest
+from ..runs import jsonable, manifest_config, read_manifest
 from ..tables import QUERIES, RETRIEVAL, query_id_for, stable_hash
 from .ray_env import model_actor_args
 from .runner import RunOptions, Stage, StageContext, StageResult, run_stage
@@ -60,15 +60,6 @@ def read_queries(path: str) -> tuple[pa.Table, int]:
         raise ValueError(f"{path}: duplicate query_id values")
     return pa.table({"query_id": pa.array(ids, pa.string()), "query": pa.array(texts, pa.string())},
                     schema=QUERIES), rejected
-
-
-def jsonable(value):
-    """Tuples -> lists, recursively (configs as their JSON form)."""
-    if isinstance(value, dict):
-        return {k: jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    return value
 
 
 def retrieval_key(index: str, queries: pa.Table, cfg) -> str:

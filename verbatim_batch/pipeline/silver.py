@@ -17,10 +17,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import storage
-from ..runs import committed_table_dir, new_run_id, read_table
+from ..runs import committed_table_dir, jsonable, new_run_id, read_table
 from .extract import ExtractJob, run_extract
 from .querygen import QueryGenJob, run_querygen
-from .retrieve import RetrieveJob, jsonable, run_retrieve
+from .retrieve import RetrieveJob, run_retrieve
 from .runner import RunOptions, Stage, StageContext, StageResult, run_stage
 
 

@@ -27,6 +27,7 @@ from .manifest import (
     MANIFEST_FILE,
     build_manifest,
     committed_table_dir,
+    jsonable,
     load_manifests,
     manifest_config,
     new_run_id,
@@ -39,6 +40,7 @@ from .manifest import (
 __all__ = [
     "CURRENT_FILE", "CURRENT_LINK", "MANIFEST_FILE", "RUNS_DIR", "WRITES_DIR", "OutputExistsError", "RunDir",
     "build_manifest", "committed_run", "committed_table_dir", "completed_keys", "current_run", "current_table",
+    "jsonable",
     "load_manifests", "manifest_config", "new_run_id", "prune_runs", "publish", "read_manifest", "read_table",
     "read_writes", "record_write", "safe_run_id", "set_current", "staged", "validate_manifest", "versions",
     "write_manifest",

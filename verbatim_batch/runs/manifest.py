@@ -116,3 +116,12 @@ def committed_table_dir(run_dir: str, table: str) -> str:
     if not storage.isdir(path):
         raise FileNotFoundError(f"{run_dir} has no {table}/ table")
     return path
+
+
+def jsonable(value):
+    """Tuples -> lists, recursively (configs as their JSON form)."""
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    return value
