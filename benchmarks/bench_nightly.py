@@ -41,9 +41,9 @@ def night(root: Path, corpus: Path, run_id: str) -> dict:
     manifest = json.loads((root / "runs" / run_id / "manifest.json").read_text())
     c = manifest["counts"]
     return {"wall_s": round(wall, 1), "stages_s": manifest["timings_s"],
-            "papers_chunked": c.get("chunks.papers_chunked"), "chunks_embedded": c.get("embeddings.embedded"),
-            "chunks_carried": c.get("embeddings.carried"), "pairs_extracted": c.get("spans.extracted_pairs"),
-            "pairs_carried": c.get("spans.carried_pairs"), "index": manifest.get("index_update", {}).get("action"),
+            "papers_chunked": c.get("chunks.papers_chunked"), "chunks_embedded": c.get("embeddings.rows_new"),
+            "chunks_carried": c.get("embeddings.rows_carried"), "pairs_extracted": c.get("spans.rows_new"),
+            "pairs_carried": c.get("spans.rows_carried"), "index": manifest.get("index_update", {}).get("action"),
             "retrieval_reused": c.get("retrieval.reused")}
 
 

@@ -11,6 +11,7 @@ import ray
 
 from verbatim_batch import api
 from verbatim_batch.chunking import ChunkerConfig
+from verbatim_batch.tables import embeddings_schema
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -35,11 +36,14 @@ def test_chunk_embed_extract_over_datasets(ray_local):
     assert {c["paper_id"] for c in chunks} == {"P1"}  # empty and missing papers give no chunks
     assert all(PAPER[c["start"]:c["end"]] == c["text"] for c in chunks)
     vectors = api.embed(ray.data.from_items(chunks)).take_all()
+    # exactly the documented columns: no internal retry or per-batch figure columns leak into users' rows
+    assert all(set(v) == set(embeddings_schema(384).names) for v in vectors), set(vectors[0])
     assert sorted(v["chunk_id"] for v in vectors) == sorted(c["chunk_id"] for c in chunks)
     assert all(len(v["vector"]) == 384 for v in vectors)
     pairs = ray.data.from_items([{"query": "how many annotated training pairs", "chunk": c["text"], "mine": i}
                                  for i, c in enumerate(chunks)] + [{"query": "", "chunk": "x", "mine": -1}])
     out = sorted(api.extract(pairs).take_all(), key=lambda r: r["mine"])
+    assert all(set(r) == {"query", "chunk", "mine", "spans", "relevance", "error"} for r in out), set(out[0])
     assert [r["mine"] for r in out] == [-1, *range(len(chunks))]  # every row back, extra columns kept
     assert out[0]["error"] == "empty_query" and out[0]["spans"] == []
     for r in out[1:]:

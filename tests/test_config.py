@@ -77,3 +77,33 @@ def test_example_configs_validate_for_every_section(name):
     for command in sections:
         applied = config.apply(build_parser(), command, path)
         assert set(data[command]) <= {k.replace("_", "-") for k in applied} | set(applied)
+
+
+def test_python_callers_build_jobs_from_a_config_file(tmp_path):
+    """``load_config`` and ``build_job`` give Python what the CLI gives the command line: values by name, the
+    file's under the caller's, the job dataclasses' own defaults for everything unset."""
+    from verbatim_batch.cli.commands import build_job
+    from verbatim_batch.pipeline import ExtractJob, NightlyJob
+
+    conf = _write(tmp_path, "batch-retries: 5\nextract:\n  extractor: highlighter\n  threshold: 0.25\n  top-k: 3\n")
+    assert config.load_config(conf, "extract") == {"batch_retries": 5, "extractor": "highlighter",
+                                                   "threshold": 0.25, "top_k": 3}
+    job = build_job("extract", config=conf, pairs="p.jsonl", output="out", threshold=0.5)
+    assert isinstance(job, ExtractJob) and job.top_k == 3 and job.batch_retries == 5
+    assert job.extractor.threshold == 0.5 and type(job.extractor).kind == "highlighter"
+    plain = build_job("extract", pairs="p.jsonl", output="out")
+    assert (plain.top_k, plain.method, plain.batch_rows) == (ExtractJob.top_k, ExtractJob.method, ExtractJob.batch_rows)
+    night = build_job("nightly", input="in", queries="q.jsonl", root="r")
+    assert isinstance(night, NightlyJob) and night.chain.top_k == ExtractJob.top_k and night.keep_runs == 7
+    with pytest.raises(ValueError, match="needs --pairs|needs --output|takes no option"):
+        build_job("extract", pairs="p.jsonl", outptu="x")
+    with pytest.raises(ValueError, match="needs --input"):
+        build_job("chunk", output="o")
+
+
+def test_required_options_may_come_from_the_file_and_are_checked_after_it(tmp_path, capsys):
+    conf = _write(tmp_path, "chunk:\n  input: corpus\n")
+    assert parse_args(["chunk", "--config", conf, "--output", "o"]).input == "corpus"
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["chunk", "--output", "o"])
+    assert exc.value.code == 2 and "--input" in capsys.readouterr().err

@@ -19,7 +19,7 @@ from verbatim_batch.extract.highlighter import Highlighter, HighlighterConfig, T
 from verbatim_batch.extract.pairs import pairs_from_records, read_pair_records
 from verbatim_batch.extract.sentences import sentence_segments
 from verbatim_batch.extract.spans import PairResult, Span, postprocess, runs_above, trim, verbatim_spans
-from verbatim_batch.extract.stage import ExtractStage, pack, unpack
+from verbatim_batch.extract.stage import PairExtractor, pack, unpack
 from verbatim_batch.tables import PAIRS, SPANS, text_chunk_id
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -202,7 +202,7 @@ def test_stage_writes_only_verbatim_rows(chunks, seed):
             spans.append(Span(a, b, float(rng.random()), claim))
         return PairResult(spans, 0.5)
 
-    stage = ExtractStage(_ScriptedExtractor(outputs), run_id="r")
+    stage = PairExtractor(_ScriptedExtractor(outputs), run_id="r")
     batch = _pairs([{"query": f"q{i}", "chunk": c} for i, c in enumerate(chunks)])
     out = unpack(pack(stage(batch)))
     text_of = {r["pair_id"]: r["chunk"] for r in batch.to_pylist()}
@@ -249,7 +249,7 @@ def test_bad_pairs_become_error_rows_and_never_stop_the_batch():
             raise RuntimeError("model fell over")
         return PairResult([Span(0, len(c))], 0.9)
 
-    stage = ExtractStage(_ScriptedExtractor(outputs), run_id="r", max_chunk_chars=1000)
+    stage = PairExtractor(_ScriptedExtractor(outputs), run_id="r", max_chunk_chars=1000)
     batch = _pairs([
         {"query": "fine", "chunk": "A good chunk."},
         {"query": "", "chunk": "Empty query."},
@@ -371,7 +371,7 @@ def test_highlighter_config_validation_and_hash():
 
 
 def test_stage_with_the_highlighter(tiny):
-    stage = ExtractStage(tiny, run_id="run-1")
+    stage = PairExtractor(tiny, run_id="run-1")
     batch = _pairs([{"query": "what improved", "chunk": CHUNK, "paper_id": "P1", "chunk_index": 0},
                     {"query": "w " * 30, "chunk": CHUNK}])
     out = stage(batch)

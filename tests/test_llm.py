@@ -9,7 +9,7 @@ import pytest
 
 from verbatim_batch.extract.llm import LLMConfig, group_requests, interpret, sampling
 from verbatim_batch.extract.prompts import build_messages, output_schema, system_prompt
-from verbatim_batch.extract.stage import ExtractStage, pack, unpack
+from verbatim_batch.extract.stage import PairExtractor, pack, unpack
 from verbatim_batch.querygen import (
     TYPE_NAMES,
     QueryGenerator,
@@ -108,7 +108,7 @@ def test_stage_writes_llm_rejects_with_their_pairs():
     from verbatim_batch.extract.pairs import pairs_from_records
 
     batch = pairs_from_records([{"query": "q", "chunk": d} for d in DOCS])
-    out = unpack(pack(ExtractStage(Scripted(), "run").tables(
+    out = unpack(pack(PairExtractor(Scripted(), "run").tables(
         batch.to_pylist(), dict(enumerate(Scripted().extract(["q"] * 3, DOCS))), [None] * 3, 1.0)))
     assert out["rejects"].schema.equals(REJECTS) and out["rejects"].num_rows == 3
     assert set(out["rejects"]["pair_id"].to_pylist()) == set(batch["pair_id"].to_pylist())

@@ -127,7 +127,7 @@ def test_transient_errors_are_retried_then_succeed(server, flaky):
 
 
 def test_a_dead_endpoint_gives_error_rows_not_a_crash(server):
-    cfg = LLMConfig(model=server.model, base_url="http://127.0.0.1:9/v1", max_retries=1, backoff_s=0.01,
+    cfg = LLMConfig(model=server.model, base_url="http://127.0.0.1:9/v1", request_retries=1, backoff_s=0.01,
                     timeout_s=5)
     results = LLMExtractor(cfg).extract(["q", "q"], ["A chunk of text.", "Another chunk."])
     assert all(r.error and r.error.startswith("llm_request_failed: connection") for r in results)

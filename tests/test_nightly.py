@@ -134,9 +134,9 @@ def test_unchanged_corpus_does_no_model_work(nights):
     root = nights["root"]
     counts = json.loads((root / "runs" / "n2" / "manifest.json").read_text())["counts"]
     assert counts["chunks.papers_unchanged"] == 10 and counts["chunks.papers_chunked"] == 0
-    assert counts["embeddings.embedded"] == 0 and counts["embeddings.carried"] == counts["chunks.chunks"]
+    assert counts["embeddings.rows_new"] == 0 and counts["embeddings.rows_carried"] == counts["chunks.chunks"]
     assert counts["retrieval.reused"] == 1
-    assert counts["spans.extracted_pairs"] == 0 and counts["spans.carried_pairs"] == counts["spans.pairs"] > 0
+    assert counts["spans.rows_new"] == 0 and counts["spans.rows_carried"] == counts["spans.pairs"] > 0
     index = read_manifest(str(root / "runs" / "n2" / "index"))
     assert index["update"]["action"] == "unchanged"
     for stage, table in (("spans", "spans"), ("spans", "pairs"), ("chunks", "chunks"), ("embeddings", "embeddings")):
@@ -153,15 +153,15 @@ def test_changed_papers_are_the_only_ones_touched(nights):
     assert fresh_paper_ids(root, "n3", "embeddings", "embeddings") <= {edited, added}
     new_chunks = stage_table(root, "n3", "chunks", "chunks")
     touched = new_chunks.filter(pc.is_in(new_chunks["paper_id"], pa.array([edited, added])))
-    assert 0 < counts["embeddings.embedded"] <= touched.num_rows
+    assert 0 < counts["embeddings.rows_new"] <= touched.num_rows
     assert removed not in set(new_chunks["paper_id"].to_pylist())
     index = read_manifest(str(root / "runs" / "n3" / "index"))
-    assert index["update"]["action"] == "added" and index["counts"]["added"] == counts["embeddings.embedded"]
+    assert index["update"]["action"] == "added" and index["counts"]["added"] == counts["embeddings.rows_new"]
     # Pairs were extracted only where something changed: a changed paper's chunk, or a pair new to the top-k.
     old_pairs = set(stage_table(root, "n2", "spans", "pairs")["pair_id"].to_pylist())
     pairs = stage_table(root, "n3", "spans", "pairs")
     fresh = pairs.filter(pc.equal(pairs["run_id"], "n3")).to_pylist()
-    assert len(fresh) == counts["spans.extracted_pairs"] < pairs.num_rows
+    assert len(fresh) == counts["spans.rows_new"] < pairs.num_rows
     assert all(p["paper_id"] in (edited, added) or p["pair_id"] not in old_pairs for p in fresh)
     assert "index added" in nights["stdout"]
 

@@ -133,7 +133,7 @@ def test_completed_writes_resume_and_stay_out_of_the_run(where):
         record_write(run.staging, "part-1", {"rows": {"t": 2}, "files": {"t": "t/part-1.parquet"}, "keys": ["a", "b"]})
         storage.write_parquet(pa.table({"k": ["c"]}), storage.join(run.staging, "t", "part-2.parquet"))  # no record
     with staged(out, run_id="r1", resume=True) as run:
-        assert run.resumed and completed_keys(run.staging) == {"a", "b"}
+        assert completed_keys(run.staging) == {"a", "b"}
         assert storage.walk_files(run.staging) == ["_writes/part-1.json", "t/part-1.parquet"]
         run.commit(_manifest("r1"), on_commit=write_report)  # as the runner commits: with the report
     assert storage.walk_files(out) == ["manifest.json", "report.html", "report.json", "t/part-1.parquet"]
@@ -266,8 +266,8 @@ def test_nightly_on_s3(s3, tmp_path):
 
     nightly(root, corpus, "s2", env=s3)
     counts = read_manifest(storage.join(root, RUNS_DIR, "s2"))["counts"]
-    assert counts["chunks.papers_chunked"] == 0 and counts["embeddings.embedded"] == 0
-    assert counts["spans.extracted_pairs"] == 0 and counts["spans.carried_pairs"] == counts["spans.pairs"] > 0
+    assert counts["chunks.papers_chunked"] == 0 and counts["embeddings.rows_new"] == 0
+    assert counts["spans.rows_new"] == 0 and counts["spans.rows_carried"] == counts["spans.pairs"] > 0
     assert read_manifest(storage.join(root, RUNS_DIR, "s2", "index"))["update"]["action"] == "unchanged"
 
     edited = corpus / PAPERS[1]
@@ -283,8 +283,7 @@ def test_nightly_on_s3(s3, tmp_path):
     assert spans.num_rows > 0
     for row in spans.to_pylist():
         assert papers[row["paper_id"]][row["paper_start"]:row["paper_end"]] == row["text"]
-    plan = json.loads(storage.read_text(storage.join(root, RUNS_DIR, "s3", "plan.json")))
-    assert plan["base"] == "s2"
+    assert json.loads(manifest["config"])["base"] == "s2"
     checked = verify_run(storage.join(root, RUNS_DIR, "s3", "chunks"))
     assert checked["errors"] == [] and checked["papers"] == 5
 

@@ -78,8 +78,8 @@ def test_killed_run_resumes_to_identical_tables(baseline):
         assert not (root / "current").exists(), point
     spans = read_manifest(str(root / "runs" / "r1" / "spans"))["counts"]  # committed before the last kill
     # 20 pairs in blocks of 16 and 4: whichever write finished first (before the kill) is kept, not redone.
-    assert spans["resumed_pairs"] in (4, 16, 20), "the extract write done before the kill was redone"
-    assert spans["extracted_pairs"] == spans["pairs"] - spans["resumed_pairs"]
+    assert spans["rows_resumed"] in (4, 16, 20), "the extract write done before the kill was redone"
+    assert spans["rows_new"] == spans["pairs"] - spans["rows_resumed"]
     resumed = nightly(root, baseline["corpus"], "r1")
     assert "committed" in resumed.stdout
     assert_same_run(root, baseline["root"])

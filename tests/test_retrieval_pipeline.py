@@ -211,11 +211,11 @@ def test_every_stage_resumes_by_run_id(built, tmp_path, monkeypatch):
         assert main(argv) == 0 and {p: p.stat().st_mtime_ns for p in Path(out[stage]).rglob("*.parquet")} == before
         counts = manifest["counts"]
         if stage == "embed":
-            assert counts["resumed_rows"] == counts["chunks_in"] and counts["embedded"] == 0, counts
+            assert counts["rows_resumed"] == counts["rows_in"] and counts["rows_new"] == 0, counts
         if stage == "extract":
-            assert counts["resumed_pairs"] == 6 and counts["extracted_pairs"] == 0, counts
+            assert counts["rows_resumed"] == 6 and counts["rows_new"] == 0, counts
         if stage == "retrieve":
-            assert counts["resumed_queries"] == counts["queries"], counts
+            assert counts["rows_resumed"] == counts["queries"], counts
 
     assert _sorted(out["chunk"] + "/chunks", "chunk_id").equals(_sorted(built["chunks"] + "/chunks", "chunk_id"))
     got, want = _sorted(out["embed"] + "/embeddings", "chunk_id"), _sorted(built["emb"] + "/embeddings", "chunk_id")
@@ -230,3 +230,40 @@ def test_every_stage_resumes_by_run_id(built, tmp_path, monkeypatch):
     spans = read_table(out["extract"], "spans").to_pylist()
     texts = {c["chunk_id"]: c["text"] for c in chunk_rows}
     assert all(texts[s["chunk_id"]][s["start"]:s["end"]] == s["text"] for s in spans)
+
+
+def test_a_killed_run_resumed_with_other_settings_is_refused_never_mixed(built, tmp_path, monkeypatch, capsys):
+    """Issue 19's bug: extract (and embed) killed after their writes, rerun under the same ``--run-id`` with
+    another setting. The rerun is refused with one line and exit 2, nothing is committed; the first settings
+    still resume, and every committed row is of one setting."""
+    from verbatim_batch.cli import main
+    from verbatim_batch.faults import InjectedFault
+
+    chunk_rows = read_table(built["chunks"], "chunks", ["chunk_id"]).slice(0, 6).to_pylist()
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"query": "training data", "chunk_id": c["chunk_id"]}) + "\n"
+                             for c in chunk_rows))
+    cases = {
+        "extract": (["--pairs", str(pairs), "--chunks", built["chunks"], "--batch-rows", "2"],
+                    ["--threshold", "0.9"]),
+        "embed": (["--chunks", built["chunks"]], ["--output-dtype", "float16"]),
+    }
+    for stage, (args, other) in cases.items():
+        out = tmp_path / stage
+        argv = [stage, *args, "--output", str(out), "--run-id", "r1"]
+        monkeypatch.setenv("VERBATIM_BATCH_FAULT", f"commit@{tmp_path / (stage + '.fired')};action=raise")
+        with pytest.raises(InjectedFault):
+            main(argv)
+        monkeypatch.delenv("VERBATIM_BATCH_FAULT")
+        capsys.readouterr()
+        assert main([*argv, *other]) == 2, stage
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "other settings" in err and "--run-id" in err, err
+        assert not out.exists() and list(tmp_path.glob(f".{stage}.staging-r1")), stage
+        assert main(argv) == 0, stage
+        counts = read_manifest(str(out))["counts"]
+        assert counts["rows_resumed"] == counts["rows_in"] > 0 and counts["rows_new"] == 0, counts
+    hashes = set(read_table(str(tmp_path / "extract"), "pairs", ["config_hash"])["config_hash"].to_pylist())
+    assert len(hashes) == 1, "pairs of two extractor settings in one run"
+    vectors = read_table(str(tmp_path / "embed"), "embeddings")
+    assert vectors.schema.field("vector").type.value_type == pa.float32()

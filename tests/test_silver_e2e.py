@@ -105,7 +105,7 @@ def test_silver_killed_resumes_by_run_id(served, built, tmp_path):
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     qg = read_manifest(str(out / "querygen"))
-    assert qg["run_id"] == "s1" and qg["counts"]["resumed_chunks"] == 4 and qg["counts"]["queries"] == 12
+    assert qg["run_id"] == "s1" and qg["counts"]["rows_resumed"] == 4 and qg["counts"]["queries"] == 12
     teacher = read_manifest(str(out / "teacher"))["counts"]
     data = read_manifest(str(out / "data"))
     assert data["run_id"] == "s1" and data["counts"]["rows"] == teacher["pairs"]

@@ -1,7 +1,7 @@
 """Each stage as a function over ``ray.data.Dataset``, to put inside your own Ray Data pipeline.
 
 In the manner of ``ray.data.llm.build_llm_processor``: a stage is a config plus a function that maps a dataset
-to a dataset, running the same stage code as the CLI's jobs (``IngestStage``, ``Embedder``, ``ExtractStage``)
+to a dataset, running the same stage code as the CLI's jobs (``IngestStage``, ``Embedder``, ``PairExtractor``)
 with models loaded once per actor. What you give up against the jobs is the run folder (staging, resume,
 manifest): these return lazy datasets and you decide where they go.
 
@@ -24,10 +24,7 @@ import ray
 
 from .chunking import ChunkerConfig
 from .pipeline.ray_env import model_actor_args
-from .tables import RAW_RECORDS
-
-SPAN_STRUCT = pa.struct([("start", pa.int64()), ("end", pa.int64()), ("text", pa.large_string()),
-                         ("score", pa.float32())])
+from .tables import RAW_RECORDS, SPAN_STRUCT, group_by
 
 
 class _Chunk:
@@ -65,21 +62,21 @@ def embed(chunks: ray.data.Dataset, config: Any = None, *, batch_rows: int = 102
     """Chunks (``chunk_id``, ``paper_id``, ``context``, ``text``) -> embeddings rows, one model per GPU (else
     CPU actors). ``config``: an ``EmbedderConfig`` (default: the bundled all-MiniLM-L6-v2)."""
     from .embedding import EmbedderConfig
+    from .pipeline.batches import strip_internal_batch
     from .pipeline.embed import EmbedActor
-    from .pipeline.sink import RETRIES_COLUMN
 
     ds = chunks.select_columns(["chunk_id", "paper_id", "context", "text"]).map_batches(
         EmbedActor, fn_constructor_kwargs={"config": config or EmbedderConfig()}, batch_format="pyarrow",
         **model_actor_args(concurrency, batch_rows))
-    return ds.drop_columns([RETRIES_COLUMN])
+    return ds.map_batches(strip_internal_batch, batch_format="pyarrow", batch_size=None)
 
 
 class _Extract:
     def __init__(self, config: Any) -> None:
-        from .extract import build_extractor
-        from .extract.stage import ExtractStage
+        from .extract.registry import build_extractor
+        from .extract.stage import PairExtractor
 
-        self.stage = ExtractStage(build_extractor(config), run_id="api")
+        self.stage = PairExtractor(build_extractor(config), run_id="api")
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         from .extract.pairs import pairs_from_records
@@ -88,9 +85,7 @@ class _Extract:
         pairs = pairs_from_records([{k: v for k, v in r.items() if k in ("query", "chunk", "query_id", "paper_id",
                                                                              "chunk_id")} for r in rows])
         out = self.stage(pairs)
-        by_pair: dict[str, list[dict[str, Any]]] = {}
-        for s in out["spans"].select(["pair_id", "start", "end", "text", "score"]).to_pylist():
-            by_pair.setdefault(s.pop("pair_id"), []).append(s)
+        by_pair = group_by(out["spans"].select(["pair_id", "start", "end", "text", "score"]).to_pylist())
         result = out["pairs"].select(["pair_id", "relevance", "error"]).to_pylist()
         if len(result) != len(rows):  # the stage writes one pair row per input row, in order
             raise RuntimeError(f"extract: {len(rows)} pairs in, {len(result)} pair rows out")

@@ -32,14 +32,8 @@ class ConfigError(ValueError):
 
 
 def subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    for action in parser._actions:  # noqa: SLF001 - argparse keeps subparsers here
-        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
-            return dict(action.choices)
-    return {}
-
-
-def _options(sub: argparse.ArgumentParser) -> dict[str, argparse.Action]:
-    return {a.dest: a for a in sub._actions if a.option_strings and a.dest not in ("help", "config")}  # noqa: SLF001
+    """The CLI parser's commands (``cli.build_parser``)."""
+    return dict(parser.commands)
 
 
 MAX_CONFIG_BYTES = 1 << 20
@@ -86,17 +80,16 @@ def _key(name: Any) -> str:
     return str(name).replace("-", "_")
 
 
-def _convert(path: str, where: str, action: argparse.Action, value: Any) -> Any:
+def _convert(path: str, where: str, dest: str, flag: str, spec: dict[str, Any], value: Any) -> Any:
     """A YAML value checked and converted the way the command-line flag would be."""
-    flag = action.option_strings[-1]
-    label = f"{path}: {where}{action.dest}"
+    label = f"{path}: {where}{dest}"
     if value is None:  # `key:` with no value keeps the option's default
-        return action.default
-    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):  # noqa: SLF001
+        return spec.get("default", False if spec.get("action") == "store_true" else None)
+    if spec.get("action") in ("store_true", "store_false"):
         if not isinstance(value, bool):
             raise ConfigError(f"{label} must be true or false (like {flag}), got {value!r}")
-        return value if isinstance(action, argparse._StoreTrueAction) else not value  # noqa: SLF001
-    kind = action.type
+        return value if spec["action"] == "store_true" else not value
+    kind = spec.get("type")
     base = getattr(kind, "kind", kind)  # a bounded number type (cli.options) checks its range after the type
     if base in (int, float):
         ok = isinstance(value, int) and not isinstance(value, bool) or (base is float and isinstance(value, float))
@@ -114,30 +107,35 @@ def _convert(path: str, where: str, action: argparse.Action, value: Any) -> Any:
             raise ConfigError(f"{label}: {exc}") from exc
     elif not isinstance(value, str):
         raise ConfigError(f"{label} must be a string, got {value!r}")
-    if action.choices is not None and value not in action.choices:
-        raise ConfigError(f"{label} must be one of {', '.join(map(str, action.choices))}, got {value!r}")
+    choices = spec.get("choices")
+    if choices is not None and value not in choices:
+        raise ConfigError(f"{label} must be one of {', '.join(map(str, choices))}, got {value!r}")
     return value
 
 
-def apply(parser: argparse.ArgumentParser, command: str, path: str) -> dict[str, Any]:
-    """Set the command's defaults from the config file (flags still override); returns what was applied."""
+def load_config(path: str, command: str) -> dict[str, Any]:
+    """The option values a YAML config gives ``command`` (``{dest: value}``, checked and converted as the
+    flags would be): its top-level keys the command takes, then its own section. Usable from Python: the
+    CLI's job builders (``cli.commands.build_job``) take these values by name."""
+    from .cli.options import COMMANDS, EXTRA_COMMANDS, command_options
+
     data = load(path)
-    subs = subparsers(parser)
-    if command not in subs:
+    names = [*COMMANDS, *EXTRA_COMMANDS]
+    if command not in names:
         raise ConfigError(f"unknown command {command!r}")
-    options = _options(subs[command])
-    every = {dest for sub in subs.values() for dest in _options(sub)}
+    options = {k: v for k, v in command_options(command).items() if k != "config"}
+    every = {dest for name in names for dest in command_options(name)}
     values: dict[str, Any] = {}
     for name, value in data.items():
         if not isinstance(name, str):
             raise ConfigError(f"{path}: option names are strings, got {name!r}")
-        if name in subs:
+        if name in names:
             continue
         key = _key(name)
         if key not in every:
             raise ConfigError(f"{path}: unknown key {name!r} (not an option of any command)")
         if key in options:
-            values[key] = _convert(path, "", options[key], value)
+            values[key] = _convert(path, "", key, *options[key], value)
     section = data.get(command)
     if section is not None:
         if not isinstance(section, dict):
@@ -149,9 +147,13 @@ def apply(parser: argparse.ArgumentParser, command: str, path: str) -> dict[str,
             if key not in options:
                 known = ", ".join(sorted(options))
                 raise ConfigError(f"{path}: {command}: unknown key {name!r}; {command} takes: {known}")
-            values[key] = _convert(path, f"{command}.", options[key], value)
-    for key, value in values.items():
-        action = options[key]
-        action.default = value
-        action.required = False
+            values[key] = _convert(path, f"{command}.", key, *options[key], value)
+    return values
+
+
+def apply(parser: argparse.ArgumentParser, command: str, path: str) -> dict[str, Any]:
+    """Set ``command``'s defaults on the CLI parser from the config file (flags still override); returns the
+    values applied."""
+    values = load_config(path, command)
+    parser.commands[command].set_defaults(**values)
     return values

@@ -154,7 +154,7 @@ class _Tokenized:
     seconds: float
 
 
-def weights_fingerprint(config: EmbedderConfig) -> str:
+def embedder_fingerprint(config: EmbedderConfig) -> str:
     """The weights hash an ``Embedder`` would record, without loading the model (for change detection)."""
     model_dir = resolve_model_dir(config.model, config.revision, "embedding model")
     return _fingerprint(_safetensors_files(model_dir / _sentence_transformers_config(model_dir)["transformer_path"]))

@@ -75,7 +75,7 @@ def build_report(run_dir: str, manifest: dict[str, Any] | None = None) -> dict[s
             out.setdefault("stage_counts", {})[stage] = figures
         out["index_update"] = manifest.get("index_update")
         out["throughput"] = {f"{stage}_{k}_per_s": v / float(timings[stage]) for stage, k in (
-            ("chunks", "papers_chunked"), ("embeddings", "embedded"), ("spans", "extracted_pairs"))
+            ("chunks", "papers_chunked"), ("embeddings", "rows_new"), ("spans", "rows_new"))
             if float(timings.get(stage) or 0) > 0 and (v := counts.get(f"{stage}.{k}"))}
     quarantine = _table(where["quarantine"], "quarantine", ["reason"])
     if quarantine is not None:
@@ -184,15 +184,15 @@ def extract_time(counts: dict[str, Any], timings: dict[str, Any]) -> dict[str, A
     and pairs/s over the extract-and-write wall time, Ray start-up excluded."""
     out: dict[str, Any] = {}
     for key, label in (("pairs", "read_pairs_s"), ("ray_start", "ray_start_s"),
-                       ("extract_and_write", "extract_and_write_wall_s"), ("total", "total_s")):
+                       ("work_and_write", "extract_and_write_wall_s"), ("total", "total_s")):
         if key in timings:
             out[label] = float(timings[key])
     for part in ("model", "gate", "write"):
         if f"time_ms.{part}" in counts:
             out[f"{part}_s_summed_over_actors"] = counts[f"time_ms.{part}"] / 1000
-    wall = float(timings.get("extract_and_write") or 0)
-    if wall > 0 and counts.get("extracted_pairs"):
-        out["pairs_per_s_excluding_ray_start"] = counts["extracted_pairs"] / wall
+    wall = float(timings.get("work_and_write") or 0)
+    if wall > 0 and counts.get("rows_new"):
+        out["pairs_per_s_excluding_ray_start"] = counts["rows_new"] / wall
     return out
 
 

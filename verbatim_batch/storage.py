@@ -283,7 +283,11 @@ def move_dir(src: str, dst: str, skip: tuple[str, ...] = ()) -> None:
     (``manifest.json`` last), then delete the source; a move cut short leaves the source whole."""
     if not is_remote(src) and not is_remote(dst):
         for name in skip:
-            shutil.rmtree(os.path.join(normalize(src), name), ignore_errors=True)
+            path = os.path.join(normalize(src), name)
+            if os.path.isfile(path) or os.path.islink(path):
+                os.remove(path)
+            else:
+                shutil.rmtree(path, ignore_errors=True)
         os.rename(normalize(src), normalize(dst))
         return
     copytree(src, dst, skip=skip)

@@ -184,6 +184,10 @@ SPANS = _schema(
     ],
 )
 
+# one extracted span, nested in a list column of the pair's row (``api.extract``)
+SPAN_STRUCT = pa.struct([("start", pa.int64()), ("end", pa.int64()), ("text", pa.large_string()),
+                         ("score", pa.float32())])
+
 # LLM output that could not become a span: the string the model returned, why it was
 # rejected, and the model's whole raw answer, so nothing is dropped without a trace.
 REJECTS = _schema(
@@ -386,8 +390,12 @@ def to_table(rows: Iterable[Mapping[str, Any]], schema: pa.Schema) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=schema)
 
 
-def empty_table(schema: pa.Schema) -> pa.Table:
-    return schema.empty_table()
+def group_by(rows: Iterable[dict[str, Any]], key: str = "pair_id") -> dict[Any, list[dict[str, Any]]]:
+    """Rows grouped by ``key`` (removed from each row), in their order: spans by pair, for example."""
+    groups: dict[Any, list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(row.pop(key), []).append(row)
+    return groups
 
 
 def stable_hash(*parts: str | bytes, size: int = 16) -> str:

@@ -10,20 +10,26 @@ import argparse
 import sys
 
 from .commands import EXAMPLES, HANDLERS
-from .options import COMMANDS, Use, add_options
+from .options import COMMANDS, add_options, command_options
 
 __all__ = ["EXAMPLES", "build_parser", "main", "parse_args"]
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The CLI's parser; ``parser.commands`` maps each command to its sub-parser and ``parser.required`` each
+    command to its required option dests (checked by ``parse_args`` once a config file is applied)."""
     parser = argparse.ArgumentParser(prog="verbatim-batch", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, (help_text, uses) in COMMANDS.items():
-        add_options(sub.add_parser(name, help=help_text, description=help_text), uses)
-    p = sub.add_parser("report", help="(re)write report.json and report.html of a run folder")
+    parser.commands, parser.required = {}, {}
+    for name, (help_text, _) in COMMANDS.items():
+        parser.commands[name] = p = sub.add_parser(name, help=help_text, description=help_text)
+        parser.required[name] = add_options(p, name)
+    p = parser.commands["report"] = sub.add_parser("report", help="(re)write report.json and report.html of a run "
+                                                   "folder")
     p.add_argument("run_dir")
-    add_options(p, [Use("samples")])
-    p = sub.add_parser("verify", help="re-check a chunk run: offsets exact, coverage complete")
+    parser.required["report"] = add_options(p, "report")
+    p = parser.commands["verify"] = sub.add_parser("verify", help="re-check a chunk run: offsets exact, coverage "
+                                                   "complete")
     p.add_argument("run_dir")
     sub.add_parser("synth", help="write a synthetic corpus: verbatim-batch synth --out DIR --n 100 "
                    "(see python -m verbatim_synth --help)", add_help=False)
@@ -40,12 +46,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     pre.add_argument("--config")
     known, _ = pre.parse_known_args(argv)
     command = argv[0] if argv and not argv[0].startswith("-") else None
-    if known.config and command:
+    if known.config and command in parser.commands:
         try:
-            config.apply(parser, command, known.config)
+            parser.commands[command].set_defaults(**config.load_config(known.config, command))
         except config.ConfigError as exc:
             parser.exit(2, f"verbatim-batch {command}: config error: {exc}\n")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    missing = [d for d in sorted(parser.required.get(args.command, ())) if getattr(args, d, None) is None]
+    if missing:
+        flags = ", ".join(command_options(args.command)[d][0] for d in missing)
+        parser.commands[args.command].error(f"the following arguments are required: {flags}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

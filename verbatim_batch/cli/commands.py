@@ -23,7 +23,7 @@ def _given(args: argparse.Namespace, **names: str) -> dict[str, Any]:
 def run_options(args: argparse.Namespace) -> dict[str, Any]:
     """The ``RunOptions`` fields a command's run and Ray options set."""
     return _given(args, output="output", overwrite="overwrite", run_id="run_id", previous="previous",
-                  max_retries="stage_retries", address="address", num_cpus="num_cpus")
+                  batch_retries="batch_retries", address="address", num_cpus="num_cpus")
 
 
 def actor_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -44,7 +44,7 @@ def llm_config(args: argparse.Namespace, **fixed: Any):
         raise ValueError("--extractor llm needs --model (the served model name, or a hub id for vllm)")
     given = _given(args, backend="backend", base_url="base_url", api_key_env="api_key_env", style="style",
                    docs_per_request="docs_per_request", max_tokens="max_tokens", max_in_flight="max_in_flight",
-                   timeout_s="timeout", max_retries="max_retries", tensor_parallel_size="tensor_parallel_size",
+                   timeout_s="timeout", request_retries="request_retries", tensor_parallel_size="tensor_parallel_size",
                    engines="engines")
     if getattr(args, "no_structured_output", False):
         given["structured_output"] = False
@@ -86,40 +86,33 @@ def report(path: str, manifest: dict) -> None:
         print(f"  {counts.get('tokens', 0)} tokens, {counts['truncated']} chunks truncated to the model's length")
 
 
-def cmd_chunk(args: argparse.Namespace) -> int:
-    from ..pipeline import ChunkJob, run_chunk
+def chunk_job(args: argparse.Namespace):
+    from ..pipeline import ChunkJob
 
     if args.max_paper_mb <= 0:
         raise ValueError(f"--max-paper-mb must be positive, got {args.max_paper_mb}")
-    path, manifest = run_chunk(ChunkJob(
+    return ChunkJob(
         input=args.input, format=args.format, metadata=args.metadata, chunker=chunker(args),
         max_paper_bytes=int(args.max_paper_mb * 1024 * 1024), store_text=not args.no_store_text,
-        **_given(args, concurrency="concurrency"), **run_options(args)))
-    report(path, manifest)
-    return 0
+        **_given(args, concurrency="concurrency"), **run_options(args))
 
 
-def cmd_embed(args: argparse.Namespace) -> int:
+def embed_job(args: argparse.Namespace):
     from ..embedding import EmbedderConfig
-    from ..pipeline import EmbedJob, run_embed
+    from ..pipeline import EmbedJob
 
     fields = {"output_dtype": args.output_dtype, "trust_remote_code": args.trust_remote_code}
     fields |= _given(args, model="model", revision="revision", max_length="max_length", token_budget="token_budget")
-    path, manifest = run_embed(EmbedJob(chunks=args.chunks, embedder=EmbedderConfig(**fields), **actor_options(args),
-                                        **run_options(args)))
-    report(path, manifest)
-    return 0
+    return EmbedJob(chunks=args.chunks, embedder=EmbedderConfig(**fields), **actor_options(args), **run_options(args))
 
 
-def cmd_index(args: argparse.Namespace) -> int:
+def index_job(args: argparse.Namespace):
     from ..index import DenseSpec
-    from ..pipeline import IndexJob, run_index
+    from ..pipeline import IndexJob
 
     spec = DenseSpec(kind=args.kind, nlist=args.nlist, nprobe=args.nprobe, pq_m=args.pq_m)
-    path, manifest = run_index(IndexJob(embeddings=args.embeddings, chunks=args.chunks, dense=spec,
-                                        bm25=not args.no_bm25, max_drift=args.max_drift, **run_options(args)))
-    report(path, manifest)
-    return 0
+    return IndexJob(embeddings=args.embeddings, chunks=args.chunks, dense=spec, bm25=not args.no_bm25,
+                    **_given(args, max_drift="max_drift"), **run_options(args))
 
 
 def _weights(value: str) -> dict[str, float]:
@@ -133,30 +126,36 @@ def _weights(value: str) -> dict[str, float]:
     return out
 
 
-def cmd_retrieve(args: argparse.Namespace) -> int:
-    from ..pipeline import RetrieveJob, run_retrieve
+def retrieve_job(args: argparse.Namespace):
+    from ..pipeline import RetrieveJob
     from ..retrieval import RetrieverConfig
 
     cfg = RetrieverConfig(
         index_dir=args.index, k=args.k, methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
         weights=_weights(args.weights), rrf_k=args.rrf_k, nprobe=args.nprobe,
     )
-    path, manifest = run_retrieve(RetrieveJob(index=args.index, queries=args.queries, retriever=cfg,
-                                              **_given(args, batch_rows="batch_rows", concurrency="concurrency"),
-                                              **run_options(args)))
-    report(path, manifest)
-    return 0
+    return RetrieveJob(index=args.index, queries=args.queries, retriever=cfg,
+                       **_given(args, batch_rows="batch_rows", concurrency="concurrency"), **run_options(args))
 
 
-def cmd_extract(args: argparse.Namespace) -> int:
-    from ..pipeline import ExtractJob, run_extract
+def extract_job(args: argparse.Namespace):
+    from ..pipeline import ExtractJob
 
-    path, manifest = run_extract(ExtractJob(
+    return ExtractJob(
         extractor=extractor(args), pairs=args.pairs, retrieval=args.retrieval, chunks=args.chunks,
-        queries=args.queries, method=args.method, top_k=args.top_k, max_chunk_chars=args.max_chunk_chars,
-        **actor_options(args), **run_options(args)))
-    report(path, manifest)
-    return 0
+        queries=args.queries, max_chunk_chars=args.max_chunk_chars, **_given(args, method="method", top_k="top_k"),
+        **actor_options(args), **run_options(args))
+
+
+def _run_and_report(build, run_name: str):
+    def cmd(args: argparse.Namespace) -> int:
+        from .. import pipeline
+
+        path, manifest = getattr(pipeline, run_name)(build(args))
+        report(path, manifest)
+        return 0
+
+    return cmd
 
 
 def _thresholds(value: str) -> list[float]:
@@ -196,51 +195,61 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_querygen(args: argparse.Namespace) -> int:
-    from ..pipeline import QueryGenJob, run_querygen
+def querygen_job(args: argparse.Namespace):
+    from ..pipeline import QueryGenJob
 
-    path, manifest = run_querygen(QueryGenJob(
-        chunks=args.chunks, llm=llm_config(args, backend="http"), seed=args.seed,
-        **_given(args, n_papers="n_papers", concurrency="concurrency"), **run_options(args)))
-    report(path, manifest)
-    return 0
+    return QueryGenJob(chunks=args.chunks, llm=llm_config(args, backend="http"), seed=args.seed,
+                       **_given(args, n_papers="n_papers", concurrency="concurrency"), **run_options(args))
+
+
+def silver_job(args: argparse.Namespace):
+    from ..pipeline import SilverJob
+
+    return SilverJob(
+        chunks=args.chunks, index=args.index, llm=llm_config(args, backend="http"), seed=args.seed,
+        tokenizer=args.tokenizer, **_given(args, n_papers="n_papers", top_k="top_k", max_length="max_length",
+                                           stride="stride", dev_fraction="dev_fraction"),
+        **run_options(args))
 
 
 def cmd_silver(args: argparse.Namespace) -> int:
-    from ..pipeline import SilverJob, run_silver
+    from ..pipeline import run_silver
 
-    path, manifest = run_silver(SilverJob(
-        chunks=args.chunks, index=args.index, llm=llm_config(args, backend="http"), seed=args.seed,
-        dev_fraction=args.dev_fraction, tokenizer=args.tokenizer,
-        **_given(args, n_papers="n_papers", top_k="top_k", max_length="max_length", stride="stride"),
-        **run_options(args)))
+    path, manifest = run_silver(silver_job(args))
     report(path, manifest)
     steps = ("papers", "queries", "rows", "kept", "train", "dev")
     print("  " + " -> ".join(f"{manifest['counts'].get(k, 0)} {k}" for k in steps))
     return 0
 
 
-def cmd_nightly(args: argparse.Namespace) -> int:
+def nightly_job(args: argparse.Namespace):
     from ..embedding import EmbedderConfig
-    from ..pipeline import NightlyJob, run_nightly
+    from ..pipeline import Chain, NightlyJob
 
     if args.embed_model is None:  # the bundled embedder needs no hub
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    job = NightlyJob(
-        input=args.input, queries=args.queries, root=args.root, metadata=args.metadata, format=args.format,
-        chunker=chunker(args, "chunk-"), embedder=EmbedderConfig(model=args.embed_model) if args.embed_model else None,
-        extractor=extractor(args), method=args.method, top_k=args.top_k, max_drift=args.max_drift,
-        keep_runs=args.keep_runs, embed_batch_rows=args.embed_batch_rows, extract_batch_rows=args.extract_batch_rows,
-        **_given(args, run_id="run_id", max_retries="stage_retries", address="address", num_cpus="num_cpus"))
-    path, manifest = run_nightly(job)
+    chain = Chain(
+        input=args.input, queries=args.queries, metadata=args.metadata, chunker=chunker(args, "chunk-"),
+        embedder=EmbedderConfig(model=args.embed_model) if args.embed_model else None, extractor=extractor(args),
+        **_given(args, format="format", method="method", top_k="top_k", max_drift="max_drift",
+                 embed_batch_rows="embed_batch_rows", extract_batch_rows="extract_batch_rows"))
+    job = NightlyJob(chain=chain, root=args.root, **_given(args, keep_runs="keep_runs"), **_given(
+        args, run_id="run_id", batch_retries="batch_retries", address="address", num_cpus="num_cpus"))
+    return job
+
+
+def cmd_nightly(args: argparse.Namespace) -> int:
+    from ..pipeline import run_nightly
+
+    path, manifest = run_nightly(nightly_job(args))
     counts = manifest["counts"]
     print(f"nightly run {manifest['run_id']} committed to {path}; current -> {manifest['run_id']}")
     print("  papers: " + ", ".join(f"{counts.get('chunks.papers_' + k, 0)} {k}"
                                    for k in ("unchanged", "changed", "added", "removed")))
     c = {k.split(".", 1)[1]: v for k, v in counts.items() if k.startswith(("embeddings.", "spans."))}
-    print(f"  chunks embedded {c.get('embedded', 0)}, carried {c.get('carried', 0)}; "
+    print(f"  chunks embedded {c.get('embeddings.rows_new', 0)}, carried {c.get('embeddings.rows_carried', 0)}; "
           f"index {manifest.get('index_update', {}).get('action')}")
-    print(f"  pairs extracted {c.get('extracted_pairs', 0)}, carried {c.get('carried_pairs', 0)}; "
+    print(f"  pairs extracted {c.get('spans.rows_new', 0)}, carried {c.get('spans.rows_carried', 0)}; "
           f"{c.get('spans', 0)} spans")
     if storage.is_remote(args.root):  # object stores have no `current` symlink: CURRENT names the run
         print(f"  load the current span table: verbatim_batch.runs.current_table('{args.root}', 'spans')")
@@ -343,8 +352,41 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 1 if result["errors"] else 0
 
 
-HANDLERS = {
-    "chunk": cmd_chunk, "embed": cmd_embed, "index": cmd_index, "retrieve": cmd_retrieve, "extract": cmd_extract,
-    "evaluate": cmd_evaluate, "querygen": cmd_querygen, "silver": cmd_silver, "demo": cmd_demo,
-    "nightly": cmd_nightly, "verify": cmd_verify, "report": cmd_report, "train": cmd_train,
+# command -> the job its options describe (``build_job`` builds one from Python)
+JOBS = {
+    "chunk": chunk_job, "embed": embed_job, "index": index_job, "retrieve": retrieve_job, "extract": extract_job,
+    "querygen": querygen_job, "silver": silver_job, "nightly": nightly_job, "train": train_job,
 }
+
+HANDLERS = {
+    "chunk": _run_and_report(chunk_job, "run_chunk"), "embed": _run_and_report(embed_job, "run_embed"),
+    "index": _run_and_report(index_job, "run_index"), "retrieve": _run_and_report(retrieve_job, "run_retrieve"),
+    "extract": _run_and_report(extract_job, "run_extract"), "querygen": _run_and_report(querygen_job, "run_querygen"),
+    "evaluate": cmd_evaluate, "silver": cmd_silver, "demo": cmd_demo, "nightly": cmd_nightly, "verify": cmd_verify,
+    "report": cmd_report, "train": cmd_train,
+}
+
+
+def build_job(command: str, config: str | None = None, **options: Any):
+    """The job a command would run, from Python: option values by their name (the YAML key / the flag's
+    dest), over a YAML ``config`` file's, over the option defaults. Pass it to the stage's ``run_*``.
+
+        job = build_job("extract", config="conf.yaml", retrieval="runs/retrieval", output="runs/spans")
+        path, manifest = verbatim_batch.pipeline.run_extract(job)
+    """
+    from .. import config as configs
+    from .options import command_options
+
+    if command not in JOBS:
+        raise ValueError(f"no job for {command!r} (one of {', '.join(JOBS)})")
+    specs = command_options(command)
+    unknown = set(options) - set(specs)
+    if unknown:
+        raise ValueError(f"{command} takes no option {sorted(unknown)}; it takes: {', '.join(sorted(specs))}")
+    values = {dest: kw.get("default", False if kw.get("action") == "store_true" else None)
+              for dest, (_, kw) in specs.items()}
+    values |= (configs.load_config(config, command) if config else {}) | options
+    missing = [specs[d][0] for d, (_, kw) in specs.items() if kw.get("required") and values.get(d) is None]
+    if missing:
+        raise ValueError(f"{command} needs {', '.join(missing)}")
+    return JOBS[command](argparse.Namespace(command=command, **values))

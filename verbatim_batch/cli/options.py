@@ -97,8 +97,9 @@ OPTIONS: dict[str, Opt] = {
                    "over instead of computed again (chunk: unchanged papers; embed: unchanged chunks; index: "
                    "updated in place; retrieve: reused when index and queries are the same; extract: unchanged "
                    "pairs)"),
-    "stage_retries": _o("--stage-retries", type=NON_NEGATIVE,
-                        help="retries of a failed batch (recorded in the manifest) (2)"),
+    "batch_retries": _o("--batch-retries", type=NON_NEGATIVE,
+                        help="retries of a failed batch of rows before its rows become error rows (recorded in the "
+                        "manifest) (2)"),
     "config": _o("--config", help="YAML file of options (see README: Configuration); flags override it"),
     "address": _o("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)"),
     "num_cpus": _o("--num-cpus", type=POSITIVE, help="CPUs for a local Ray (default: all)"),
@@ -166,8 +167,8 @@ OPTIONS: dict[str, Opt] = {
                                help="do not ask for schema-constrained JSON"),
     "max_in_flight": _o("--max-in-flight", type=POSITIVE, help="http: concurrent requests per actor (8)"),
     "timeout": _o("--timeout", type=POSITIVE_FLOAT, help="http: seconds per request (180)"),
-    "max_retries": _o("--max-retries", type=NON_NEGATIVE,
-                      help="http: retries with backoff on 429/5xx/connection errors (4)"),
+    "request_retries": _o("--request-retries", type=NON_NEGATIVE,
+                          help="http: retries of one LLM request with backoff on 429/5xx/connection errors (4)"),
     "tensor_parallel_size": _o("--tensor-parallel-size", type=POSITIVE, help="vllm: GPUs per engine (1)"),
     "engines": _o("--engines", type=POSITIVE, help="vllm: engine replicas (1)"),
     # index and retrieval
@@ -177,14 +178,14 @@ OPTIONS: dict[str, Opt] = {
     "nprobe": _o("--nprobe", type=POSITIVE, help="IVF lists to probe (default: the index's)"),
     "pq_m": _o("--pq-m", type=POSITIVE, help="IVF-PQ sub-quantizers"),
     "no_bm25": _o("--no-bm25", action="store_true", help="skip the full-text index"),
-    "max_drift": _o("--max-drift", type=NON_NEGATIVE_FLOAT, default=0.2, help="with --previous: rebuild the index when "
-                    "(removed + added) / vectors since the last build exceeds this"),
+    "max_drift": _o("--max-drift", type=NON_NEGATIVE_FLOAT, help="with --previous: rebuild the index when "
+                    "(removed + added) / vectors since the last build exceeds this (0.2)"),
     "k": _o("--k", type=POSITIVE, default=10, help="chunks retrieved per query and method"),
     "methods": _o("--methods", default="dense,bm25,hybrid", help="any of dense,bm25,hybrid"),
     "weights": _o("--weights", default="dense=1,bm25=1", help="hybrid RRF weights"),
     "rrf_k": _o("--rrf-k", type=NON_NEGATIVE, default=60, help="RRF constant"),
-    "method": _o("--method", default="hybrid", help="retrieval method whose top-k rows become pairs"),
-    "top_k": _o("--top-k", type=POSITIVE, default=5, help="retrieved chunks per query to extract from"),
+    "method": _o("--method", help="retrieval method whose top-k rows become pairs (hybrid)"),
+    "top_k": _o("--top-k", type=POSITIVE, help="retrieved chunks per query to extract from (5)"),
     # evaluate
     "gold": _o("--gold", help="pairs file with relevant and gold_spans"),
     "predictions": _o("--predictions", help="a span table / extract run folder, or JSONL rows with spans"),
@@ -194,12 +195,12 @@ OPTIONS: dict[str, Opt] = {
     # querygen, silver
     "n_papers": _o("--n-papers", type=POSITIVE, help="papers to sample, one chunk each (querygen 100, silver 2000)"),
     "seed": _o("--seed", type=NON_NEGATIVE, default=0, help="sampling seed"),
-    "dev_fraction": _o("--dev-fraction", type=FRACTION, default=0.1, help="queries held out for the dev split"),
+    "dev_fraction": _o("--dev-fraction", type=FRACTION, help="queries held out for the dev split (0.1)"),
     "tokenizer": _o("--tokenizer", help="write tokenized windows for this tokenizer (hub id or path)"),
     # nightly
-    "keep_runs": _o("--keep-runs", type=POSITIVE, default=7, help="committed runs kept (older ones are deleted)"),
-    "embed_batch_rows": _o("--embed-batch-rows", type=POSITIVE, default=1024, help="chunks per embedding actor call"),
-    "extract_batch_rows": _o("--extract-batch-rows", type=POSITIVE, default=64, help="pairs per extraction actor call"),
+    "keep_runs": _o("--keep-runs", type=POSITIVE, help="committed runs kept (older ones are deleted) (7)"),
+    "embed_batch_rows": _o("--embed-batch-rows", type=POSITIVE, help="chunks per embedding actor call (1024)"),
+    "extract_batch_rows": _o("--extract-batch-rows", type=POSITIVE, help="pairs per extraction actor call (64)"),
     # train
     "train": _o("--train", help="a silver run (its train split), or Parquet/JSONL pairs with question (or query), "
                 "chunk and spans [{start, end}]"),
@@ -220,7 +221,7 @@ OPTIONS: dict[str, Opt] = {
 }
 
 GROUPS: dict[str, list[str]] = {
-    "run": ["output", "overwrite", "run_id", "previous", "stage_retries"],
+    "run": ["output", "overwrite", "run_id", "previous", "batch_retries"],
     "ray": ["config", "address", "num_cpus"],
     "actors": ["batch_rows", "concurrency", "threads"],
     "chunker": ["min_chars", "max_chars", "heading_levels", "normalize"],
@@ -229,7 +230,7 @@ GROUPS: dict[str, list[str]] = {
     "extractor": ["extractor", "model", "revision", "threshold", "span_min_chars", "merge_gap", "max_length",
                   "stride", "margin", "token_budget", "dtype", "trust_remote_code"],
     "llm": ["backend", "base_url", "api_key_env", "style", "docs_per_request", "max_tokens", "no_structured_output",
-            "max_in_flight", "timeout", "max_retries", "tensor_parallel_size", "engines"],
+            "max_in_flight", "timeout", "request_retries", "tensor_parallel_size", "engines"],
 }
 
 
@@ -270,20 +271,20 @@ COMMANDS: dict[str, tuple[str, list[Use]]] = {
     "querygen": ("generate 3 search queries per sampled chunk with an LLM (3 steps)", [
         _u("chunks", **REQ), _u("n_papers"), _u("seed"), _u("concurrency"), _u("model", **REQ),
         _u("llm", only=("base_url", "api_key_env", "max_tokens", "no_structured_output", "max_in_flight",
-                        "timeout", "max_retries")),
+                        "timeout", "request_retries")),
         _u("run", only=("output", "overwrite", "run_id")), _u("ray")]),
     "silver": ("silver training data: sample, querygen, retrieve, teacher, filter, split", [
         _u("chunks", **REQ), _u("index", **REQ), _u("n_papers"), _u("seed"), _u("top_k"), _u("dev_fraction"),
         _u("tokenizer"), _u("max_length"), _u("stride"), _u("model", **REQ),
         _u("llm", only=("base_url", "api_key_env", "max_tokens", "no_structured_output", "max_in_flight",
-                        "timeout", "max_retries")),
-        _u("run", only=("output", "overwrite", "run_id", "stage_retries")), _u("ray")]),
+                        "timeout", "request_retries")),
+        _u("run", only=("output", "overwrite", "run_id", "batch_retries")), _u("ray")]),
     "nightly": ("incremental run against the last committed one; moves ROOT/current", [
         _u("input", **REQ), _u("queries", **REQ), _u("root", **REQ), _u("metadata"), _u("format"),
         _u("model", prefix="embed-", help="embedding model, hub id or path (default: the bundled MiniLM)"),
         _u("method"), _u("top_k"), _u("max_drift"), _u("keep_runs"), _u("embed_batch_rows"),
         _u("extract_batch_rows"), _u("chunker", prefix="chunk-"), _u("extractor"), _u("llm"),
-        _u("run", only=("run_id", "stage_retries")), _u("ray")]),
+        _u("run", only=("run_id", "batch_retries")), _u("ray")]),
     "train": ("fine-tune the highlighter (a ModernBERT token classifier) on silver data with Ray Train", [
         _u("train", **REQ), _u("eval"), _u("model", default="answerdotai/ModernBERT-base"), _u("epochs"), _u("lr"),
         _u("batch_size"), _u("batch_tokens"), _u("grad_accum"), _u("warmup_ratio"), _u("max_length"), _u("stride"),
@@ -294,22 +295,50 @@ COMMANDS: dict[str, tuple[str, list[Use]]] = {
 }
 
 
-def _add(parser: argparse.ArgumentParser, name: str, use: Use) -> None:
+EXTRA_COMMANDS: dict[str, list[Use]] = {"report": [_u("samples")]}  # commands with positional arguments too
+
+
+def _resolve(name: str, use: Use) -> tuple[str, str, dict[str, Any]]:
+    """``(flag, dest, argparse settings)`` of option ``name`` as ``use`` adds it."""
     opt = OPTIONS[name]
     flag = "--" + use.prefix + opt.flag[2:]
     kwargs = dict(opt.kwargs) | use.settings
     dest = (use.prefix + name).replace("-", "_")
     if name == "span_min_chars":  # the extractor's --min-chars keeps the flag's own key
         dest = "min_chars"
-    parser.add_argument(flag, dest=dest, **kwargs)
+    return flag, dest, kwargs
 
 
-def add_options(parser: argparse.ArgumentParser, uses: list[Use]) -> None:
-    """Add the options of ``uses`` (groups or single options) to a command's parser."""
+def _expand(uses: list[Use]) -> list[tuple[str, Use]]:
+    out = []
     for use in uses:
         if use.name in GROUPS:
-            for name in GROUPS[use.name]:
-                if not use.only or name in use.only:
-                    _add(parser, name, Use(name, use.prefix, (), use.settings))
+            out += [(name, Use(name, use.prefix, (), use.settings)) for name in GROUPS[use.name]
+                    if not use.only or name in use.only]
         else:
-            _add(parser, use.name, use)
+            out.append((use.name, use))
+    return out
+
+
+def command_options(command: str) -> dict[str, tuple[str, dict[str, Any]]]:
+    """``{dest: (flag, argparse settings)}`` of every option ``command`` takes (``required`` included): what
+    the parser is built from, and what a YAML config is checked against."""
+    uses = COMMANDS[command][1] if command in COMMANDS else EXTRA_COMMANDS[command]
+    options = {}
+    for name, use in _expand(uses):
+        flag, dest, kwargs = _resolve(name, use)
+        options[dest] = (flag, kwargs)
+    return options
+
+
+def add_options(parser: argparse.ArgumentParser, command: str) -> set[str]:
+    """Add ``command``'s options to its parser; returns the dests that are required. They are checked after
+    a config file's values are in (``cli.parse_args``), so a required option may come from the file."""
+    required = set()
+    for dest, (flag, kwargs) in command_options(command).items():
+        kwargs = dict(kwargs)
+        if kwargs.pop("required", False):
+            required.add(dest)
+            kwargs["help"] = (kwargs.get("help") or "") + " (required)"
+        parser.add_argument(flag, dest=dest, **kwargs)
+    return required

@@ -40,12 +40,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from .. import tables
 from ..models import fingerprint, load_model, resolve_device, resolve_dtype, resolve_model_dir, safetensors_files
+from .registry import ExtractorKind
 from .spans import PairResult, Span, postprocess, runs_above
 
 HIGHLIGHTER_VERSION = "2"  # 2: merge-then-drop per-window runs, as the released process()
@@ -56,6 +57,8 @@ _RUNTIME_FIELDS = ("device", "token_budget", "max_batch_rows")
 @dataclass(frozen=True)
 class HighlighterConfig:
     """Settings of the highlighter. ``hash`` covers everything that can change a span."""
+
+    kind: ClassVar[str] = "highlighter"
 
     model: str = PAPER_STUDENT  # hub id or local directory
     revision: str | None = None
@@ -324,3 +327,11 @@ class Highlighter:
 
     def __call__(self, queries: Sequence[str], chunks: Sequence[str]) -> list[PairResult]:
         return self.extract(queries, chunks)
+
+
+def _fingerprint(config: HighlighterConfig) -> str:
+    return fingerprint(safetensors_files(resolve_model_dir(config.model, config.revision, "highlighter model")))
+
+
+EXTRACTOR = ExtractorKind("highlighter", HighlighterConfig, build=lambda config: Highlighter(config),
+                          fingerprint=_fingerprint)

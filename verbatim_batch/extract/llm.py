@@ -29,15 +29,16 @@ import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from .. import tables
 from .prompts import STYLES, build_messages, output_schema
+from .registry import ExtractorKind
 from .spans import PairResult, Reject, Span
 
 LLM_VERSION = "1"
 BACKENDS = ("http", "vllm")
-_RUNTIME_FIELDS = ("base_url", "api_key_env", "timeout_s", "max_retries", "backoff_s", "max_in_flight", "engines",
+_RUNTIME_FIELDS = ("base_url", "api_key_env", "timeout_s", "request_retries", "backoff_s", "max_in_flight", "engines",
                    "batch_size", "tensor_parallel_size", "max_model_len", "gpu_memory_utilization")
 _RETRY_STATUS = (408, 409, 425, 429, 500, 502, 503, 504)
 
@@ -45,6 +46,8 @@ _RETRY_STATUS = (408, 409, 425, 429, 500, 502, 503, 504)
 @dataclass(frozen=True)
 class LLMConfig:
     """Settings of LLM extraction. ``hash`` covers what can change the spans (model, prompt, decoding)."""
+
+    kind: ClassVar[str] = "llm"
 
     model: str  # the model name the endpoint serves, or a hub id / path for vLLM
     backend: str = "http"
@@ -57,7 +60,7 @@ class LLMConfig:
     structured_output: bool = True  # ask for JSON that follows the answer's schema
     fuzzy_threshold: float = 0.8
     timeout_s: float = 180.0
-    max_retries: int = 4
+    request_retries: int = 4
     backoff_s: float = 1.0
     max_in_flight: int = 8  # http: concurrent requests per actor
     engines: int = 1  # vllm: engine replicas
@@ -77,8 +80,8 @@ class LLMConfig:
             raise ValueError("docs_per_request, max_in_flight and max_tokens must be >= 1")
         if not 0.0 < self.fuzzy_threshold <= 1.0:
             raise ValueError(f"fuzzy_threshold must be in (0, 1], got {self.fuzzy_threshold}")
-        if self.max_retries < 0 or self.timeout_s <= 0:
-            raise ValueError("max_retries must be >= 0 and timeout_s > 0")
+        if self.request_retries < 0 or self.timeout_s <= 0:
+            raise ValueError("request_retries must be >= 0 and timeout_s > 0")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -185,12 +188,12 @@ class OpenAIClient:
                     self.stats["structured_fallbacks"] += 1
                     continue
                 retry_after = exc.headers.get("Retry-After") if exc.headers else None
-                if exc.code not in _RETRY_STATUS or attempt >= cfg.max_retries:
+                if exc.code not in _RETRY_STATUS or attempt >= cfg.request_retries:
                     self.stats["failures"] += 1
                     raise HttpError(f"http_{exc.code}: {detail}") from exc
             except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
                 retry_after = None
-                if attempt >= cfg.max_retries:
+                if attempt >= cfg.request_retries:
                     self.stats["failures"] += 1
                     raise HttpError(f"connection: {type(exc).__name__}: {exc}") from exc
             except (KeyError, IndexError, TypeError, ValueError) as exc:
@@ -235,3 +238,7 @@ class LLMExtractor:
             for i, res in zip(g, fut.result(), strict=True):
                 out[i] = res
         return out
+
+
+EXTRACTOR = ExtractorKind("llm", LLMConfig, build=lambda config: LLMExtractor(config),
+                          placement=lambda config: "vllm" if config.backend == "vllm" else "io")

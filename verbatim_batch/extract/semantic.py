@@ -34,11 +34,12 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from .. import tables
+from .registry import ExtractorKind
 from .sentences import sentence_segments
 from .spans import PairResult, Span, postprocess
 
@@ -90,6 +91,8 @@ def paragraph_ids(chunk: str, segments: Sequence[tuple[int, int]]) -> np.ndarray
 @dataclass(frozen=True)
 class SemanticConfig:
     """Settings of the semantic extractor (see the module docs; README, "Extractors", for where each came from)."""
+
+    kind: ClassVar[str] = "semantic"
 
     model: str | None = None  # None: the bundled all-MiniLM-L6-v2
     threshold: float = 0.50  # a unit is evidence at this combined score or above
@@ -236,3 +239,13 @@ class SemanticExtractor:
 
     def extract(self, queries: Sequence[str], chunks: Sequence[str]) -> list[PairResult]:
         return self.sweep(queries, chunks, [self.config.threshold])[self.config.threshold]
+
+
+def _fingerprint(config: SemanticConfig) -> str:
+    from ..embedding import embedder_fingerprint
+
+    return embedder_fingerprint(config.embedder_config())
+
+
+EXTRACTOR = ExtractorKind("semantic", SemanticConfig, build=lambda config: SemanticExtractor(config),
+                          fingerprint=_fingerprint)

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from ..tables import PAIR_INPUT, PAIRS, REJECTS, SPANS, pair_input_hash
+from ..tables import PAIR_INPUT, PAIRS, REJECTS, SPANS, group_by, pair_input_hash
 from .spans import PairResult, verbatim_spans
 
 DEFAULT_MAX_CHUNK_CHARS = 200_000
@@ -55,7 +55,7 @@ def _error_reason(exc: BaseException) -> str:
     return f"extractor_error: {type(exc).__name__}: {str(exc)[:300]}"
 
 
-class ExtractStage:
+class PairExtractor:
     """Callable over ``PAIR_INPUT`` batches -> ``{"spans": SPANS table, "pairs": PAIRS table}``."""
 
     def __init__(self, extractor: Extractor, run_id: str, max_chunk_chars: int = DEFAULT_MAX_CHUNK_CHARS,
@@ -160,16 +160,13 @@ _SPAN_FROM_PAIR = [n for n in SPANS.names if n not in _SPAN_OWN]
 def pack(out: dict[str, pa.Table]) -> pa.Table:
     """``{"spans", "pairs", "rejects"}`` -> the pairs table plus ``spans`` and ``rejects`` list columns."""
     pairs, spans = out["pairs"], out["spans"]
-    by_pair: dict[str, list[dict[str, Any]]] = {}
-    for row in spans.select(["pair_id", *_SPAN_OWN]).to_pylist():
-        by_pair.setdefault(row.pop("pair_id"), []).append(row)
+    by_pair = group_by(spans.select(["pair_id", *_SPAN_OWN]).to_pylist())
     struct = pa.struct([SPANS.field(n) for n in _SPAN_OWN])
     pair_ids = pairs.column("pair_id").to_pylist()
     nested = pa.array([by_pair.get(p, []) for p in pair_ids], pa.list_(struct))
     rejects = out.get("rejects")
-    rej_by_pair: dict[str, list[dict[str, Any]]] = {}
-    for row in (rejects.to_pylist() if rejects is not None else []):
-        rej_by_pair.setdefault(row["pair_id"], []).append(row)
+    rows = rejects.to_pylist() if rejects is not None else []
+    rej_by_pair = group_by([r | {"owner": r["pair_id"]} for r in rows], "owner")  # rejects keep their pair_id
     owners = [rej_by_pair.get(p, []) for p in pair_ids]
     rejects_col = pa.array(owners, pa.list_(pa.struct(list(REJECTS))))
     return pairs.append_column("spans", nested).append_column("rejects", rejects_col)

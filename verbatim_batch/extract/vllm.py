@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 import ray
 
-from .stage import DEFAULT_MAX_CHUNK_CHARS, DEFAULT_MAX_QUERY_CHARS, ExtractStage, pack, validate_pair
+from .stage import DEFAULT_MAX_CHUNK_CHARS, DEFAULT_MAX_QUERY_CHARS, PairExtractor, pack, validate_pair
 
 
 class LLMInterpret:
@@ -22,7 +22,7 @@ class LLMInterpret:
 
     def __init__(self, config, run_id: str) -> None:
         self.config = config
-        self.stage = ExtractStage(VllmModelInfo(config), run_id)
+        self.stage = PairExtractor(VllmModelInfo(config), run_id)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         from .llm import interpret
@@ -70,7 +70,7 @@ def vllm_requests(pairs: pa.Table, config, run_id: str,
                          "chunks": chunks, "pairs_json": json.dumps(members)})
     bad = None
     if invalid:
-        stage = ExtractStage(VllmModelInfo(config), run_id, max_chunk_chars)
+        stage = PairExtractor(VllmModelInfo(config), run_id, max_chunk_chars)
         bad = pack(stage.tables([r for r, _ in invalid], {}, [e for _, e in invalid], None))
     return pa.Table.from_pylist(requests), bad
 

@@ -14,10 +14,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .. import storage
-from ..runs import read_manifest
+from ..runs import CARRIED_PREFIX, read_manifest
 from ..tables import stable_hash
-
-CARRIED_PREFIX = "part-carried-"  # embeddings files an incremental embed run copied from the run before
 
 
 def build_index_files(embeddings_dir: str, chunks_dir: str, folder: str, spec, bm25: bool) -> dict[str, Any]:

@@ -21,8 +21,6 @@ import numpy as np
 
 from .dense import _is_int
 
-PLAN_ACTIONS = ("unchanged", "added", "rebuilt")
-
 
 def plan_update(n_old: int, n_removed: int, n_added: int, max_drift: float) -> tuple[str, float]:
     """Choose between updating the index in place and rebuilding it: ``(action, drift)``.

@@ -16,12 +16,24 @@ from .nightly import NightlyJob, run_nightly
 from .querygen import QueryGenJob, run_querygen
 from .ray_env import init_ray
 from .retrieve import RetrieveJob, read_queries, run_retrieve
-from .runner import RunOptions, Stage, StageContext, StageResult, run_stage
+from .runner import (
+    CompositeStage,
+    Outcome,
+    Plan,
+    RunOptions,
+    Stage,
+    StageContext,
+    StageResult,
+    TableStage,
+    Work,
+    run_stage,
+)
 from .silver import SilverJob, run_silver
 
 __all__ = [
     "STAGES", "Chain", "ChunkJob", "EmbedJob", "ExtractJob", "IndexJob", "NightlyJob", "QueryGenJob", "RetrieveJob",
-    "RunOptions", "SilverJob", "Stage", "StageContext", "StageResult", "build_pairs", "init_ray", "read_queries",
+    "CompositeStage", "Outcome", "Plan", "RunOptions", "SilverJob", "Stage", "StageContext", "StageResult",
+    "TableStage", "Work", "build_pairs", "init_ray", "read_queries",
     "run_chain", "run_chunk", "run_embed", "run_extract", "run_index", "run_nightly", "run_querygen",
     "run_retrieve", "run_silver", "run_stage",
 ]

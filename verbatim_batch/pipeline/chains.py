@@ -19,6 +19,7 @@ from .embed import EmbedJob, run_embed
 from .extract import ExtractJob, run_extract
 from .index import IndexJob, run_index
 from .retrieve import RetrieveJob, run_retrieve
+from .runner import RunOptions
 
 STAGES = ("chunks", "embeddings", "index", "retrieval", "spans")
 
@@ -35,16 +36,17 @@ class Chain:
     embedder: Any = None  # EmbedderConfig
     dense: Any = None  # index.DenseSpec
     extractor: Any = None  # extractor config; None: the offline semantic extractor
-    method: str = "hybrid"
-    top_k: int = 5
-    max_drift: float = 0.2
-    embed_batch_rows: int = 1024
-    extract_batch_rows: int = 64
+    # defaults are the stage jobs' own (declared once, there)
+    method: str = ExtractJob.method
+    top_k: int = ExtractJob.top_k
+    max_drift: float = IndexJob.max_drift
+    embed_batch_rows: int = EmbedJob.batch_rows
+    extract_batch_rows: int = ExtractJob.batch_rows
 
 
 def run_chain(chain: Chain, output: str, *, previous: str | None = None, run_id: str | None = None,
               overwrite: bool = False, address: str | None = None, num_cpus: int | None = None,
-              max_retries: int = 2, after_stage: Callable[[str], None] | None = None,
+              batch_retries: int = RunOptions.batch_retries, after_stage: Callable[[str], None] | None = None,
               ) -> tuple[dict[str, tuple[str, dict[str, Any]]], dict[str, float]]:
     """Run every stage into ``output/<stage>``; returns ``({stage: (path, manifest)}, {stage: seconds})``."""
     from ..embedding import EmbedderConfig
@@ -59,7 +61,7 @@ def run_chain(chain: Chain, output: str, *, previous: str | None = None, run_id:
         return storage.join(previous, stage) if previous else None
 
     common = {"run_id": run_id, "overwrite": overwrite, "address": address, "num_cpus": num_cpus,
-              "max_retries": max_retries}
+              "batch_retries": batch_retries}
     steps: dict[str, Callable[[], tuple[str, dict[str, Any]]]] = {
         "chunks": lambda: run_chunk(ChunkJob(
             input=chain.input, output=at("chunks"), format=chain.format, metadata=chain.metadata,

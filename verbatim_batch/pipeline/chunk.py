@@ -7,18 +7,21 @@ metadata are unchanged are not chunked: their rows are carried from that run.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from .. import corpus, storage
-from ..chunking import ChunkerConfig
+from ..chunking import FORCED_SPLIT, OVERSIZED_BLOCK, UNDERSIZED, ChunkerConfig
 from ..ingest import DEFAULT_MAX_PAPER_BYTES, METADATA_FIELDS, UNCHANGED, IngestStage, paper_fingerprint
 from ..runs import committed_table_dir, manifest_config
 from ..tables import CHUNKS, PAPERS, QUARANTINE
 from ..verify import iter_paper_checks
 from .ray_env import cpus
-from .runner import RunOptions, Stage, StageContext, StageResult, run_stage
-from .sink import table_entries
+from .runner import Outcome, Plan, RunOptions, StageContext, StageResult, TableStage, Work, run_stage
 from .source import CorpusDatasource, find_duplicates, read_corpus
 
 INGEST_TABLES = {"papers": PAPERS, "chunks": CHUNKS, "quarantine": QUARANTINE}
@@ -72,71 +75,105 @@ def unchanged_map(job: ChunkJob) -> tuple[dict[str, str], int]:
     return fingerprints, len(rejected)
 
 
+def chunk_table_counts(name: str, table: pa.Table) -> dict[str, int]:
+    """What a written papers, chunks or quarantine table adds to the manifest's counts."""
+    counts: Counter = Counter()
+    if name == "papers":
+        counts["papers_bytes"] += pc.sum(table["n_bytes"]).as_py() or 0
+        counts["papers_chars"] += pc.sum(table["n_chars"]).as_py() or 0
+        for flags in table["flags"].to_pylist():
+            counts.update(f"papers_flag.{f}" for f in flags)
+    elif name == "chunks":
+        for flags in table["flags"].to_pylist():
+            counts.update(f"chunks_flag.{f}" for f in flags if f in (OVERSIZED_BLOCK, FORCED_SPLIT, UNDERSIZED))
+    elif name == "quarantine":
+        counts.update(f"quarantine.{r}" for r in table["reason"].to_pylist())
+    return dict(counts)
+
+
+@dataclass(frozen=True)
+class ChunkWork:
+    fs: Any
+    files: list
+    duplicates: dict[str, str]
+    unchanged: dict[str, str]  # paper_id -> fingerprint of the previous run's papers that may be carried
+    rejected: int  # previous papers that did not verify (chunked again)
+
+
 def _ids(staging: str, table: str) -> set[str]:
     return set(storage.read_parquet(storage.join(staging, table), ["paper_id"])["paper_id"].to_pylist())
 
 
-class ChunkStage(Stage):
+class ChunkStage(TableStage):
     command = "chunk"
+    resumable = False
+    tables = INGEST_TABLES | {"unchanged": UNCHANGED}
+    key_column = "paper_id"
+    key_tables = ("papers", "quarantine")
+    scratch_tables = ("unchanged",)  # papers the ingest found unchanged: replaced by their carried rows
+    carry_after_write = True
+    table_counts = staticmethod(chunk_table_counts)
 
-    def __init__(self, job: ChunkJob) -> None:
-        super().__init__(job)
-        self.fmt = corpus.detect_format(job.input) if job.format == "auto" else job.format
+    @classmethod
+    def record_keys(cls) -> dict[str, str]:
+        return {"papers": "source", "quarantine": "source", "unchanged": "source"}
 
-    def plan(self) -> tuple[dict[str, Any], list[str]]:
-        job = self.job
+    def plan(self) -> Plan:
+        job: ChunkJob = self.job
+        fmt = corpus.detect_format(job.input) if job.format == "auto" else job.format
         if job.metadata:
             corpus.load_metadata(job.metadata)  # a bad metadata file stops the job here, with one line
-        return job.config() | {"format": self.fmt}, [job.input] + ([job.metadata] if job.metadata else [])
+        return Plan(config=job.config() | {"format": fmt},
+                    inputs=(job.input, *([job.metadata] if job.metadata else [])), facts=fmt)
 
-    def execute(self, ctx: StageContext) -> StageResult:
+    def work(self, plan: Plan, ctx: StageContext) -> Work:
         job: ChunkJob = self.job
-        ctx.ray()
-        fs, files = corpus.list_sources(job.input, self.fmt)
+        fmt = plan.facts
+        ctx.ray()  # reading ids of Parquet/JSONL corpora for duplicates is a Ray read
+        fs, files = corpus.list_sources(job.input, fmt)
         if job.metadata:  # a metadata file inside the input folder is not a paper
             meta_path = corpus.resolve(job.metadata)[1]
             files = [f for f in files if f.path != meta_path]
-        duplicates, n_records = find_duplicates(fs, files, self.fmt, job.max_paper_bytes)
+        duplicates, n_records = find_duplicates(fs, files, fmt, job.max_paper_bytes)
         t_scan = ctx.elapsed()
-        unchanged, n_rejected = unchanged_map(job)
-        stage = IngestStage(chunker=job.chunker, metadata_uri=job.metadata, duplicates=duplicates,
-                            store_text=job.store_text, unchanged=unchanged)
-        ds = read_corpus(CorpusDatasource(fs, files, self.fmt, job.max_paper_bytes, parallelism=max(200, 4 * cpus())))
-        sink = ctx.sink(stage, INGEST_TABLES | {"unchanged": UNCHANGED},
-                        key_columns={"papers": "source", "quarantine": "source", "unchanged": "source"})
-        ds.write_datasink(sink, concurrency=job.concurrency)
-        t_ingest = ctx.elapsed()
+        unchanged, rejected = unchanged_map(job)
+        return Work(keys=None, n_in=n_records, data=ChunkWork(fs, files, duplicates, unchanged, rejected),
+                    timings_s={"scan": t_scan})
+
+    def writer(self, plan: Plan, work: Work) -> IngestStage:
+        job: ChunkJob = self.job
+        return IngestStage(chunker=job.chunker, metadata_uri=job.metadata, duplicates=work.data.duplicates,
+                           store_text=job.store_text, unchanged=work.data.unchanged)
+
+    def dataset(self, plan: Plan, work: Work, skip, ctx: StageContext):
+        job: ChunkJob = self.job
+        w: ChunkWork = work.data
+        return read_corpus(CorpusDatasource(w.fs, w.files, plan.facts, job.max_paper_bytes,
+                                            parallelism=max(200, 4 * cpus())))
+
+    def write_concurrency(self) -> int | None:
+        return self.job.concurrency
+
+    def unchanged(self, plan: Plan, work: Work, previous: str, staging: str) -> set[str]:
+        return _ids(staging, "unchanged") if work.data.unchanged else set()
+
+    def counts(self, plan: Plan, work: Work, outcome: Outcome) -> StageResult:
+        w: ChunkWork = work.data
+        rows = outcome.result.rows
         incremental: dict[str, int] = {}
-        carried: dict[str, int] = {}
-        if job.previous and unchanged:
-            same = _ids(ctx.staging, "unchanged")
-            _, carried = ctx.carry({"papers": PAPERS, "chunks": CHUNKS}, "paper_id", same)
-            new_ids = _ids(ctx.staging, "papers") - same
-            present = new_ids | same | _ids(ctx.staging, "quarantine")
+        if self.job.previous and w.unchanged:
+            same = set(outcome.carried)
+            new_ids = _ids(outcome.staging, "papers") - same
+            present = new_ids | same | _ids(outcome.staging, "quarantine")
             incremental = {
-                "papers_unchanged": len(same), "papers_changed": len(new_ids & unchanged.keys()),
-                "papers_added": len(new_ids - unchanged.keys()), "papers_removed": len(unchanged.keys() - present),
-                "chunks_carried": carried.get("chunks", 0), "previous_papers_rejected": n_rejected,
+                "papers_unchanged": len(same), "papers_changed": len(new_ids & w.unchanged.keys()),
+                "papers_added": len(new_ids - w.unchanged.keys()), "papers_removed": len(w.unchanged.keys() - present),
+                "previous_papers_rejected": w.rejected,
             }
-        result = sink.finish()
-        accounted = (result.rows["papers"] - carried.get("papers", 0) + result.rows["quarantine"]
-                     + result.rows["unchanged"])
-        if accounted != n_records:
-            raise RuntimeError(f"{n_records} input records but {accounted} papers + quarantined + unchanged: "
-                               "rows were lost")
-        storage.rmtree(storage.join(ctx.staging, "unchanged"))
-        counts = {
-            "records_in": n_records,
-            "papers": result.rows["papers"],
-            "chunks": result.rows["chunks"],
-            "quarantined": result.rows["quarantine"],
-            "duplicate_ids": len(duplicates),
-            "papers_chunked": result.rows["papers"] - incremental.get("papers_unchanged", 0),
-            **incremental,
-            **result.counts,
-        }
-        return StageResult(tables=table_entries(result, INGEST_TABLES), counts=counts,
-                           timings_s={"scan": t_scan, "ingest_and_write": t_ingest - t_scan})
+        counts = {"records_in": work.n_in, "papers": rows["papers"], "chunks": rows["chunks"],
+                  "quarantined": rows["quarantine"], "duplicate_ids": len(w.duplicates),
+                  "papers_chunked": rows["papers"] - incremental.get("papers_unchanged", 0), **incremental}
+        return StageResult(tables={}, counts=counts)
 
 
 def run_chunk(job: ChunkJob) -> tuple[str, dict[str, Any]]:

@@ -13,9 +13,9 @@ import ray
 from .. import storage
 from ..runs import committed_table_dir, manifest_config
 from ..tables import embeddings_schema
+from .batches import drop_keys, with_counts, with_retries
 from .ray_env import cpu_threads, model_actor_args
-from .runner import RunOptions, Stage, StageContext, StageResult, run_stage
-from .sink import as_table, drop_keys, table_entries, with_counts, with_retries
+from .runner import Plan, RunOptions, StageContext, TableStage, Work, run_stage
 
 log = logging.getLogger(__name__)
 
@@ -68,56 +68,61 @@ def unchanged_chunks(previous: str, chunks_dir: str, config: dict[str, Any]) -> 
     return same.filter(pc.equal(same["context"], same["context_old"]))["chunk_id"], None
 
 
-class EmbedStage(Stage):
-    command = "embed"
-    resumable = True
+def embed_table_counts(name: str, table: pa.Table) -> dict[str, int]:
+    return {"tokens": pc.sum(table["n_tokens"]).as_py() or 0,
+            "truncated": pc.sum(table["truncated"].cast(pa.int64())).as_py() or 0}
 
-    def plan(self) -> tuple[dict[str, Any], list[str]]:
+
+@dataclass(frozen=True)
+class EmbedFacts:
+    config: Any  # EmbedderConfig
+    chunks_dir: str
+    schema: pa.Schema
+
+
+class EmbedStage(TableStage):
+    command = "embed"
+    key_column = "chunk_id"
+    table_counts = staticmethod(embed_table_counts)
+
+    tables = {"embeddings": embeddings_schema(1)}  # the vector width is the model's: see ``schemas``
+
+    def schemas(self, plan: Plan) -> dict[str, pa.Schema]:
+        return {"embeddings": plan.facts.schema}
+
+    def plan(self) -> Plan:
         from transformers import AutoConfig
 
-        from ..embedding import EmbedderConfig, weights_fingerprint
+        from ..embedding import EmbedderConfig, embedder_fingerprint
 
         job: EmbedJob = self.job
-        self.cfg = job.embedder or EmbedderConfig()
-        self.chunks_dir = committed_table_dir(job.chunks, "chunks")
-        model_cfg = AutoConfig.from_pretrained(self.cfg.model, revision=self.cfg.revision,
-                                               trust_remote_code=self.cfg.trust_remote_code)
-        self.dim = int(model_cfg.hidden_size)
-        config = {"chunks": job.chunks, "embedder": self.cfg.to_dict(), "embedder_hash": self.cfg.hash,
-                  "dim": self.dim, "model_revision": weights_fingerprint(self.cfg)}
-        return config, [job.chunks]
+        cfg = job.embedder or EmbedderConfig()
+        chunks_dir = committed_table_dir(job.chunks, "chunks")
+        dim = int(AutoConfig.from_pretrained(cfg.model, revision=cfg.revision,
+                                             trust_remote_code=cfg.trust_remote_code).hidden_size)
+        config = {"chunks": job.chunks, "embedder": cfg.to_dict(), "embedder_hash": cfg.hash, "dim": dim,
+                  "model_revision": embedder_fingerprint(cfg)}
+        schema = embeddings_schema(dim, pa.float16() if cfg.output_dtype == "float16" else pa.float32())
+        return Plan(config=config, inputs=(job.chunks,), facts=EmbedFacts(cfg, chunks_dir, schema))
 
-    def execute(self, ctx: StageContext) -> StageResult:
+    def work(self, plan: Plan, ctx: StageContext) -> Work:
+        ids = storage.read_parquet(plan.facts.chunks_dir, columns=["chunk_id"])["chunk_id"]
+        return Work(keys=ids, n_in=len(ids))
+
+    def unchanged(self, plan: Plan, work: Work, previous: str, staging: str) -> list[str]:
+        same, why_not = unchanged_chunks(previous, plan.facts.chunks_dir, plan.config)
+        if why_not:
+            log.info("embed: nothing carried from %s: %s", previous, why_not)
+        return same.to_pylist()
+
+    def dataset(self, plan: Plan, work: Work, skip: pa.Array, ctx: StageContext) -> ray.data.Dataset:
         job: EmbedJob = self.job
-        cfg = self.cfg
-        schema = embeddings_schema(self.dim, pa.float16() if cfg.output_dtype == "float16" else pa.float32())
-        carried: set[str] = set()
-        if job.previous:
-            same, why_not = unchanged_chunks(job.previous, self.chunks_dir, ctx.config)
-            if why_not:
-                log.info("embed: nothing carried from %s: %s", job.previous, why_not)
-            carried, _ = ctx.carry({"embeddings": schema}, "chunk_id", same.to_pylist(), record_keys="chunk_id")
-        skip = ctx.done | carried
-        all_ids = storage.read_parquet(self.chunks_dir, columns=["chunk_id"])["chunk_id"]
-        skip_ids = pa.array(sorted(skip), pa.string())
-        todo = len(all_ids) - (pc.sum(pc.is_in(all_ids, value_set=skip_ids)).as_py() or 0)
-        sink = ctx.sink(as_table("embeddings"), {"embeddings": schema}, key_columns={"embeddings": "chunk_id"})
-        if todo:  # no model is loaded when every chunk is carried or already done
-            ctx.ray()
-            ds = ray.data.read_parquet(self.chunks_dir).select_columns(["chunk_id", "paper_id", "context", "text"])
-            if skip:
-                ds = ds.map_batches(drop_keys, fn_kwargs={"column": "chunk_id", "keys": skip_ids},
-                                    batch_format="pyarrow")
-            ds = ds.map_batches(EmbedActor, batch_format="pyarrow", **model_actor_args(job.concurrency, job.batch_rows),
-                                fn_constructor_kwargs={"config": cfg, "threads": cpu_threads(job.threads),
-                                                       "retries": job.max_retries})
-            ds.write_datasink(sink)
-        result = sink.finish()
-        if result.rows["embeddings"] != len(all_ids):
-            raise RuntimeError(f"{len(all_ids)} chunks but {result.rows['embeddings']} embeddings written")
-        counts = {**result.counts, "chunks_in": len(all_ids), "embedded": todo, "carried": len(carried)}
-        return StageResult(tables=table_entries(result, ["embeddings"]),
-                           counts=counts | ({"resumed_rows": len(ctx.done)} if ctx.done else {}))
+        ds = ray.data.read_parquet(plan.facts.chunks_dir).select_columns(["chunk_id", "paper_id", "context", "text"])
+        if len(skip):
+            ds = ds.map_batches(drop_keys, fn_kwargs={"column": "chunk_id", "keys": skip}, batch_format="pyarrow")
+        return ds.map_batches(EmbedActor, batch_format="pyarrow", **model_actor_args(job.concurrency, job.batch_rows),
+                              fn_constructor_kwargs={"config": plan.facts.config, "threads": cpu_threads(job.threads),
+                                                     "retries": job.batch_retries})
 
 
 def run_embed(job: EmbedJob) -> tuple[str, dict[str, Any]]:

@@ -21,10 +21,10 @@ import ray
 from .. import storage
 from ..runs import committed_table_dir, jsonable, manifest_config, read_table
 from ..tables import PAIR_INPUT, PAIRS, REJECTS, SPANS
+from .batches import with_counts, with_retries, with_retry_count
 from .ray_env import cpu_actor_args, cpu_threads, model_actor_args
 from .retrieve import read_queries
-from .runner import RunOptions, Stage, StageContext, StageResult, run_stage
-from .sink import RETRIES_COLUMN, table_entries, with_counts, with_retries
+from .runner import Outcome, Plan, RunOptions, StageContext, StageResult, TableStage, Work, run_stage
 
 EXTRACT_TABLES = {"spans": SPANS, "pairs": PAIRS, "rejects": REJECTS}
 
@@ -34,14 +34,14 @@ class ExtractActor:
 
     def __init__(self, config, run_id: str, threads: int | None = None, max_chunk_chars: int | None = None,
                  retries: int = 2) -> None:
-        from ..extract import build_extractor
-        from ..extract.stage import DEFAULT_MAX_CHUNK_CHARS, ExtractStage
+        from ..extract.registry import build_extractor
+        from ..extract.stage import DEFAULT_MAX_CHUNK_CHARS, PairExtractor
 
         if threads:
             import torch
 
             torch.set_num_threads(threads)
-        self.stage = ExtractStage(build_extractor(config), run_id, max_chunk_chars or DEFAULT_MAX_CHUNK_CHARS)
+        self.stage = PairExtractor(build_extractor(config), run_id, max_chunk_chars or DEFAULT_MAX_CHUNK_CHARS)
         self.retries = retries
 
     def _packed(self, batch: pa.Table) -> pa.Table:
@@ -63,8 +63,7 @@ class ExtractActor:
             rows = batch.select(PAIR_INPUT.names).to_pylist()
             error = f"stage_failed: {type(exc).__name__}: {exc}"[:500]
             out = pack(self.stage.tables(rows, {}, [error] * len(rows), None))
-            marks = [self.retries] + [0] * (out.num_rows - 1) if out.num_rows else []
-            return out.append_column(RETRIES_COLUMN, pa.array(marks, pa.int32()))
+            return with_retry_count(out, self.retries)
 
 
 @dataclass
@@ -84,29 +83,36 @@ class ExtractJob(RunOptions):
     max_chunk_chars: int | None = None
 
 
-def build_pairs(job: ExtractJob) -> tuple[pa.Table, dict[str, Any]]:
-    """The job's ``PAIR_INPUT`` table, and where its parts came from."""
-    from ..extract.pairs import chunk_lookup, pairs_from_records, pairs_from_retrieval, read_pair_records
-
+def pair_sources(job: ExtractJob) -> dict[str, Any]:
+    """Where the job's pairs come from, read off manifests only (cheap): the pairs file or the retrieval run,
+    its queries and its chunk run."""
     if (job.pairs is None) == (job.retrieval is None):
         raise ValueError("give exactly one of --pairs FILE or --retrieval RUN_DIR")
     if job.pairs is not None:
         if not storage.exists(job.pairs):
             raise FileNotFoundError(f"pairs file not found: {job.pairs}")
+        return {"pairs": job.pairs, "chunks": job.chunks}
+    retrieval_cfg = manifest_config(job.retrieval)
+    return {"retrieval": job.retrieval, "queries": job.queries or retrieval_cfg["queries"],
+            "chunks": job.chunks or manifest_config(retrieval_cfg["index"])["chunks"]}
+
+
+def build_pairs(job: ExtractJob, sources: dict[str, Any] | None = None) -> pa.Table:
+    """The job's ``PAIR_INPUT`` table."""
+    from ..extract.pairs import chunk_lookup, pairs_from_records, pairs_from_retrieval, read_pair_records
+
+    sources = sources or pair_sources(job)
+    if job.pairs is not None:
         records = list(read_pair_records(job.pairs))
         wanted = [str(r["chunk_id"]) for r in records if r.get("chunk_id") is not None]
         chunks = chunk_lookup(committed_table_dir(job.chunks, "chunks"), wanted) if job.chunks and wanted else {}
-        return pairs_from_records(records, chunks), {"pairs": job.pairs, "chunks": job.chunks}
-    retrieval_cfg = manifest_config(job.retrieval)
-    queries_path = job.queries or retrieval_cfg["queries"]
-    chunks_run = job.chunks or manifest_config(retrieval_cfg["index"])["chunks"]
+        return pairs_from_records(records, chunks)
     retrieval = read_table(job.retrieval, "retrieval")
-    queries, _ = read_queries(queries_path)
+    queries, _ = read_queries(sources["queries"])
     qmap = dict(zip(queries["query_id"].to_pylist(), queries["query"].to_pylist(), strict=True))
     ids = retrieval.filter(pc.equal(retrieval["method"], job.method))["chunk_id"].to_pylist()
-    chunks = chunk_lookup(committed_table_dir(chunks_run, "chunks"), ids)
-    table = pairs_from_retrieval(retrieval, qmap, chunks, job.method, job.top_k)
-    return table, {"retrieval": job.retrieval, "queries": queries_path, "chunks": chunks_run}
+    chunks = chunk_lookup(committed_table_dir(sources["chunks"], "chunks"), ids)
+    return pairs_from_retrieval(retrieval, qmap, chunks, job.method, job.top_k)
 
 
 def extract_counts(pairs: pa.Table, spans_rows: int) -> dict[str, int]:
@@ -136,30 +142,46 @@ def query_blocks(pairs: pa.Table, rows: int) -> list[pa.Table]:
     return blocks or [pairs]
 
 
-def extract_dataset(job: ExtractJob, pairs: pa.Table, run_id: str) -> ray.data.Dataset:
-    """Packed pairs+spans+rejects blocks for the job's extractor."""
-    from ..extract.llm import LLMConfig
-    from ..extract.stage import DEFAULT_MAX_CHUNK_CHARS
-
-    cfg = job.extractor
-    if isinstance(cfg, LLMConfig) and cfg.backend == "vllm":
-        from ..extract.vllm import LLMInterpret, vllm_dataset, vllm_requests
-
-        requests, bad = vllm_requests(pairs, cfg, run_id, job.max_chunk_chars or DEFAULT_MAX_CHUNK_CHARS)
-        ds = vllm_dataset(requests, cfg).map_batches(
-            LLMInterpret, fn_constructor_kwargs={"config": cfg, "run_id": run_id}, batch_format="pyarrow",
-            concurrency=job.concurrency or 1, num_cpus=1)
-        return ds.union(ray.data.from_arrow(bad)) if bad is not None else ds
-    kwargs = {"config": cfg, "run_id": run_id, "max_chunk_chars": job.max_chunk_chars, "retries": job.max_retries}
-    if isinstance(cfg, LLMConfig):  # http: I/O bound actors, no GPU; blocks keep a query's pairs together
-        ds = ray.data.from_arrow(query_blocks(pairs, job.batch_rows))
-        return ds.map_batches(ExtractActor, batch_format="pyarrow", batch_size=None,
-                              **cpu_actor_args(job.concurrency or 2, 0.5), fn_constructor_kwargs=kwargs)
+def _model_actors(job: ExtractJob, pairs: pa.Table, run_id: str) -> ray.data.Dataset:
+    """One extractor (model) per GPU, else CPU actors."""
     blocks = [pairs.slice(i, job.batch_rows) for i in range(0, max(1, pairs.num_rows), job.batch_rows)]
-    kwargs["threads"] = cpu_threads(job.threads)
+    kwargs = {"config": job.extractor, "run_id": run_id, "max_chunk_chars": job.max_chunk_chars,
+              "retries": job.batch_retries, "threads": cpu_threads(job.threads)}
     return ray.data.from_arrow(blocks).map_batches(ExtractActor, batch_format="pyarrow",
                                                    **model_actor_args(job.concurrency, job.batch_rows),
                                                    fn_constructor_kwargs=kwargs)
+
+
+def _io_actors(job: ExtractJob, pairs: pa.Table, run_id: str) -> ray.data.Dataset:
+    """I/O-bound actors, no GPU (an HTTP endpoint); blocks keep a query's pairs together for its requests."""
+    kwargs = {"config": job.extractor, "run_id": run_id, "max_chunk_chars": job.max_chunk_chars,
+              "retries": job.batch_retries}
+    return ray.data.from_arrow(query_blocks(pairs, job.batch_rows)).map_batches(
+        ExtractActor, batch_format="pyarrow", batch_size=None, **cpu_actor_args(job.concurrency or 2, 0.5),
+        fn_constructor_kwargs=kwargs)
+
+
+def _vllm(job: ExtractJob, pairs: pa.Table, run_id: str) -> ray.data.Dataset:
+    """In-cluster vLLM engines through ``ray.data.llm``."""
+    from ..extract.stage import DEFAULT_MAX_CHUNK_CHARS
+    from ..extract.vllm import LLMInterpret, vllm_dataset, vllm_requests
+
+    cfg = job.extractor
+    requests, bad = vllm_requests(pairs, cfg, run_id, job.max_chunk_chars or DEFAULT_MAX_CHUNK_CHARS)
+    ds = vllm_dataset(requests, cfg).map_batches(
+        LLMInterpret, fn_constructor_kwargs={"config": cfg, "run_id": run_id}, batch_format="pyarrow",
+        concurrency=job.concurrency or 1, num_cpus=1)
+    return ds.union(ray.data.from_arrow(bad)) if bad is not None else ds
+
+
+PLACEMENTS = {"model": _model_actors, "io": _io_actors, "vllm": _vllm}  # extract.registry.PLACEMENTS
+
+
+def extract_dataset(job: ExtractJob, pairs: pa.Table, run_id: str) -> ray.data.Dataset:
+    """Packed pairs+spans+rejects blocks for the job's extractor, run the way its registration says."""
+    from ..extract import registry
+
+    return PLACEMENTS[registry.placement(job.extractor)](job, pairs, run_id)
 
 
 def unchanged_pairs(previous: str, pairs: pa.Table, config: dict[str, Any]) -> set[str]:
@@ -183,56 +205,57 @@ def _input_hashes(pairs: pa.Table) -> list[str]:
         pairs["chunk_start"].to_pylist(), strict=True)]
 
 
-class ExtractStage(Stage):
+def extract_table_counts(name: str, table: pa.Table) -> dict[str, int]:
+    if name != "rejects":
+        return {}
+    return dict(Counter(f"rejects.{r.split(':', 1)[0].split(' (', 1)[0]}" for r in table["reason"].to_pylist()))
+
+
+class ExtractStage(TableStage):
+    """The extract stage: every pair once, carried when its input and extractor are unchanged."""
+
     command = "extract"
-    resumable = True
+    tables = EXTRACT_TABLES
+    key_column = "pair_id"
+    key_tables = ("pairs",)
+    table_counts = staticmethod(extract_table_counts)
 
-    def plan(self) -> tuple[dict[str, Any], list[str]]:
-        from ..extract import weights_fingerprint
+    def plan(self) -> Plan:
+        from ..extract import registry
 
         job: ExtractJob = self.job
-        t0 = time.perf_counter()
-        self.pairs, sources = build_pairs(job)
-        self.t_pairs = time.perf_counter() - t0
+        sources = pair_sources(job)
         cfg = job.extractor
-        kind = type(cfg).__name__.removesuffix("Config").lower()
-        config = {"extractor": kind, "extractor_config": jsonable(cfg.to_dict()), "extractor_hash": cfg.hash,
-                  "method": job.method, "top_k": job.top_k, **sources}
-        if weights := weights_fingerprint(cfg):
+        config = {"extractor": registry.kind_of(cfg), "extractor_config": jsonable(cfg.to_dict()),
+                  "extractor_hash": cfg.hash, "method": job.method, "top_k": job.top_k, **sources}
+        if weights := registry.weights_fingerprint(cfg):
             config["model_revision"] = weights
-        return config, [v for v in sources.values() if v]
+        return Plan(config=config, inputs=tuple(v for v in sources.values() if v), facts=sources)
 
-    def execute(self, ctx: StageContext) -> StageResult:
-        job: ExtractJob = self.job
-        pairs = self.pairs
-        carried: set[str] = set()
-        if job.previous:
-            carried = unchanged_pairs(job.previous, pairs, ctx.config)
-            ctx.carry(EXTRACT_TABLES, "pair_id", carried, record_keys="pair_id")
-        skip = pa.array(sorted(ctx.done | carried), pa.string())
+    def work(self, plan: Plan, ctx: StageContext) -> Work:
+        t0 = time.perf_counter()
+        pairs = build_pairs(self.job, plan.facts)
+        return Work(keys=pairs["pair_id"], n_in=pairs.num_rows, data=pairs,
+                    timings_s={"pairs": time.perf_counter() - t0})
+
+    def unchanged(self, plan: Plan, work: Work, previous: str, staging: str) -> set[str]:
+        return unchanged_pairs(previous, work.data, plan.config)
+
+    def writer(self, plan: Plan, work: Work):
+        return _unpack
+
+    def dataset(self, plan: Plan, work: Work, skip: pa.Array, ctx: StageContext) -> ray.data.Dataset:
+        pairs: pa.Table = work.data
         todo = pairs.filter(pc.invert(pc.is_in(pairs["pair_id"], value_set=skip)))
-        sink = ctx.sink(_unpack, EXTRACT_TABLES, key_columns={"pairs": "pair_id"})
-        timings = {"pairs": self.t_pairs}
-        if todo.num_rows:  # no model is loaded when every pair is carried or already done
-            t0 = time.perf_counter()
-            ctx.ray()
-            t1 = time.perf_counter()
-            extract_dataset(job, todo, ctx.run_id).write_datasink(sink)
-            timings |= {"ray_start": t1 - t0, "extract_and_write": time.perf_counter() - t1}
-        result = sink.finish()
-        if result.rows["pairs"] != pairs.num_rows:
-            raise RuntimeError(f"{pairs.num_rows} pairs in but {result.rows['pairs']} pair rows written")
-        written = storage.read_parquet(storage.join(ctx.staging, "pairs"),
+        return extract_dataset(self.job, todo, ctx.run_id)
+
+    def counts(self, plan: Plan, work: Work, outcome: Outcome) -> StageResult:
+        written = storage.read_parquet(storage.join(outcome.staging, "pairs"),
                                        columns=["error", "n_spans", "n_violations", "model_id", "model_revision"])
         loaded = written.filter(pc.is_valid(written["model_revision"])).slice(0, 1).to_pylist()
         config = {"model_id": loaded[0]["model_id"], "model_revision": loaded[0]["model_revision"]} if loaded else {}
-        counts = (extract_counts(written, result.rows["spans"]) | {"rejects": result.rows["rejects"]}
-                  | {k: v for k, v in result.counts.items() if k.startswith("rejects.") or k == "stage_retries"}
-                  | {"extracted_pairs": todo.num_rows, "carried_pairs": len(carried)}
-                  | ({"resumed_pairs": len(ctx.done)} if ctx.done else {}))
-        counts |= {k: v for k, v in result.counts.items() if k.startswith("time_ms.")}
-        return StageResult(tables=table_entries(result, EXTRACT_TABLES), counts=counts, timings_s=timings,
-                           config=config)
+        counts = extract_counts(written, outcome.result.rows["spans"]) | {"rejects": outcome.result.rows["rejects"]}
+        return StageResult(tables={}, counts=counts, config=config)
 
 
 def _unpack(packed: pa.Table) -> dict[str, pa.Table]:

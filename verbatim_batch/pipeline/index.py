@@ -13,7 +13,7 @@ from .. import storage
 from ..index.folder import build_index_files, index_fingerprint, update_index_files
 from ..runs import committed_table_dir, manifest_config, read_manifest
 from .ray_env import gpus
-from .runner import RunOptions, Stage, StageContext, StageResult, run_stage
+from .runner import Plan, RunOptions, Stage, StageContext, StageResult, run_stage
 
 
 @dataclass
@@ -25,49 +25,58 @@ class IndexJob(RunOptions):
     max_drift: float = 0.2  # (removed + added) / old vectors above which the index is rebuilt
 
 
+@dataclass(frozen=True)
+class IndexFacts:
+    emb_dir: str
+    chunks_dir: str
+    embed_config: dict[str, Any]
+
+
 class IndexStage(Stage):
     command = "index"
 
-    def plan(self) -> tuple[dict[str, Any], list[str]]:
+    def plan(self) -> Plan:
         job: IndexJob = self.job
-        self.emb_dir = committed_table_dir(job.embeddings, "embeddings")
-        self.chunks_dir = committed_table_dir(job.chunks, "chunks")
-        self.embed_config = manifest_config(job.embeddings)
+        facts = IndexFacts(emb_dir=committed_table_dir(job.embeddings, "embeddings"),
+                           chunks_dir=committed_table_dir(job.chunks, "chunks"),
+                           embed_config=manifest_config(job.embeddings))
         config = {"embeddings": job.embeddings, "chunks": job.chunks, "bm25": job.bm25,
-                  "embedder": self.embed_config["embedder"]}
-        return config | ({"max_drift": job.max_drift} if job.previous else {}), [job.embeddings, job.chunks]
+                  "embedder": facts.embed_config["embedder"]}
+        return Plan(config=config | ({"max_drift": job.max_drift} if job.previous else {}),
+                    inputs=(job.embeddings, job.chunks), facts=facts)
 
-    def _update(self, staging: str) -> dict[str, Any] | None:
+    def _update(self, facts: IndexFacts, staging: str) -> dict[str, Any] | None:
         """Stats of an in-place update of ``previous``, or None when it must be rebuilt."""
         from ..index import DenseSpec
 
         job: IndexJob = self.job
         prev = manifest_config(job.previous)
         prev_embed = manifest_config(prev["embeddings"])
-        if not (self.embed_config.get("previous") == prev["embeddings"] and prev["bm25"] == job.bm25
-                and prev_embed.get("model_revision") == self.embed_config.get("model_revision")
+        if not (facts.embed_config.get("previous") == prev["embeddings"] and prev["bm25"] == job.bm25
+                and prev_embed.get("model_revision") == facts.embed_config.get("model_revision")
                 and (job.dense is None or dataclasses.asdict(job.dense) == dataclasses.asdict(DenseSpec()))):
             return None
         since = prev.get("since_rebuild") or [read_manifest(job.previous)["counts"]["vectors"], 0]
-        stats = update_index_files(job.previous, self.emb_dir, self.chunks_dir, staging, job.bm25, job.max_drift,
+        stats = update_index_files(job.previous, facts.emb_dir, facts.chunks_dir, staging, job.bm25, job.max_drift,
                                    tuple(since))
         if stats:
             stats["spec"] = prev["dense"]
         return stats
 
-    def execute(self, ctx: StageContext) -> StageResult:
+    def execute(self, plan: Plan, ctx: StageContext) -> StageResult:
         from ..index import DenseSpec
 
         job: IndexJob = self.job
-        stats = self._update(ctx.staging) if job.previous else None
+        facts: IndexFacts = plan.facts
+        stats = self._update(facts, ctx.staging) if job.previous else None
         if stats is None:
             ctx.ray()
             task = ray.remote(num_cpus=1, num_gpus=1 if gpus() else 0)(build_index_files)
-            stats = ray.get(task.remote(self.emb_dir, self.chunks_dir, ctx.staging, job.dense or DenseSpec(),
+            stats = ray.get(task.remote(facts.emb_dir, facts.chunks_dir, ctx.staging, job.dense or DenseSpec(),
                                         job.bm25))
         config = {
             "dense": stats["spec"],
-            "fingerprint": index_fingerprint(storage.join(ctx.staging, "ids.parquet"), self.embed_config,
+            "fingerprint": index_fingerprint(storage.join(ctx.staging, "ids.parquet"), facts.embed_config,
                                              stats["spec"], job.bm25),
             "since_rebuild": stats.get("since_rebuild", [stats["n"], 0]),
         }

@@ -4,7 +4,8 @@ Layout of a nightly root::
 
     ROOT/
       runs/<run_id>/            one immutable folder per run
-        plan.json               the run it builds on (fixed at its first start, so a resume agrees)
+        _run.json               the run id and the hash of its settings, the base run included (a rerun
+                                with the same id and other settings, or another base, is refused)
         chunks/ embeddings/ index/ retrieval/ spans/    committed stage runs
         manifest.json           written last: the run is committed when it exists
         report.json report.html
@@ -26,130 +27,79 @@ Readers load the current span table with one call::
 
 from __future__ import annotations
 
-import json
-import time
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 from .. import storage
-from ..chunking import ChunkerConfig
 from ..faults import fault_point
-from ..runs import (
-    RUNS_DIR,
-    build_manifest,
-    committed_run,
-    current_run,
-    jsonable,
-    new_run_id,
-    publish,
-    safe_run_id,
-    write_manifest,
-)
+from ..runs import RUNS_DIR, current_run, jsonable, new_run_id, publish, safe_run_id
 from .chains import STAGES, Chain, run_chain
-from .runner import write_report
-
-PLAN_FILE = "plan.json"
+from .runner import CompositeStage, Plan, RunOptions, StageContext, StageResult, run_stage
 
 
-@dataclass
-class NightlyJob:
-    """Settings of a nightly run (the CLI and jobs/nightly.py build one)."""
+@dataclass(kw_only=True)
+class NightlyJob(RunOptions):
+    """A nightly run: a chain under ``root``. ``output`` is not set by the user: it is ``root/runs/<run id>``."""
 
-    input: str
-    queries: str
+    chain: Chain
     root: str
-    metadata: str | None = None
-    format: str = "auto"
-    chunker: ChunkerConfig = field(default_factory=ChunkerConfig)
-    embedder: Any = None  # EmbedderConfig; None: the offline default
-    extractor: Any = None  # extractor config; None: the offline semantic default
-    dense: Any = None  # index.DenseSpec; None: auto
-    method: str = "hybrid"
-    top_k: int = 5
-    max_drift: float = 0.2
     keep_runs: int = 7
-    run_id: str | None = None
-    embed_batch_rows: int = 1024
-    extract_batch_rows: int = 64
-    max_retries: int = 2
-    address: str | None = None
-    num_cpus: int | None = None
+    output: str = ""
 
     def config(self) -> dict[str, Any]:
         from ..embedding import EmbedderConfig
         from ..extract.semantic import SemanticConfig
 
-        return {"input": self.input, "queries": self.queries, "metadata": self.metadata, "format": self.format,
-                "chunker_config_hash": self.chunker.hash, "embedder_hash": (self.embedder or EmbedderConfig()).hash,
-                "extractor_hash": (self.extractor or SemanticConfig()).hash, "method": self.method,
-                "top_k": self.top_k, "max_drift": self.max_drift,
-                "dense": jsonable(self.dense.__dict__) if self.dense is not None else None}
+        c = self.chain
+        return {"input": c.input, "queries": c.queries, "metadata": c.metadata, "format": c.format,
+                "chunker_config_hash": c.chunker.hash, "embedder_hash": (c.embedder or EmbedderConfig()).hash,
+                "extractor_hash": (c.extractor or SemanticConfig()).hash, "method": c.method,
+                "top_k": c.top_k, "max_drift": c.max_drift,
+                "dense": jsonable(c.dense.__dict__) if c.dense is not None else None}
 
 
-def _plan(run_dir: str, root: str, config: dict[str, Any]) -> dict[str, Any]:
-    """The run's plan: its base run, fixed when it first starts so that a resumed run builds on the same."""
-    path = storage.join(run_dir, PLAN_FILE)
-    if storage.exists(path):
-        plan = json.loads(storage.read_text(path))
-        if plan["config"] != config:
-            raise ValueError(f"{run_dir} was started with another config; use a new run id")
-        return plan
-    storage.makedirs(run_dir)
-    plan = {"base": current_run(root), "config": config}
-    storage.write_text(path, json.dumps(plan, indent=2, sort_keys=True))
-    return plan
+class NightlyStage(CompositeStage):
+    command = "nightly"
+    takes_previous = False
+
+    def plan(self) -> Plan:
+        job: NightlyJob = self.job
+        c = job.chain
+        root = storage.normalize(job.root)
+        # the base is part of the settings: a resumed night builds on the run it started from
+        config = job.config() | {"base": current_run(root)}
+        return Plan(config=config, inputs=(c.input, c.queries, *([c.metadata] if c.metadata else [])))
+
+    def execute(self, plan: Plan, ctx: StageContext) -> StageResult:
+        job: NightlyJob = self.job
+        base_id = plan.config["base"]
+        base = storage.join(storage.normalize(job.root), RUNS_DIR, base_id) if base_id else None
+        results, timings = run_chain(job.chain, ctx.staging, previous=base, run_id=ctx.run_id, address=job.address,
+                                     num_cpus=job.num_cpus, batch_retries=job.batch_retries,
+                                     after_stage=lambda name: fault_point(f"stage.done:{name}"))
+        manifests = {name: m for name, (_, m) in results.items()}
+        return StageResult(
+            tables={name: info for m in manifests.values() for name, info in m["tables"].items()},
+            counts=stage_counts(manifests), timings_s=timings,
+            manifest={"stages": {name: name for name in STAGES},
+                      "index_update": manifests["index"].get("update", {"action": "rebuilt"})})
+
+    def on_committed(self, path: str, manifest: dict[str, Any]) -> dict[str, Any]:
+        fault_point("nightly.committed")  # committed, `current` not yet moved
+        job: NightlyJob = self.job
+        return manifest | {"pruned": publish(storage.normalize(job.root), manifest["run_id"], job.keep_runs)}
 
 
 def run_nightly(job: NightlyJob) -> tuple[str, dict[str, Any]]:
     """One incremental run under ``job.root``; moves ``current`` to it once it is committed."""
-    t0 = time.perf_counter()
     root = storage.normalize(job.root)
-    config = job.config()
-    run_id = safe_run_id(job.run_id or new_run_id("nightly", config))
-    run_dir = storage.join(root, RUNS_DIR, run_id)
-    if done := committed_run(run_dir, run_id):  # committed before; maybe killed before `current` moved
-        done["pruned"] = publish(root, run_id, job.keep_runs)
-        return run_dir, done
-    plan = _plan(run_dir, root, config)
-    base = storage.join(root, RUNS_DIR, plan["base"]) if plan["base"] else None
-
-    chain = Chain(input=job.input, queries=job.queries, metadata=job.metadata, format=job.format,
-                  chunker=job.chunker, embedder=job.embedder, dense=job.dense, extractor=job.extractor,
-                  method=job.method, top_k=job.top_k, max_drift=job.max_drift, embed_batch_rows=job.embed_batch_rows,
-                  extract_batch_rows=job.extract_batch_rows)
-    results, timings = run_chain(chain, run_dir, previous=base, run_id=run_id, address=job.address,
-                                 num_cpus=job.num_cpus, max_retries=job.max_retries,
-                                 after_stage=lambda name: fault_point(f"stage.done:{name}"))
-    manifests = {name: m for name, (_, m) in results.items()}
-    manifest = build_manifest(
-        run_id=run_id, command="nightly", config=config | {"base": plan["base"]},
-        inputs=[job.input, job.queries] + ([job.metadata] if job.metadata else []),
-        tables={name: info for m in manifests.values() for name, info in m["tables"].items()},
-        counts=_counts(manifests), timings_s=timings | {"total": time.perf_counter() - t0},
-    )
-    manifest["stages"] = {name: name for name in STAGES}
-    manifest["index_update"] = manifests["index"].get("update", {"action": "rebuilt"})
-    write_manifest(run_dir, manifest, on_commit=write_report)
-    fault_point("nightly.committed")  # committed, `current` not yet moved
-    manifest["pruned"] = publish(root, run_id, job.keep_runs)
-    return run_dir, manifest
+    run_id = safe_run_id(job.run_id or new_run_id("nightly", {"root": root}))
+    return run_stage(NightlyStage(dataclasses.replace(job, run_id=run_id,
+                                                      output=storage.join(root, RUNS_DIR, run_id))))
 
 
-def _counts(manifests: dict[str, dict[str, Any]]) -> dict[str, int]:
-    """The numbers that say what a night did, from its stages' manifests."""
-    picks = {
-        "chunks": ("papers", "chunks", "quarantined", "papers_chunked", "papers_unchanged", "papers_changed",
-                   "papers_added", "papers_removed", "chunks_carried"),
-        "embeddings": ("embedded", "carried", "stage_retries"),
-        "index": ("vectors", "removed", "added"),
-        "retrieval": ("queries", "reused"),
-        "spans": ("pairs", "extracted_pairs", "carried_pairs", "pairs_with_spans", "pairs_abstained",
-                  "pairs_failed", "spans", "verbatim_violations", "rejects", "stage_retries"),
-    }
-    counts = {}
-    for stage, keys in picks.items():
-        got = manifests[stage]["counts"]
-        for key in keys:
-            if key in got:
-                counts[f"{stage}.{key}"] = int(got[key])
-    return counts
+def stage_counts(manifests: dict[str, dict[str, Any]]) -> dict[str, int]:
+    """Every stage's counts as ``<stage>.<count>`` (time spent is in each stage's own manifest)."""
+    return {f"{stage}.{key}": int(value) for stage, m in manifests.items() for key, value in m["counts"].items()
+            if not key.startswith("time_ms.")}

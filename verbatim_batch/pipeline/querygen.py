@@ -15,8 +15,7 @@ from .. import storage
 from ..runs import committed_table_dir, jsonable, read_table
 from ..tables import GENERATED_QUERIES
 from .ray_env import cpu_actor_args
-from .runner import RunOptions, Stage, StageContext, StageResult, run_stage
-from .sink import as_table, table_entries
+from .runner import Outcome, Plan, RunOptions, StageContext, TableStage, Work, run_stage
 
 
 class QueryGenActor:
@@ -43,48 +42,49 @@ class QueryGenJob(RunOptions):
     concurrency: int | None = None
 
 
-class QueryGenStage(Stage):
+class QueryGenStage(TableStage):
     command = "querygen"
-    resumable = True  # a write covers whole chunks (its keys are chunk ids): a rerun skips them
+    tables = {"queries": GENERATED_QUERIES}
+    key_column = "chunk_id"  # a write covers whole chunks: a rerun skips them
+    takes_previous = False
 
-    def plan(self) -> tuple[dict[str, Any], list[str]]:
-        from ..querygen import pick_chunks, sample_papers
-
+    def plan(self) -> Plan:
         job: QueryGenJob = self.job
         if job.llm.backend != "http":
             raise ValueError("querygen talks to an OpenAI-compatible endpoint (e.g. `vllm serve` on the cluster): "
                              "use the http backend")
+        config = {"chunks": job.chunks, "n_papers": job.n_papers, "seed": job.seed, "llm": jsonable(job.llm.to_dict())}
+        return Plan(config=config, inputs=(job.chunks,))
+
+    def work(self, plan: Plan, ctx: StageContext) -> Work:
+        from ..querygen import pick_chunks, sample_papers
+
+        job: QueryGenJob = self.job
         papers_dir = committed_table_dir(job.chunks, "papers")
         names = storage.dataset(papers_dir).schema.names
         papers = storage.read_parquet(papers_dir,
                                       columns=[c for c in ("paper_id", "language", "authors") if c in names])
-        self.paper_ids = sample_papers(papers, job.n_papers, job.seed)
-        self.picked = pick_chunks(read_table(job.chunks, "chunks", ["chunk_id", "paper_id", "chunk_index", "text",
-                                                                    "heading_path"]), self.paper_ids, job.seed)
-        config = {"chunks": job.chunks, "n_papers": job.n_papers, "seed": job.seed, "llm": jsonable(job.llm.to_dict())}
-        return config, [job.chunks]
+        paper_ids = sample_papers(papers, job.n_papers, job.seed)
+        picked = pick_chunks(read_table(job.chunks, "chunks", ["chunk_id", "paper_id", "chunk_index", "text",
+                                                               "heading_path"]), paper_ids, job.seed)
+        return Work(keys=picked["chunk_id"], n_in=picked.num_rows, data=(picked, len(paper_ids)))
 
-    def execute(self, ctx: StageContext) -> StageResult:
+    def dataset(self, plan: Plan, work: Work, skip: pa.Array, ctx: StageContext) -> ray.data.Dataset:
         job: QueryGenJob = self.job
-        todo = self.picked.filter(pc.invert(pc.is_in(self.picked["chunk_id"],
-                                                     value_set=pa.array(sorted(ctx.done), pa.string()))))
-        sink = ctx.sink(as_table("queries"), {"queries": GENERATED_QUERIES}, key_columns={"queries": "chunk_id"})
-        if todo.num_rows:
-            ctx.ray()
-            rows = job.batch_rows
-            blocks = [todo.slice(i, rows) for i in range(0, todo.num_rows, rows)]
-            ds = ray.data.from_arrow(blocks).map_batches(
-                QueryGenActor, fn_constructor_kwargs={"config": job.llm}, batch_format="pyarrow", batch_size=None,
-                **cpu_actor_args(job.concurrency or 2, 0.5))
-            ds.write_datasink(sink)
-        result = sink.finish()
-        queries = storage.read_parquet(storage.join(ctx.staging, "queries"))
+        picked = work.data[0]
+        todo = picked.filter(pc.invert(pc.is_in(picked["chunk_id"], value_set=skip)))
+        rows = job.batch_rows
+        blocks = [todo.slice(i, rows) for i in range(0, todo.num_rows, rows)]
+        return ray.data.from_arrow(blocks).map_batches(
+            QueryGenActor, fn_constructor_kwargs={"config": job.llm}, batch_format="pyarrow", batch_size=None,
+            **cpu_actor_args(job.concurrency or 2, 0.5))
+
+    def counts(self, plan: Plan, work: Work, outcome: Outcome) -> dict[str, int]:
+        queries = storage.read_parquet(storage.join(outcome.staging, "queries"), columns=["error"])
         errors = [e for e in queries["error"].to_pylist() if e]
-        counts = {"papers_eligible_sampled": len(self.paper_ids), "chunks": self.picked.num_rows,
-                  "queries": queries.num_rows - len(errors), "query_errors": len(errors),
-                  **Counter(f"errors.{e.split(':', 1)[0]}" for e in errors)}
-        return StageResult(tables=table_entries(result, ["queries"]),
-                           counts=counts | ({"resumed_chunks": len(ctx.done)} if ctx.done else {}))
+        return {"papers_eligible_sampled": work.data[1], "chunks": work.n_in,
+                "queries": queries.num_rows - len(errors), "query_errors": len(errors),
+                **Counter(f"errors.{e.split(':', 1)[0]}" for e in errors)}
 
 
 def run_querygen(job: QueryGenJob) -> tuple[str, dict[str, Any]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,8 +17,7 @@ from ..records import iter_records
 from ..runs import jsonable, manifest_config, read_manifest
 from ..tables import QUERIES, RETRIEVAL, query_id_for, stable_hash
 from .ray_env import model_actor_args
-from .runner import RunOptions, Stage, StageContext, StageResult, run_stage
-from .sink import as_table, table_entries
+from .runner import Outcome, Plan, RunOptions, StageContext, TableStage, Work, run_stage
 
 
 class RetrieveActor:
@@ -69,45 +69,57 @@ def retrieval_key(index: str, queries: pa.Table, cfg) -> str:
                        *queries["query_id"].to_pylist(), *queries["query"].to_pylist())
 
 
-class RetrieveStage(Stage):
-    command = "retrieve"
-    resumable = True
+def retrieval_table_counts(name: str, table: pa.Table) -> dict[str, int]:
+    return dict(Counter(f"rows.{m}" for m in table["method"].to_pylist()))
 
-    def plan(self) -> tuple[dict[str, Any], list[str]]:
+
+@dataclass(frozen=True)
+class RetrieveFacts:
+    config: Any  # RetrieverConfig
+    queries: pa.Table
+    rejected: int
+
+
+class RetrieveStage(TableStage):
+    command = "retrieve"
+    tables = {"retrieval": RETRIEVAL}
+    key_column = "query_id"
+    table_counts = staticmethod(retrieval_table_counts)
+
+    def plan(self) -> Plan:
         from ..retrieval import RetrieverConfig
 
         job: RetrieveJob = self.job
         cfg = job.retriever or RetrieverConfig(index_dir=job.index)
-        self.cfg = dataclasses.replace(cfg, index_dir=storage.normalize(job.index))
+        cfg = dataclasses.replace(cfg, index_dir=storage.normalize(job.index))
         read_manifest(job.index)
-        self.queries, self.rejected = read_queries(job.queries)
-        self.key = retrieval_key(job.index, self.queries, self.cfg)
-        config = {"index": job.index, "queries": job.queries, "retriever": jsonable(dataclasses.asdict(self.cfg)),
-                  "key": self.key}
-        return config, [job.index, job.queries]
+        queries, rejected = read_queries(job.queries)  # the key covers the queries: a small file
+        key = retrieval_key(job.index, queries, cfg)
+        config = {"index": job.index, "queries": job.queries, "retriever": jsonable(dataclasses.asdict(cfg)),
+                  "key": key}
+        return Plan(config=config, inputs=(job.index, job.queries), facts=RetrieveFacts(cfg, queries, rejected))
 
-    def execute(self, ctx: StageContext) -> StageResult:
+    def work(self, plan: Plan, ctx: StageContext) -> Work:
+        ids = plan.facts.queries["query_id"]
+        return Work(keys=ids, n_in=len(ids))
+
+    def unchanged(self, plan: Plan, work: Work, previous: str, staging: str) -> list[str]:
+        """Every query when index, queries and settings are those of ``previous`` (its table is the answer)."""
+        return work.keys.to_pylist() if manifest_config(previous).get("key") == plan.config["key"] else []
+
+    def dataset(self, plan: Plan, work: Work, skip: pa.Array, ctx: StageContext) -> ray.data.Dataset:
         job: RetrieveJob = self.job
-        reused = bool(job.previous) and manifest_config(job.previous).get("key") == self.key
-        sink = ctx.sink(as_table("retrieval"), {"retrieval": RETRIEVAL}, key_columns={"retrieval": "query_id"})
-        if reused:  # same index, queries and settings: the previous table is the answer
-            ctx.carry({"retrieval": RETRIEVAL}, "query_id", self.queries["query_id"].to_pylist(),
-                      record_keys="query_id")
-        else:
-            todo = self.queries.filter(pc.invert(pc.is_in(self.queries["query_id"],
-                                                          value_set=pa.array(sorted(ctx.done), pa.string()))))
-            if todo.num_rows:
-                ctx.ray()
-                rows = job.batch_rows
-                blocks = [todo.slice(i, rows) for i in range(0, todo.num_rows, rows)]
-                ds = ray.data.from_arrow(blocks).map_batches(
-                    RetrieveActor, fn_constructor_kwargs={"config": self.cfg}, batch_format="pyarrow",
-                    **model_actor_args(job.concurrency, rows))
-                ds.write_datasink(sink)
-        result = sink.finish()
-        counts = {"queries": self.queries.num_rows, "rejected_empty_query": self.rejected, "reused": int(reused),
-                  **result.counts} | ({"resumed_queries": len(ctx.done)} if ctx.done else {})
-        return StageResult(tables=table_entries(result, ["retrieval"]), counts=counts)
+        queries = plan.facts.queries
+        todo = queries.filter(pc.invert(pc.is_in(queries["query_id"], value_set=skip)))
+        rows = job.batch_rows
+        blocks = [todo.slice(i, rows) for i in range(0, todo.num_rows, rows)]
+        return ray.data.from_arrow(blocks).map_batches(
+            RetrieveActor, fn_constructor_kwargs={"config": plan.facts.config}, batch_format="pyarrow",
+            **model_actor_args(job.concurrency, rows))
+
+    def counts(self, plan: Plan, work: Work, outcome: Outcome) -> dict[str, int]:
+        return {"queries": work.n_in, "rejected_empty_query": plan.facts.rejected,
+                "reused": int(bool(outcome.carried) and len(outcome.carried) == work.n_in)}
 
 
 def run_retrieve(job: RetrieveJob) -> tuple[str, dict[str, Any]]:

@@ -1,33 +1,57 @@
-"""The one owner of a stage run.
+"""The one owner of a run: every run-writing command goes through ``run_stage``.
 
-A stage declares what is its own (``Stage.plan``: its config and inputs, checked before any folder is
-touched; ``Stage.execute``: the work, writing tables into the staging folder) and hands itself to
-``run_stage``, which does the rest for every stage alike:
+A stage declares only what is its own; the runner does the rest for every stage alike.
 
-- a rerun with the ``run_id`` of a committed run returns that run's manifest and does nothing;
-- the run writes into a hidden staging folder named after its run id; a resumable stage keeps the completed
-  writes a killed run with the same id left there (``StageContext.done``), any other stage starts over;
-- ``previous`` (an earlier run of the same stage) goes into the config and inputs; the stage decides what
-  it can carry from it (``StageContext.carry``);
-- Ray starts only when the stage asks for it (``StageContext.ray``), so a run with nothing to do loads
-  nothing;
-- timings, the manifest, the atomic commit and the report page.
+``TableStage`` (chunk, embed, retrieve, extract, querygen): rows keyed by one column, written through the
+generic sink. A stage declares its output ``tables``, its ``key_column``, a cheap ``plan`` (its settings and
+inputs, a frozen ``Plan``), the ``work`` (every input key and what its dataset needs), what it can carry from
+a previous run (``unchanged``), the ``dataset`` that produces the to-do rows, and its own ``counts``.
+``run_stage`` then, in this order:
+
+1. a rerun with the ``run_id`` of a committed run returns that run's manifest and does nothing else;
+2. ``plan``, then refuses an output folder inside an input folder;
+3. stages into a hidden folder named after the run id and bound to the settings' hash: a killed run
+   resumed with other settings is refused (``runs.SettingsChangedError``), never mixed;
+4. carries unchanged rows from ``previous``, skips the keys a killed run with this id completed, starts
+   Ray only when something is left to do, writes through the sink;
+5. checks every input key is accounted for (rows in = new + carried + resumed), or fails with a clear
+   error; adds the standard counts (``rows_in``, ``rows_new``, ``rows_carried``, ``rows_resumed``);
+6. writes the manifest and the report, and commits atomically.
+
+``Stage`` (index, train, silver's last step): a stage that writes its own files (``execute``) into the
+staging folder; it gets steps 1-3 and 6 alike.
+
+``CompositeStage`` (nightly, silver): a run made of committed sub-runs in one folder (they record each
+other's paths, so they stay in place); the folder is claimed and bound to the settings first, the manifest
+is written last, and ``on_committed`` runs after the commit (and on a no-op rerun).
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import pyarrow as pa
 
 from .. import storage
-from ..runs import RunDir, build_manifest, committed_run, completed_keys, new_run_id, safe_run_id, staged
+from ..runs import (
+    build_manifest,
+    claim_composite,
+    committed_run,
+    completed_keys,
+    new_run_id,
+    safe_run_id,
+    staged,
+    write_manifest,
+)
+from ..tables import config_hash
 from .ray_env import init_ray
-from .sink import StageTableSink, carry_rows
+from .sink import StageTableSink, TableSinkResult, carry_rows, no_counts
+
+STANDARD_COUNTS = ("rows_in", "rows_new", "rows_carried", "rows_resumed")
 
 
 @dataclass(kw_only=True)
@@ -35,12 +59,43 @@ class RunOptions:
     """What every run-writing job takes; the CLI's run and Ray option groups fill these."""
 
     output: str
-    overwrite: bool = False  # replace an existing run folder
+    overwrite: bool = False  # replace an existing run folder this tool wrote
     run_id: str | None = None  # rerunning with the same id resumes a killed run / skips a committed one
     previous: str | None = None  # an earlier run of the same stage: unchanged work is carried, not redone
     address: str | None = None  # Ray cluster address (default: RAY_ADDRESS, else a local Ray)
     num_cpus: int | None = None  # CPUs of a local Ray
-    max_retries: int = 2  # retries of a failed batch before its rows fail
+    batch_retries: int = 2  # retries of a failed batch before its rows become error rows (or the run fails)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a run will do, decided before any folder is touched (cheap: no model, no table scan)."""
+
+    config: Mapping[str, Any]  # the settings that decide the output: hashed, and bound to the run id
+    inputs: tuple[str, ...]  # paths the run reads (an output inside one of them is refused)
+    facts: Any = None  # read-only facts the stage's later steps need (resolved paths, a schema)
+
+
+@dataclass(frozen=True)
+class Work:
+    """The rows a keyed stage has to produce."""
+
+    keys: pa.Array | None  # every input key; None when known only once read (then ``n_in`` counts them)
+    n_in: int
+    data: Any = None  # what the stage's dataset needs (e.g. the pairs table)
+    timings_s: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the runner did for a keyed stage, handed to the stage's ``counts``."""
+
+    result: TableSinkResult  # every completed write, carried files included
+    carried: frozenset[str]  # keys carried from previous
+    carried_rows: Mapping[str, int]  # rows carried per table, this run
+    resumed: int  # keys a killed run with this id had completed
+    new: int  # keys processed by this run
+    staging: str
 
 
 @dataclass
@@ -54,56 +109,99 @@ class StageResult:
     manifest: dict[str, Any] = field(default_factory=dict)  # extra top-level manifest keys
 
 
-@dataclass
+@dataclass(frozen=True)
 class StageContext:
-    """One stage run in progress, as the stage's ``execute`` sees it."""
+    """One run in progress, as a stage sees it."""
 
     job: RunOptions
-    run: RunDir
     run_id: str
-    config: dict[str, Any]
-    done: set[str]  # row keys of the writes a killed run with this id completed
+    staging: str  # where the run writes (the composite's own folder for a composite run)
+    config: Mapping[str, Any]
     started: float
 
-    @property
-    def staging(self) -> str:
-        return self.run.staging
-
     def ray(self) -> None:
-        """Start (or join) Ray; stages call it only when they have work for it."""
+        """Start (or join) Ray; called only when there is work for it."""
         init_ray(self.job.address, self.job.num_cpus)
-
-    def sink(self, stage: Callable[[pa.Table], dict[str, pa.Table]], schemas: dict[str, pa.Schema],
-             key_columns: dict[str, str]) -> StageTableSink:
-        """A sink writing ``stage``'s tables into the staging folder, each write recorded for resume."""
-        return StageTableSink(stage, self.staging, schemas, key_columns=key_columns)
-
-    def carry(self, tables: dict[str, pa.Schema], key_column: str, keys: Iterable[str],
-              record_keys: str | None = None) -> tuple[set[str], dict[str, int]]:
-        """Copy ``previous``'s rows of ``keys`` (see ``sink.carry_rows``); nothing without ``previous``."""
-        if not self.job.previous:
-            return set(), {}
-        return carry_rows(self.job.previous, tables, key_column, keys, self.staging, record_keys)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
 
 
 class Stage:
-    """A stage's own part of a run. Subclasses set ``command`` and implement ``plan`` and ``execute``."""
+    """A stage that writes its own files into the staging folder (``execute``)."""
 
-    command = ""
-    resumable = False  # keep the completed writes of a killed run with the same run id
+    command: ClassVar[str] = ""
+    resumable: ClassVar[bool] = False  # keep the completed work of a killed run with the same run id
+    takes_previous: ClassVar[bool] = True
 
     def __init__(self, job: RunOptions) -> None:
         self.job = job
 
-    def plan(self) -> tuple[dict[str, Any], list[str]]:
-        """``(config, inputs)``; raises on bad input before any folder is touched."""
+    def plan(self) -> Plan:
+        """Settings and inputs; raises on bad input before any folder is touched. Cheap."""
         raise NotImplementedError
 
-    def execute(self, ctx: StageContext) -> StageResult:
+    def execute(self, plan: Plan, ctx: StageContext) -> StageResult:
         raise NotImplementedError
+
+
+class TableStage(Stage):
+    """A stage of keyed rows written through the sink; the runner owns its whole loop."""
+
+    resumable = True
+    tables: ClassVar[Mapping[str, pa.Schema]] = {}  # output tables, in manifest order
+    key_column: ClassVar[str] = ""  # the row key the key tables share (carry and resume go by it)
+    key_tables: ClassVar[tuple[str, ...]] = ()  # default: the first table
+    scratch_tables: ClassVar[tuple[str, ...]] = ()  # written by the sink for the stage only; not committed
+    carry_after_write: ClassVar[bool] = False  # what is unchanged is known only once the input is read
+    needs_ray: ClassVar[bool] = True
+
+    @classmethod
+    def record_keys(cls) -> dict[str, str]:
+        """Table -> the column whose values a write records as done (resume skips them)."""
+        return {name: cls.key_column for name in cls.key_tables or tuple(cls.tables)[:1]}
+
+    def work(self, plan: Plan, ctx: StageContext) -> Work:
+        raise NotImplementedError
+
+    def unchanged(self, plan: Plan, work: Work, previous: str, staging: str) -> Iterable[str]:
+        """Keys whose rows ``previous`` holds for the same input and settings (carried, not redone)."""
+        return ()
+
+    def schemas(self, plan: Plan) -> Mapping[str, pa.Schema]:
+        """The output tables' schemas (a stage whose schema depends on its plan overrides this)."""
+        return self.tables
+
+    def dataset(self, plan: Plan, work: Work, skip: pa.Array, ctx: StageContext) -> Any:
+        """The rows to write for every key not in ``skip``: a ``ray.data.Dataset``, or (a stage that runs in the
+        driver) an iterable of Arrow tables."""
+        raise NotImplementedError
+
+    def writer(self, plan: Plan, work: Work) -> Callable[[pa.Table], dict[str, pa.Table]]:
+        """Block -> tables, run inside the sink's write tasks. Default: rows of the first table."""
+        from .batches import as_table
+
+        return as_table(next(iter(self.tables)))
+
+    def write_concurrency(self) -> int | None:
+        """Parallel write tasks (None: as many as Ray schedules)."""
+        return None
+
+    table_counts: ClassVar[Callable[[str, pa.Table], dict[str, int]]] = staticmethod(no_counts)
+
+    def counts(self, plan: Plan, work: Work, outcome: Outcome) -> StageResult | dict[str, int]:
+        """The stage's own counts (and learnt config or timings, as a ``StageResult``)."""
+        return {}
+
+
+class CompositeStage(Stage):
+    """A run made of committed sub-runs under one folder (``execute`` runs them into ``ctx.staging``)."""
+
+    resumable = True
+
+    def on_committed(self, path: str, manifest: dict[str, Any]) -> dict[str, Any]:
+        """After the commit, and on a no-op rerun of a committed run (e.g. move a ``current`` pointer)."""
+        return manifest
 
 
 def write_report(run_dir: str, manifest: dict[str, Any]) -> None:
@@ -112,7 +210,7 @@ def write_report(run_dir: str, manifest: dict[str, Any]) -> None:
     write(run_dir, manifest)
 
 
-def _refuse_output_inside_inputs(output: str, inputs: list[str]) -> None:
+def refuse_output_inside_inputs(output: str, inputs: Iterable[str]) -> None:
     """A run folder inside one of its own input folders would be read back as input by the next run (and a
     folder the user owns would fill with ours): refused."""
     if storage.is_remote(output):
@@ -132,22 +230,109 @@ def run_stage(stage: Stage) -> tuple[str, dict[str, Any]]:
     t0 = time.perf_counter()
     if job.run_id is not None:
         safe_run_id(job.run_id)
-    config, inputs = stage.plan()
-    if job.previous:
-        config, inputs = config | {"previous": job.previous}, [*inputs, job.previous]
-    _refuse_output_inside_inputs(job.output, inputs)
-    if done := committed_run(job.output, job.run_id):
-        return job.output, done
+    if job.previous and not stage.takes_previous:
+        raise ValueError(f"{stage.command} takes no --previous")
+    output = storage.normalize(job.output)
+    if done := committed_run(output, job.run_id):
+        return output, stage.on_committed(output, done) if isinstance(stage, CompositeStage) else done
+    plan = stage.plan()
+    config = dict(plan.config) | ({"previous": job.previous} if job.previous else {})
+    inputs = [*plan.inputs, *([job.previous] if job.previous else [])]
+    refuse_output_inside_inputs(output, inputs)
     run_id = job.run_id or new_run_id(stage.command, config)
-    with staged(job.output, overwrite=job.overwrite, run_id=job.run_id, resume=stage.resumable) as run:
-        done_keys = completed_keys(run.staging) if stage.resumable else set()
-        ctx = StageContext(job=job, run=run, run_id=run_id, config=config, done=done_keys, started=t0)
-        result = stage.execute(ctx)
-        manifest = build_manifest(
-            run_id=run_id, command=stage.command, config=config | result.config, inputs=inputs,
-            tables=result.tables, counts=result.counts,
-            timings_s={**result.timings_s, "total": time.perf_counter() - t0},
-        )
-        manifest.update(result.manifest)
+    settings = config_hash(config)
+    if isinstance(stage, CompositeStage):
+        folder = claim_composite(output, run_id, settings, overwrite=job.overwrite)
+        ctx = StageContext(job=job, run_id=run_id, staging=folder, config=config, started=t0)
+        manifest = _manifest(stage, run_id, config, inputs, stage.execute(plan, ctx), t0)
+        write_manifest(folder, manifest, on_commit=write_report)
+        return folder, stage.on_committed(folder, manifest)
+    with staged(output, overwrite=job.overwrite, run_id=job.run_id, resume=stage.resumable,
+                settings_hash=settings) as run:
+        ctx = StageContext(job=job, run_id=run_id, staging=run.staging, config=config, started=t0)
+        if isinstance(stage, TableStage):
+            result = _run_table_stage(stage, plan, ctx)
+        else:
+            result = stage.execute(plan, ctx)
+        manifest = _manifest(stage, run_id, config, inputs, result, t0)
         return run.commit(manifest, on_commit=write_report), manifest
 
+
+def _manifest(stage: Stage, run_id: str, config: dict[str, Any], inputs: list[str], result: StageResult,
+              t0: float) -> dict[str, Any]:
+    manifest = build_manifest(
+        run_id=run_id, command=stage.command, config=config | result.config, inputs=inputs,
+        tables=result.tables, counts=result.counts,
+        timings_s={**result.timings_s, "total": time.perf_counter() - t0})
+    manifest.update(result.manifest)
+    return manifest
+
+
+def _run_table_stage(stage: TableStage, plan: Plan, ctx: StageContext) -> StageResult:
+    """The loop every keyed stage shares: carry, skip, Ray, sink, row check, standard counts."""
+    job = ctx.job
+    done = completed_keys(ctx.staging) if stage.resumable else set()
+    work = stage.work(plan, ctx)
+    schemas = dict(stage.schemas(plan))
+    sink = StageTableSink(stage.writer(plan, work), ctx.staging, schemas,
+                          key_columns=stage.record_keys(), table_counts=stage.table_counts)
+    carried: set[str] = set()
+    carried_rows: dict[str, int] = {}
+
+    def carry() -> None:
+        keys = stage.unchanged(plan, work, job.previous, ctx.staging)
+        tables = {k: v for k, v in schemas.items() if k not in stage.scratch_tables}
+        found, rows = carry_rows(job.previous, tables, stage.key_column, keys, ctx.staging,
+                                 record_keys=stage.key_column, table_counts=stage.table_counts)
+        carried.update(found)
+        carried_rows.update(rows)
+
+    if job.previous and not stage.carry_after_write:
+        carry()
+    skip = pa.array(sorted(done | carried), pa.string())
+    todo = work.n_in if work.keys is None else len(work.keys) - len(set(work.keys.to_pylist()) & (done | carried))
+    timings: dict[str, float] = dict(work.timings_s)
+    if todo:  # nothing is loaded when every row is carried or already done
+        t = time.perf_counter()
+        if stage.needs_ray:
+            ctx.ray()
+            timings["ray_start"] = time.perf_counter() - t
+        t = time.perf_counter()
+        rows = stage.dataset(plan, work, skip, ctx)
+        if hasattr(rows, "write_datasink"):
+            rows.write_datasink(sink, concurrency=stage.write_concurrency())
+        else:
+            for table in rows:
+                sink.write([table], None)
+        timings["work_and_write"] = time.perf_counter() - t
+    if job.previous and stage.carry_after_write:
+        carry()
+    result = sink.finish()
+    resumed = len(done - carried)
+    if work.keys is None:  # one row per input record in the key tables
+        out = sum(result.rows[t] for t in stage.key_tables or tuple(stage.tables)[:1])
+        if out != work.n_in:
+            raise RuntimeError(f"{stage.command}: {work.n_in} rows in but {out} accounted for "
+                               f"({', '.join(stage.key_tables)}): rows were lost")
+    else:
+        wanted = set(work.keys.to_pylist())
+        missing = wanted - result.keys
+        if missing or len(wanted) != work.n_in:
+            raise RuntimeError(f"{stage.command}: {work.n_in} rows in but {len(wanted) - len(missing)} written, "
+                               f"carried or resumed (e.g. {sorted(missing)[:3]} missing): rows were lost")
+    for name in stage.scratch_tables:
+        storage.rmtree(storage.join(ctx.staging, name))
+    n_carried = len(carried) if work.keys is not None else sum(carried_rows.get(t, 0) for t in stage.key_tables)
+    outcome = Outcome(result=result, carried=frozenset(carried), carried_rows=carried_rows, resumed=resumed,
+                      new=work.n_in - n_carried - resumed, staging=ctx.staging)
+    own = stage.counts(plan, work, outcome)
+    own = own if isinstance(own, StageResult) else StageResult(tables={}, counts=own)
+    standard = {"rows_in": work.n_in, "rows_new": outcome.new, "rows_carried": n_carried, "rows_resumed": resumed}
+    clash = set(standard) & set(own.counts)
+    if clash:
+        raise RuntimeError(f"{stage.command} counts {sorted(clash)} clash with the runner's standard counts")
+    published = [n for n in stage.tables if n not in stage.scratch_tables]
+    return StageResult(
+        tables=own.tables or {n: {"rows": result.rows[n], "files": len(result.files[n])} for n in published},
+        counts={**result.counts, **own.counts, **standard}, timings_s={**timings, **own.timings_s},
+        config=own.config, manifest=own.manifest)

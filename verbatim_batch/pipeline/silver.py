@@ -17,11 +17,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import storage
-from ..runs import committed_table_dir, jsonable, new_run_id, read_table
+from ..runs import committed_table_dir, jsonable, read_table
+from ..tables import group_by
 from .extract import ExtractJob, run_extract
 from .querygen import QueryGenJob, run_querygen
 from .retrieve import RetrieveJob, run_retrieve
-from .runner import RunOptions, Stage, StageContext, StageResult, run_stage
+from .runner import CompositeStage, Plan, RunOptions, Stage, StageContext, StageResult, run_stage
 
 
 @dataclass
@@ -33,7 +34,7 @@ class SilverJob(RunOptions):
     llm: Any  # LLMConfig for query generation and the teacher (the teacher uses the paragraph prompt)
     n_papers: int = 2000
     seed: int = 0
-    top_k: int = 5
+    top_k: int = ExtractJob.top_k
     dev_fraction: float = 0.1
     tokenizer: str | None = None  # hub id or path; None: no tokenized windows
     max_length: int = 8192
@@ -61,27 +62,25 @@ def silver_pairs(queries: pa.Table, retrieval: pa.Table, top_k: int) -> list[dic
 class SilverDataStage(Stage):
     """The last step: teacher rows -> filtered, split silver tables (and tokenized windows)."""
 
-    command = "silver"
+    command = "silver-data"
+    takes_previous = False
 
     def __init__(self, job: SilverJob, steps: dict[str, tuple[str, dict[str, Any]]]) -> None:
-        super().__init__(dataclasses.replace(job, output=storage.join(storage.normalize(job.output), "data"),
-                                             previous=None))
-        self.silver, self.steps = job, steps
+        super().__init__(dataclasses.replace(job, output=storage.join(storage.normalize(job.output), "data")))
+        self.steps = steps
 
-    def plan(self) -> tuple[dict[str, Any], list[str]]:
-        job = self.silver
-        self.teacher = dataclasses.replace(job.llm, style="paragraph")
-        config = {"chunks": job.chunks, "index": job.index, "n_papers": job.n_papers, "seed": job.seed,
-                  "top_k": job.top_k, "dev_fraction": job.dev_fraction, "teacher": jsonable(self.teacher.to_dict()),
+    def plan(self) -> Plan:
+        job: SilverJob = self.job
+        config = {"teacher_run": self.steps["teacher"][0], "dev_fraction": job.dev_fraction, "seed": job.seed,
                   "tokenizer": job.tokenizer, "max_length": job.max_length, "stride": job.stride}
-        return config, [job.chunks, job.index] + [path for path, _ in self.steps.values()]
+        return Plan(config=config, inputs=tuple(path for path, _ in self.steps.values()))
 
-    def execute(self, ctx: StageContext) -> StageResult:
+    def execute(self, plan: Plan, ctx: StageContext) -> StageResult:
         from .. import silver
 
-        job = self.silver
+        job: SilverJob = self.job
         (_, qg), (ex_dir, ex) = self.steps["querygen"], self.steps["teacher"]
-        rows, failed = teacher_rows(ex_dir, job.chunks, self.teacher.model)
+        rows, failed = teacher_rows(ex_dir, job.chunks, job.llm.model)
         kept, dropped = silver.filter_rows(rows)
         train, dev = silver.split_by_query(kept, dev_fraction=job.dev_fraction, seed=job.seed)
         tokenizer = None
@@ -99,31 +98,52 @@ class SilverDataStage(Stage):
         return StageResult(tables={}, counts=counts)
 
 
+class SilverStage(CompositeStage):
+    """The whole silver pipeline: each step a committed sub-run under the job's output, one run id."""
+
+    command = "silver"
+    takes_previous = False
+
+    def plan(self) -> Plan:
+        job: SilverJob = self.job
+        teacher = dataclasses.replace(job.llm, style="paragraph")
+        config = {"chunks": job.chunks, "index": job.index, "n_papers": job.n_papers, "seed": job.seed,
+                  "top_k": job.top_k, "dev_fraction": job.dev_fraction, "teacher": jsonable(teacher.to_dict()),
+                  "tokenizer": job.tokenizer, "max_length": job.max_length, "stride": job.stride}
+        return Plan(config=config, inputs=(job.chunks, job.index))
+
+    def execute(self, plan: Plan, ctx: StageContext) -> StageResult:
+        from ..retrieval import RetrieverConfig
+
+        job: SilverJob = self.job
+        out = ctx.staging
+        common = {"address": job.address, "num_cpus": job.num_cpus, "run_id": ctx.run_id,
+                  "batch_retries": job.batch_retries}
+        steps: dict[str, tuple[str, dict[str, Any]]] = {}
+        steps["querygen"] = run_querygen(QueryGenJob(chunks=job.chunks, output=storage.join(out, "querygen"),
+                                                     llm=job.llm, n_papers=job.n_papers, seed=job.seed, **common))
+        queries = read_table(steps["querygen"][0], "queries").filter(pc.is_valid(pc.field("query")))
+        qfile = storage.join(out, "querygen-queries.parquet")
+        storage.write_parquet(queries.select(["query_id", "query"]), qfile)
+        steps["retrieval"] = run_retrieve(RetrieveJob(
+            index=job.index, queries=qfile, output=storage.join(out, "retrieval"),
+            retriever=RetrieverConfig(index_dir=job.index, k=job.top_k, methods=("hybrid",)), **common))
+        pairs = silver_pairs(queries, read_table(steps["retrieval"][0], "retrieval"), job.top_k)
+        pfile = storage.join(out, "querygen-pairs.parquet")
+        storage.write_parquet(pa.Table.from_pylist(pairs), pfile)
+        steps["teacher"] = run_extract(ExtractJob(output=storage.join(out, "teacher"),
+                                                  extractor=dataclasses.replace(job.llm, style="paragraph"),
+                                                  pairs=pfile, chunks=job.chunks, **common))
+        data_dir, data = run_stage(SilverDataStage(dataclasses.replace(job, run_id=ctx.run_id), steps))
+        return StageResult(tables={f"data/{k}": v for k, v in data["tables"].items()}, counts=data["counts"],
+                           timings_s={name: m["timings_s"]["total"] for name, (_, m) in
+                                      {**steps, "data": (data_dir, data)}.items()},
+                           manifest={"steps": {name: name for name in (*steps, "data")}})
+
+
 def run_silver(job: SilverJob) -> tuple[str, dict[str, Any]]:
     """The whole silver pipeline; every step is its own committed run under ``job.output``."""
-    from ..retrieval import RetrieverConfig
-
-    out = storage.normalize(job.output)
-    storage.makedirs(out)
-    run_id = job.run_id or new_run_id("silver", {"output": out})
-    common = {"overwrite": job.overwrite, "address": job.address, "num_cpus": job.num_cpus, "run_id": run_id,
-              "max_retries": job.max_retries}
-    steps: dict[str, tuple[str, dict[str, Any]]] = {}
-    steps["querygen"] = run_querygen(QueryGenJob(chunks=job.chunks, output=storage.join(out, "querygen"),
-                                                 llm=job.llm, n_papers=job.n_papers, seed=job.seed, **common))
-    queries = read_table(steps["querygen"][0], "queries").filter(pc.is_valid(pc.field("query")))
-    qfile = storage.join(out, "querygen-queries.parquet")
-    storage.write_parquet(queries.select(["query_id", "query"]), qfile)
-    steps["retrieval"] = run_retrieve(RetrieveJob(
-        index=job.index, queries=qfile, output=storage.join(out, "retrieval"),
-        retriever=RetrieverConfig(index_dir=job.index, k=job.top_k, methods=("hybrid",)), **common))
-    pairs = silver_pairs(queries, read_table(steps["retrieval"][0], "retrieval"), job.top_k)
-    pfile = storage.join(out, "querygen-pairs.parquet")
-    storage.write_parquet(pa.Table.from_pylist(pairs), pfile)
-    steps["teacher"] = run_extract(ExtractJob(output=storage.join(out, "teacher"),
-                                              extractor=dataclasses.replace(job.llm, style="paragraph"),
-                                              pairs=pfile, chunks=job.chunks, **common))
-    return run_stage(SilverDataStage(dataclasses.replace(job, run_id=run_id), steps))
+    return run_stage(SilverStage(job))
 
 
 def teacher_rows(extract_dir: str, chunks_run: str, teacher_model: str) -> tuple[list[dict[str, Any]], int]:
@@ -131,9 +151,7 @@ def teacher_rows(extract_dir: str, chunks_run: str, teacher_model: str) -> tuple
     from ..extract.pairs import chunk_lookup
 
     pairs = read_table(extract_dir, "pairs").to_pylist()
-    spans: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for s in read_table(extract_dir, "spans", ["pair_id", "start", "end", "text"]).to_pylist():
-        spans[s.pop("pair_id")].append(s)
+    spans = group_by(read_table(extract_dir, "spans", ["pair_id", "start", "end", "text"]).to_pylist())
     chunks_dir = committed_table_dir(chunks_run, "chunks")
     known = chunk_lookup(chunks_dir, [p["chunk_id"] for p in pairs])
     import pyarrow.dataset as pads

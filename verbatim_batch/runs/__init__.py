@@ -12,9 +12,13 @@ from .current import (
     set_current,
 )
 from .folder import (
+    BINDING_FILE,
+    CARRIED_PREFIX,
     WRITES_DIR,
     OutputExistsError,
     RunDir,
+    SettingsChangedError,
+    claim_composite,
     committed_run,
     completed_keys,
     read_writes,
@@ -38,7 +42,8 @@ from .manifest import (
 )
 
 __all__ = [
-    "CURRENT_FILE", "CURRENT_LINK", "MANIFEST_FILE", "RUNS_DIR", "WRITES_DIR", "OutputExistsError", "RunDir",
+    "BINDING_FILE", "CARRIED_PREFIX", "CURRENT_FILE", "CURRENT_LINK", "MANIFEST_FILE", "RUNS_DIR", "WRITES_DIR",
+    "OutputExistsError", "RunDir", "SettingsChangedError", "claim_composite",
     "build_manifest", "committed_run", "committed_table_dir", "completed_keys", "current_run", "current_table",
     "jsonable",
     "load_manifests", "manifest_config", "new_run_id", "prune_runs", "publish", "read_manifest", "read_table",

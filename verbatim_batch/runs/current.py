@@ -8,6 +8,7 @@ import uuid
 import pyarrow as pa
 
 from .. import storage
+from .folder import BINDING_FILE
 from .manifest import read_manifest, read_table
 
 RUNS_DIR = "runs"
@@ -51,8 +52,8 @@ def current_table(root: str, table: str, stage: str | None = None, columns: list
 
 
 def _started(run_dir: str) -> float:
-    """When an unfinished run started: its plan file's time (object stores keep no folder times)."""
-    for loc in (storage.join(run_dir, "plan.json"), run_dir):
+    """When an unfinished run started: its binding file's time (object stores keep no folder times)."""
+    for loc in (storage.join(run_dir, BINDING_FILE), run_dir):
         if storage.exists(loc) and (t := storage.mtime(loc)) is not None:
             return t
     return 0.0

@@ -29,6 +29,31 @@ from .manifest import MANIFEST_FILE, read_manifest, validate_manifest
 
 log = logging.getLogger(__name__)
 WRITES_DIR = "_writes"  # one JSON record per completed write, in the staging folder until commit
+CARRIED_PREFIX = "part-carried-"  # files a run copied from the run it builds on (``--previous``)
+BINDING_FILE = "_run.json"  # the run id and the hash of the settings a staging folder was started with
+
+
+class SettingsChangedError(ValueError):
+    """A run id reused with other settings: resuming would mix rows of both."""
+
+
+def _bind(folder: str, run_id: str, settings_hash: str | None) -> None:
+    """Refuse ``folder`` (a staging folder or a composite run being resumed) when it was started with other
+    settings; record the settings when it is new."""
+    path = storage.join(folder, BINDING_FILE)
+    if storage.exists(path):
+        try:
+            bound = json.loads(storage.read_text(path))
+        except (OSError, ValueError):
+            bound = {}
+        if bound.get("settings_hash") != settings_hash:
+            raise SettingsChangedError(
+                f"run id {run_id!r} was started with other settings (settings {bound.get('settings_hash')}, now "
+                f"{settings_hash}); resuming would mix rows of both: rerun with the same settings, or use a new "
+                "--run-id")
+        return
+    storage.makedirs(folder)
+    storage.write_text(path, json.dumps({"run_id": run_id, "settings_hash": settings_hash}, sort_keys=True))
 
 
 class OutputExistsError(FileExistsError):
@@ -41,10 +66,13 @@ class RunDir:
     With a ``run_id`` the staging folder is named after it, so a rerun with the same
     id finds the work a killed run left there: ``resume=True`` keeps it (stages
     whose sink records completed writes, see ``pipeline.StageTableSink``), otherwise
-    it is emptied. Staging folders of other ids are removed either way.
+    it is emptied. Staging folders of other ids are removed either way. A kept staging folder is bound to
+    the ``settings_hash`` it was started with: resuming it with other settings raises
+    ``SettingsChangedError`` (never a mix of rows of two settings).
     """
 
-    def __init__(self, output: str, overwrite: bool = False, run_id: str | None = None, resume: bool = False) -> None:
+    def __init__(self, output: str, overwrite: bool = False, run_id: str | None = None, resume: bool = False,
+                 settings_hash: str | None = None) -> None:
         self.output = storage.normalize(output)
         self.overwrite = overwrite
         parent, name = storage.split(self.output)
@@ -63,12 +91,13 @@ class RunDir:
         storage.makedirs(parent)
         token = safe_run_id(run_id) if run_id else uuid.uuid4().hex[:12]
         self.staging = storage.join(parent, f".{name}.staging-{token}")
+        if resume and run_id and storage.isdir(self.staging):  # checked before anything is removed
+            _bind(self.staging, run_id, settings_hash)
         for stale in staging_dirs:  # leftovers of killed runs of this output
             path = storage.join(parent, stale)
             if path != self.staging or not resume:
                 storage.rmtree(path)
-        self.resumed = storage.isdir(self.staging)
-        storage.makedirs(self.staging)
+        _bind(self.staging, token, settings_hash)
 
     def commit(self, manifest: Mapping[str, Any],
                on_commit: Callable[[str, dict[str, Any]], None] | None = None) -> str:
@@ -84,7 +113,7 @@ class RunDir:
             else:
                 old = self.staging.replace(".staging-", ".old-")
                 storage.move_dir(self.output, old)
-        storage.move_dir(self.staging, self.output, skip=(WRITES_DIR,))  # a run is tables + manifest
+        storage.move_dir(self.staging, self.output, skip=(WRITES_DIR, BINDING_FILE))  # a run is tables + manifest
         if old:
             storage.rmtree(old)
         return self.output
@@ -142,7 +171,7 @@ def completed_keys(staging: str) -> set[str]:
     records = read_writes(staging)
     keep = {p.replace("\\", "/") for rec in records for p in rec["files"].values()}
     for rel in storage.walk_files(staging):
-        if rel.split("/", 1)[0] != WRITES_DIR and rel not in keep:  # a write killed part-way, or a temp file
+        if rel.split("/", 1)[0] != WRITES_DIR and rel != BINDING_FILE and rel not in keep:  # a write cut short
             storage.remove(storage.join(staging, rel))
     return {k for rec in records for k in rec.get("keys", [])}
 
@@ -162,14 +191,51 @@ def committed_run(output: str, run_id: str | None) -> dict[str, Any] | None:
     return manifest
 
 
+def claim_composite(output: str, run_id: str, settings_hash: str, overwrite: bool = False) -> str:
+    """Take ``output`` for a composite run (a folder of committed sub-runs and a manifest written last; sub-runs
+    record each other's paths, so they are committed in place rather than moved). Returns the folder.
+
+    - absent or empty: created and bound to ``run_id`` and ``settings_hash``;
+    - started by this run id (killed): resumed when the settings are the same, else ``SettingsChangedError``;
+    - started by another run id and never committed: removed (ours, incomplete), then taken;
+    - committed: replaced only with ``overwrite`` and only when it is a run this tool wrote;
+    - anything else (a user's folder) is refused.
+    """
+    out = storage.normalize(output)
+    if storage.exists(out) and not storage.isdir(out):
+        raise OutputExistsError(f"{out} exists and is not a folder: choose another output")
+    names = storage.listdir(out) if storage.isdir(out) else []
+    if MANIFEST_FILE in names:
+        if not overwrite:
+            raise OutputExistsError(f"{out} exists; pass --overwrite to replace it")
+        if not replaceable(out):
+            raise OutputExistsError(f"{out} exists and is not a run folder written by verbatim-batch (no valid "
+                                    "manifest.json): --overwrite only replaces runs; choose another output")
+        storage.rmtree(out)
+    elif BINDING_FILE in names:
+        try:
+            bound = json.loads(storage.read_text(storage.join(out, BINDING_FILE)))
+        except (OSError, ValueError):
+            bound = {}
+        if bound.get("run_id") != run_id:
+            log.warning("%s: removing the unfinished run %s to start %s", out, bound.get("run_id"), run_id)
+            storage.rmtree(out)
+    elif names:
+        raise OutputExistsError(f"{out} exists and is not a run folder written by verbatim-batch: choose another "
+                                "output")
+    _bind(out, run_id, settings_hash)
+    return out
+
+
 @contextmanager
-def staged(output: str, overwrite: bool = False, run_id: str | None = None, resume: bool = False) -> Iterator[RunDir]:
+def staged(output: str, overwrite: bool = False, run_id: str | None = None, resume: bool = False,
+           settings_hash: str | None = None) -> Iterator[RunDir]:
     """``with staged(out) as run: ... run.commit(manifest)``.
 
     Without a run id the staging folder goes if anything fails. With one it stays, so a
     rerun with the same id can pick up the completed writes (a failed run is resumable).
     """
-    run = RunDir(output, overwrite=overwrite, run_id=run_id, resume=resume)
+    run = RunDir(output, overwrite=overwrite, run_id=run_id, resume=resume, settings_hash=settings_hash)
     try:
         yield run
     except BaseException:

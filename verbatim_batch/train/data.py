@@ -41,9 +41,9 @@ def silver_data_dir(path: str) -> str | None:
     """The silver ``data`` run at ``path`` (the run itself or the silver job folder), or None."""
     from ..runs import read_manifest
 
-    for loc in (path, storage.join(path, "data")):
+    for loc in (storage.join(path, "data"), path):  # a silver job folder holds its data run in data/
         try:
-            if read_manifest(loc).get("command") == "silver":
+            if read_manifest(loc).get("command") in ("silver-data", "silver"):
                 return loc
         except (FileNotFoundError, NotADirectoryError, ValueError):
             continue

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .. import storage
-from ..runs import build_manifest, committed_run, new_run_id, staged
+from ..pipeline.runner import Plan, RunOptions, Stage, StageContext, StageResult, run_stage
 from . import data
 from .loop import BEST_METRIC, train_loop_per_worker
 
@@ -33,15 +33,14 @@ CHECKPOINTS = "checkpoints"
 MODEL_DIR = "model"
 SUMMARY = "train_summary.json"  # written by rank 0 when training ends: steps, tokens, times
 TRAINING_STATE_FILES = ("optimizer.pt", "scheduler.pt", "scaler.pt", "trainer_state.json", "training_args.bin")
-_RUNTIME = ("output", "run_id", "overwrite", "address", "num_cpus")
+_RUNTIME = ("output", "run_id", "overwrite", "address", "num_cpus", "previous", "batch_retries")
 
 
 @dataclass
-class TrainJob:
+class TrainJob(RunOptions):
     """One training run. Defaults follow the reference recipe (lr 5e-5, 3 epochs, batch 8, 8192 tokens)."""
 
     train: str  # a silver run (its train split) or Parquet / JSONL pairs
-    output: str  # the run folder to create
     eval: str | None = None  # default: the silver run's dev split (required for other inputs)
     model: str = DEFAULT_MODEL  # hub id or local folder: a base model (a fresh head) or a token classifier
     epochs: int = 3
@@ -58,10 +57,6 @@ class TrainJob:
     cpus_per_worker: float = 1.0
     keep_checkpoints: int = 2  # Ray Train keeps the best (eval Word-F1) ones and always the latest
     seed: int = 0
-    run_id: str | None = None
-    overwrite: bool = False
-    address: str | None = None
-    num_cpus: int | None = None
 
     def __post_init__(self) -> None:
         if self.epochs < 1 or self.num_workers < 1 or self.grad_accum < 1:
@@ -81,12 +76,6 @@ class TrainJob:
     def config(self) -> dict[str, Any]:
         """What decides the trained weights (not where the run goes or which cluster runs it)."""
         return {k: v for k, v in asdict(self).items() if k not in _RUNTIME}
-
-
-def _init_ray(address: str | None, num_cpus: int | None) -> None:
-    from ..pipeline.ray_env import init_ray
-
-    init_ray(address, num_cpus)
 
 
 def _effective_max_length(model: str, max_length: int) -> tuple[int, Any]:
@@ -144,21 +133,31 @@ def _best(best_checkpoints) -> tuple[Any, dict[str, Any]]:
     return max(scored, key=lambda cm: (cm[1][BEST_METRIC], -cm[1].get("eval_loss", 0.0), cm[1].get("step", 0)))
 
 
-def run_train(job: TrainJob) -> tuple[str, dict[str, Any]]:
-    """Train, evaluate each epoch, keep the best epoch's model; returns (run folder, manifest)."""
-    import ray.data
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
+class TrainStage(Stage):
+    """Ray Train over packed batches; the staging folder keeps its checkpoints, so a rerun with the same run
+    id continues from the latest one."""
 
-    from .report import write_training_report
+    command = "train"
+    resumable = True
+    takes_previous = False
 
-    t0 = time.perf_counter()
-    config = job.config()
-    done = committed_run(storage.normalize(job.output), job.run_id)
-    if done is not None:
-        return storage.normalize(job.output), done
-    run_id = job.run_id or new_run_id("train", config)
-    with staged(job.output, overwrite=job.overwrite, run_id=job.run_id, resume=True) as run:
+    def plan(self) -> Plan:
+        job: TrainJob = self.job
+        inputs = [job.train, *([job.eval] if job.eval else [])]
+        if os.path.isdir(job.model):
+            inputs.append(job.model)
+        return Plan(config=job.config(), inputs=tuple(inputs))
+
+    def execute(self, plan: Plan, ctx: StageContext) -> StageResult:
+        import ray.data
+        from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+        from ray.train.torch import TorchTrainer
+
+        from .report import write_training_report
+
+        job: TrainJob = self.job
+        staging = ctx.staging
+        t0 = time.perf_counter()
         # --- data: pairs -> labelled windows -> packed batches (deterministic, so a resumed run rebuilds them)
         train_pairs, train_info = data.read_pairs(job.train, "train")
         eval_source = job.eval or (job.train if data.silver_data_dir(storage.normalize(job.train)) else None)
@@ -168,7 +167,7 @@ def run_train(job: TrainJob) -> tuple[str, dict[str, Any]]:
         if not train_pairs.num_rows or not eval_pairs.num_rows:
             raise ValueError(f"no usable pairs: {train_pairs.num_rows} to train on, {eval_pairs.num_rows} to evaluate")
         for name, table in (("train_pairs", train_pairs), ("eval_pairs", eval_pairs)):
-            storage.write_parquet(table, storage.join(run.staging, name, "part-0.parquet"))
+            storage.write_parquet(table, storage.join(staging, name, "part-0.parquet"))
         max_length, tokenizer = _effective_max_length(job.model, job.max_length)
         stats: dict[str, dict[str, int]] = {"train": {}, "eval": {}}
         train_w = data.windows(train_pairs, tokenizer, max_length, job.stride, stats["train"])
@@ -184,13 +183,13 @@ def run_train(job: TrainJob) -> tuple[str, dict[str, Any]]:
         t_prep = time.perf_counter()
 
         # --- Ray Train
-        _init_ray(job.address, job.num_cpus)
+        ctx.ray()
         loop_config = {
             "model": job.model, "seed": job.seed, "epochs": job.epochs, "lr": job.lr, "grad_accum": job.grad_accum,
             "warmup_ratio": job.warmup_ratio, "weight_decay": job.weight_decay, "max_length": max_length,
             "stride": job.stride, "steps_per_epoch": steps_per_epoch, "use_gpu": job.use_gpu,
-            "threads": job.cpus_per_worker, "eval_pairs": storage.join(run.staging, "eval_pairs"),
-            "summary": storage.join(run.staging, SUMMARY),
+            "threads": job.cpus_per_worker, "eval_pairs": storage.join(staging, "eval_pairs"),
+            "summary": storage.join(staging, SUMMARY),
         }
         resources = {"CPU": job.cpus_per_worker, **({"GPU": 1} if job.use_gpu else {})}
         trainer = TorchTrainer(
@@ -198,7 +197,7 @@ def run_train(job: TrainJob) -> tuple[str, dict[str, Any]]:
             scaling_config=ScalingConfig(num_workers=job.num_workers, use_gpu=job.use_gpu,
                                          resources_per_worker=resources),
             run_config=RunConfig(
-                name=CHECKPOINTS, storage_path=run.staging,
+                name=CHECKPOINTS, storage_path=staging,
                 checkpoint_config=CheckpointConfig(num_to_keep=job.keep_checkpoints,
                                                    checkpoint_score_attribute=BEST_METRIC,
                                                    checkpoint_score_order="max"),
@@ -210,10 +209,10 @@ def run_train(job: TrainJob) -> tuple[str, dict[str, Any]]:
 
         # --- the best epoch's model, the curves, the manifest
         best_ckpt, best_metrics = _best(result.best_checkpoints or [])
-        model_dir = storage.join(run.staging, MODEL_DIR)
+        model_dir = storage.join(staging, MODEL_DIR)
         _export_model(best_ckpt, model_dir)
         curves = history(_log_history(result.checkpoint), steps_per_epoch)
-        final = json.loads(storage.read_text(storage.join(run.staging, SUMMARY)))
+        final = json.loads(storage.read_text(storage.join(staging, SUMMARY)))
         best = {"epoch": round(best_metrics.get("step", 0) / steps_per_epoch, 3), "step": best_metrics.get("step"),
                 **{k: v for k, v in best_metrics.items() if k.startswith("eval_")}}
         training = {
@@ -225,7 +224,7 @@ def run_train(job: TrainJob) -> tuple[str, dict[str, Any]]:
             "throughput": {k: final.get(k) for k in ("train_tokens", "train_wall_s", "train_busy_s", "eval_s",
                                                       "save_s", "tokens_per_s")},
         }
-        write_training_report(run.staging, training)
+        write_training_report(staging, training)
         counts = {
             "train_pairs": train_pairs.num_rows, "eval_pairs": eval_pairs.num_rows,
             "train_windows": train_w.num_rows, "eval_windows": eval_w.num_rows,
@@ -237,14 +236,15 @@ def run_train(job: TrainJob) -> tuple[str, dict[str, Any]]:
             "steps": int(final.get("global_step") or 0), "resumed_from_step": int(final.get("resumed_from_step") or 0),
             "tokens": int(final.get("train_tokens") or 0), "workers": job.num_workers,
         }
-        manifest = build_manifest(
-            run_id=run_id, command="train", config=config,
-            inputs=[train_info["path"], eval_info["path"], job.model],
+        return StageResult(
             tables={"train_pairs": {"rows": train_pairs.num_rows, "files": 1},
                     "eval_pairs": {"rows": eval_pairs.num_rows, "files": 1}},
             counts=counts,
-            timings_s={"total": time.perf_counter() - t0, "prepare": t_prep - t0, "fit": t_fit - t_prep,
-                       "export": time.perf_counter() - t_fit},
-        )
-        manifest["training"] = training
-        return run.commit(manifest), manifest
+            timings_s={"prepare": t_prep - t0, "fit": t_fit - t_prep, "export": time.perf_counter() - t_fit},
+            config={"train_data": train_info["path"], "eval_data": eval_info["path"]},
+            manifest={"training": training})
+
+
+def run_train(job: TrainJob) -> tuple[str, dict[str, Any]]:
+    """Train, evaluate each epoch, keep the best epoch's model; returns (run folder, manifest)."""
+    return run_stage(TrainStage(job))
