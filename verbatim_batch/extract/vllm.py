@@ -8,6 +8,7 @@ runs the engines; ``LLMInterpret`` maps answers back to verbatim spans.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from typing import Any
 
@@ -75,12 +76,24 @@ def vllm_requests(pairs: pa.Table, config, run_id: str,
     return pa.Table.from_pylist(requests), bad
 
 
+NEEDS_LLM_EXTRA = "the vllm backend needs the llm extra (pip install 'verbatim-batch[llm]')"
+
+
+def _local_ray() -> bool:
+    """Whether this driver's Ray is a local one on loopback (``pipeline.ray_env.init_local``), so the engines
+    would run on this machine. On a cluster only the GPU nodes need vLLM (cluster.yaml), not the driver's."""
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    return len(nodes) == 1 and nodes[0].get("NodeManagerAddress") == "127.0.0.1"
+
+
 def vllm_dataset(requests: pa.Table, config) -> ray.data.Dataset:
     """Generation with vLLM engines inside the cluster, through ``ray.data.llm`` (needs the ``llm`` extra)."""
     try:
         from ray.data.llm import build_processor, vLLMEngineProcessorConfig
     except ImportError as exc:
-        raise NotImplementedError("the vllm backend needs the llm extra (pip install 'verbatim-batch[llm]')") from exc
+        raise NotImplementedError(NEEDS_LLM_EXTRA) from exc
+    if importlib.util.find_spec("vllm") is None and _local_ray():
+        raise NotImplementedError(NEEDS_LLM_EXTRA)  # ray.data.llm imports without vLLM, then fails deep inside
     from .llm import sampling
     from .prompts import build_messages
 

@@ -262,7 +262,8 @@ def build_dense(
     spec = resolve_spec(spec, n, dim)
     gpus = _num_gpus() if spec.use_gpu != "no" else 0
     if spec.use_gpu == "yes" and gpus == 0:
-        raise ValueError("use_gpu='yes' but faiss sees no GPU (faiss-cpu, or no CUDA device)")
+        raise ValueError("use_gpu='yes' but faiss sees no GPU (no CUDA device, or faiss-cpu: GPU nodes need the gpu "
+                         "extra, pip install 'verbatim-batch[gpu]')")
     # Flat gains nothing from a GPU build: adding is a copy.
     on_gpu = gpus > 0 and spec.kind != "flat"
     spec = replace(spec, use_gpu="yes" if on_gpu else "no")
