@@ -230,3 +230,68 @@ def test_composite_run_commits_last_resumes_and_refuses_other_settings(tmp_path)
     with pytest.raises(FileExistsError, match="not a run folder"):
         run_stage(PairStage(PairJob(input=src, second_input=src2, output=str(tmp_path / "mine"))))
     assert os.listdir(tmp_path / "mine") == ["notes.txt"]
+
+
+def test_unchanged_files_are_carried_by_reference_and_never_dangle(tmp_path):
+    """A previous file whose rows are all unchanged becomes a hard link (same inode, nothing rewritten); one
+    with a changed row is rewritten; deleting the previous run afterwards leaves the new run whole."""
+    out1 = str(tmp_path / "night1")
+    run_stage(FakeStage(FakeJob(input=write_input(tmp_path / "a.json", VALUES), output=out1)))
+    src = write_input(tmp_path / "b.json", VALUES | {"k6": 60})  # k6 shares its file with k7? no: with k4, k5
+    out2 = str(tmp_path / "night2")
+    _, m = run_stage(FakeStage(FakeJob(input=src, output=out2, previous=out1)))
+    c = m["counts"]
+    assert c["carried_files.link"] == 3 and c.get("carried_files.rewritten", 0) == 0 and c["rows_new"] == 1, c
+    inodes1 = {os.stat(os.path.join(out1, "rows", f)).st_ino for f in os.listdir(os.path.join(out1, "rows"))}
+    inodes2 = {os.stat(os.path.join(out2, "rows", f)).st_ino for f in os.listdir(os.path.join(out2, "rows"))}
+    assert len(inodes1 & inodes2) == 3
+    index = json.loads((tmp_path / "night2" / "files.json").read_text())
+    assert sum(f["rows"] for f in index["rows"].values()) == 7
+    import shutil
+
+    shutil.rmtree(out1)
+    assert [r["value"] for r in rows(out2)] == [0, 1, 2, 3, 4, 5, 60]
+
+
+def test_a_previous_file_that_changed_after_its_commit_is_not_carried(tmp_path):
+    out1 = str(tmp_path / "night1")
+    run_stage(FakeStage(FakeJob(input=write_input(tmp_path / "a.json", VALUES), output=out1)))
+    victim = sorted(os.listdir(os.path.join(out1, "rows")))[0]
+    table = pq.read_table(os.path.join(out1, "rows", victim))
+    forged = table.set_column(1, "value", pa.array([999] * table.num_rows, pa.int64()))
+    pq.write_table(forged, os.path.join(out1, "rows", victim))  # edited in place: its digest no longer matches
+    _, m = run_stage(FakeStage(FakeJob(input=write_input(tmp_path / "b.json", VALUES), output=str(tmp_path / "n2"),
+                                       previous=out1)))
+    assert m["counts"]["rows_new"] == table.num_rows and m["counts"]["rows_carried"] == 7 - table.num_rows
+    assert [r["value"] for r in rows(str(tmp_path / "n2"))] == list(range(7)), "forged rows carried"
+
+
+def test_compaction_bounds_files_across_nights_and_survives_a_kill(tmp_path, monkeypatch):
+    """Each night adds a few small files; compaction merges small files once there are more than
+    ``max_small_files``, so the count stays bounded; killed right after a merge is recorded, a rerun with
+    the same id ends with the same rows and no file counted twice."""
+    from verbatim_batch.faults import InjectedFault
+
+    values = {f"k{i:03d}": i for i in range(40)}
+    tiny = {"target_file_mb": 0.02, "max_small_files": 4}  # files here are about 1 KB: all "small"
+    prev = None
+    counts = []
+    for night in range(4):
+        values = values | {f"k{night * 7:03d}": 1000 + night}
+        out = str(tmp_path / f"night{night}")
+        job = FakeJob(input=write_input(tmp_path / f"in{night}.json", values), output=out, previous=prev, **tiny)
+        _, m = run_stage(FakeStage(job))
+        assert [r["value"] for r in rows(out)] == [values[k] for k in sorted(values)]
+        counts.append(m["tables"]["rows"]["files"])
+        assert len([f for f in os.listdir(os.path.join(out, "rows"))]) == counts[-1]
+        prev = out
+    assert counts[0] < 20 and max(counts) <= 4 + 1 + 3, counts  # 20 writes, merged; small files stay bounded
+    out = str(tmp_path / "killed")
+    job = FakeJob(input=write_input(tmp_path / "in.json", values), output=out, run_id="r1", **tiny)
+    monkeypatch.setenv("VERBATIM_BATCH_FAULT", f"compact.recorded@{tmp_path / 'fired'};action=raise")
+    with pytest.raises(InjectedFault):
+        run_stage(FakeStage(job))
+    monkeypatch.delenv("VERBATIM_BATCH_FAULT")
+    _, m = run_stage(FakeStage(job))
+    assert m["tables"]["rows"]["rows"] == 40 and m["counts"]["rows_resumed"] == 40
+    assert [r["value"] for r in rows(out)] == [values[k] for k in sorted(values)]

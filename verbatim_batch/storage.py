@@ -198,6 +198,59 @@ def write_parquet(table: pa.Table, loc: str, **kwargs) -> None:
     os.replace(tmp, path)
 
 
+def write_parquet_digest(table: pa.Table, loc: str) -> dict[str, int | str]:
+    """Write ``table`` as one Parquet file (whole or not at all) and return its ``{"bytes", "digest"}``: the
+    digest is of the bytes written, so a later reader can tell the file is the one that was committed."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd")
+    data = sink.getvalue().to_pybytes()
+    write_bytes(loc, data)
+    return {"bytes": len(data), "digest": bytes_digest(data)}
+
+
+def bytes_digest(data: bytes) -> str:
+    import hashlib
+
+    return "blake2b:" + hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def file_digest(loc: str) -> str:
+    """The ``bytes_digest`` of a file, read in blocks."""
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=16)
+    fs, path = resolve(loc)
+    with fs.open_input_stream(path) as fh:
+        while block := fh.read(1 << 22):
+            h.update(block)
+    return "blake2b:" + h.hexdigest()
+
+
+def link_file(src: str, dst: str) -> str:
+    """Put the file ``src`` at ``dst`` without rewriting it: a hard link on a local disk (the data outlives
+    ``src``: deleting or pruning the run that wrote it never leaves ``dst`` dangling), a server-side copy on
+    an object store; a plain copy where neither works (another device, no hard links). Returns which."""
+    if not is_remote(src) and not is_remote(dst):
+        s, d = normalize(src), normalize(dst)
+        os.makedirs(os.path.dirname(d), exist_ok=True)
+        tmp = f"{d}.tmp-{uuid.uuid4().hex[:8]}"
+        try:
+            os.link(s, tmp)
+            how = "link"
+        except OSError:
+            shutil.copyfile(s, tmp)
+            how = "copy"
+        os.replace(tmp, d)
+        return how
+    src_fs, src_path = resolve(src)
+    dst_fs, dst_path = resolve(dst)
+    if src_fs.type_name == dst_fs.type_name and _parts(src)[0] == _parts(dst)[0]:
+        src_fs.copy_file(src_path, dst_path)  # one request: the store copies, nothing passes through here
+        return "server_copy"
+    write_bytes(dst, read_bytes(src))
+    return "copy"
+
+
 def read_parquet(loc: str, columns: list[str] | None = None, filter=None) -> pa.Table:
     """A Parquet file or a folder of them."""
     fs, path = resolve(loc)

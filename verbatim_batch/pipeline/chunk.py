@@ -22,6 +22,7 @@ from ..tables import CHUNKS, PAPERS, QUARANTINE
 from ..verify import iter_paper_checks
 from .ray_env import cpus
 from .runner import Outcome, Plan, RunOptions, StageContext, StageResult, TableStage, Work, run_stage
+from .sink import changed_files
 from .source import CorpusDatasource, find_duplicates, read_corpus
 
 INGEST_TABLES = {"papers": PAPERS, "chunks": CHUNKS, "quarantine": QUARANTINE}
@@ -54,10 +55,14 @@ class ChunkJob(RunOptions):
 def unchanged_map(job: ChunkJob) -> tuple[dict[str, str], int]:
     """``({paper_id: fingerprint}, n_rejected)`` for the papers of ``job.previous`` whose rows may be carried.
 
-    Empty when the chunker or ``store_text`` changed, and when the previous run stored no text: carried rows
-    are trusted only when they verify (``verify.iter_paper_checks``: the stored text hashes to the paper's
-    sha256, every chunk is that text at its offsets). A previous paper that does not verify (tampered or
-    damaged rows) is not carried but chunked again from the source; ``n_rejected`` counts them.
+    Empty when the chunker or ``store_text`` changed, and when the previous run stored no text. Carried rows
+    are trusted only when they verify. Every chunk was checked against its paper's text when it was written,
+    so when every papers and chunks file of the previous run is byte for byte what it committed (digests in
+    its ``files.json``: bytes hashed, nothing decoded, in Ray tasks) its papers are trusted as they are.
+    Otherwise (a file damaged or edited, or a run from before ``files.json``) each paper is checked
+    (``verify.iter_paper_checks``: the stored text hashes to the paper's sha256, every chunk is that text at
+    its offsets); a paper that does not verify is not carried but chunked again from the source, and
+    ``n_rejected`` counts them.
     """
     if not job.previous:
         return {}, 0
@@ -67,8 +72,11 @@ def unchanged_map(job: ChunkJob) -> tuple[dict[str, str], int]:
         return {}, 0
     papers = storage.read_parquet(committed_table_dir(job.previous, "papers"),
                                   columns=["paper_id", "sha256", *METADATA_FIELDS]).to_pydict()
-    rejected = {pid for pid, problems, with_text, _ in iter_paper_checks(storage.normalize(job.previous))
-                if pid and (problems or not with_text)}
+    if changed_files(job.previous, ("papers", "chunks")) == []:
+        rejected: set[str] = set()
+    else:
+        rejected = {pid for pid, problems, with_text, _ in iter_paper_checks(storage.normalize(job.previous))
+                    if pid and (problems or not with_text)}
     fingerprints = {pid: paper_fingerprint(sha, tuple(papers[f][i] for f in METADATA_FIELDS))
                     for i, (pid, sha) in enumerate(zip(papers["paper_id"], papers["sha256"], strict=True))
                     if pid not in rejected}
@@ -112,6 +120,7 @@ class ChunkStage(TableStage):
     key_tables = ("papers", "quarantine")
     scratch_tables = ("unchanged",)  # papers the ingest found unchanged: replaced by their carried rows
     carry_after_write = True
+    unchanged_verified = True  # unchanged_map trusts a previous paper only once it verifies
     table_counts = staticmethod(chunk_table_counts)
 
     @classmethod

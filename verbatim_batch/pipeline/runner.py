@@ -49,7 +49,7 @@ from ..runs import (
 )
 from ..tables import config_hash
 from .ray_env import init_ray
-from .sink import StageTableSink, TableSinkResult, carry_rows, no_counts
+from .sink import StageTableSink, TableSinkResult, carry_rows, compact, no_counts, write_files_index
 
 STANDARD_COUNTS = ("rows_in", "rows_new", "rows_carried", "rows_resumed")
 
@@ -65,6 +65,8 @@ class RunOptions:
     address: str | None = None  # Ray cluster address (default: RAY_ADDRESS, else a local Ray)
     num_cpus: int | None = None  # CPUs of a local Ray
     batch_retries: int = 2  # retries of a failed batch before its rows become error rows (or the run fails)
+    target_file_mb: float = 128  # compaction merges a table's small files toward files of this size
+    max_small_files: int = 16  # ... once a table has more files under a quarter of that size than this
 
 
 @dataclass(frozen=True)
@@ -154,6 +156,7 @@ class TableStage(Stage):
     key_tables: ClassVar[tuple[str, ...]] = ()  # default: the first table
     scratch_tables: ClassVar[tuple[str, ...]] = ()  # written by the sink for the stage only; not committed
     carry_after_write: ClassVar[bool] = False  # what is unchanged is known only once the input is read
+    unchanged_verified: ClassVar[bool] = False  # ``unchanged`` checked the rows itself (carry trusts them)
     needs_ray: ClassVar[bool] = True
 
     @classmethod
@@ -278,14 +281,17 @@ def _run_table_stage(stage: TableStage, plan: Plan, ctx: StageContext) -> StageR
                           key_columns=stage.record_keys(), table_counts=stage.table_counts)
     carried: set[str] = set()
     carried_rows: dict[str, int] = {}
+    carried_files: dict[str, int] = {}
 
     def carry() -> None:
         keys = stage.unchanged(plan, work, job.previous, ctx.staging)
         tables = {k: v for k, v in schemas.items() if k not in stage.scratch_tables}
         found, rows = carry_rows(job.previous, tables, stage.key_column, keys, ctx.staging,
-                                 record_keys=stage.key_column, table_counts=stage.table_counts)
+                                 record_keys=stage.key_column, table_counts=stage.table_counts,
+                                 rows_verified=stage.unchanged_verified)
         carried.update(found)
-        carried_rows.update(rows)
+        carried_rows.update({k: v for k, v in rows.items() if not k.startswith("files_")})
+        carried_files.update({f"carried_files.{k[6:]}": v for k, v in rows.items() if k.startswith("files_")})
 
     if job.previous and not stage.carry_after_write:
         carry()
@@ -322,16 +328,20 @@ def _run_table_stage(stage: TableStage, plan: Plan, ctx: StageContext) -> StageR
                                f"carried or resumed (e.g. {sorted(missing)[:3]} missing): rows were lost")
     for name in stage.scratch_tables:
         storage.rmtree(storage.join(ctx.staging, name))
+    published = {n: s for n, s in schemas.items() if n not in stage.scratch_tables}
+    if merged := compact(ctx.staging, published, int(job.target_file_mb * 2**20), job.max_small_files):
+        result = sink.finish()
+    write_files_index(ctx.staging, result, published)
     n_carried = len(carried) if work.keys is not None else sum(carried_rows.get(t, 0) for t in stage.key_tables)
     outcome = Outcome(result=result, carried=frozenset(carried), carried_rows=carried_rows, resumed=resumed,
                       new=work.n_in - n_carried - resumed, staging=ctx.staging)
     own = stage.counts(plan, work, outcome)
     own = own if isinstance(own, StageResult) else StageResult(tables={}, counts=own)
-    standard = {"rows_in": work.n_in, "rows_new": outcome.new, "rows_carried": n_carried, "rows_resumed": resumed}
+    standard = {"rows_in": work.n_in, "rows_new": outcome.new, "rows_carried": n_carried, "rows_resumed": resumed,
+                **carried_files, **({"files_compacted": merged} if merged else {})}
     clash = set(standard) & set(own.counts)
     if clash:
         raise RuntimeError(f"{stage.command} counts {sorted(clash)} clash with the runner's standard counts")
-    published = [n for n in stage.tables if n not in stage.scratch_tables]
     return StageResult(
         tables=own.tables or {n: {"rows": result.rows[n], "files": len(result.files[n])} for n in published},
         counts={**result.counts, **own.counts, **standard}, timings_s={**timings, **own.timings_s},

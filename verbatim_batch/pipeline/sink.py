@@ -7,6 +7,8 @@ column recorded per table, and a function of its own that counts a written table
 
 from __future__ import annotations
 
+import json
+import logging
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
@@ -20,10 +22,11 @@ from ray.data.block import BlockAccessor
 
 from .. import storage
 from ..faults import fault_point
-from ..runs import CARRIED_PREFIX, WRITES_DIR, committed_table_dir, read_writes, record_write
+from ..runs import CARRIED_PREFIX, WRITES_DIR, committed_table_dir, live_files, read_writes, record_write
 from ..tables import stable_hash
 from .batches import strip_internal
 
+log = logging.getLogger(__name__)
 TableCounter = Callable[[str, pa.Table], dict[str, int]]
 
 
@@ -33,12 +36,23 @@ def no_counts(name: str, table: pa.Table) -> dict[str, int]:
 
 @dataclass
 class TableSinkResult:
-    """Every completed write of a staging folder, summed: rows and files per table, counts, keys covered."""
+    """Every live file of a staging folder (completed writes, carried and compacted files), summed: rows and
+    files per table, counts, keys covered, and each file's stats (``files.json`` of the committed run)."""
 
     rows: Counter = field(default_factory=Counter)
     files: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     counts: Counter = field(default_factory=Counter)
     keys: set[str] = field(default_factory=set)
+    stats: dict[str, dict[str, Any]] = field(default_factory=dict)  # relpath -> table, rows, bytes, digest, counts
+
+
+def write_table_file(staging: str, name: str, part: str, table: pa.Table, schema: pa.Schema,
+                     table_counts: TableCounter) -> tuple[str, dict[str, Any]]:
+    """Write one table's file of a write into the staging folder; ``(relpath, stats)``."""
+    path = f"{name}/{part}.parquet"
+    table = table if table.schema == schema else table.cast(schema)
+    stats = storage.write_parquet_digest(table, storage.join(staging, path))
+    return path, {"table": name, "rows": table.num_rows, "counts": table_counts(name, table), **stats}
 
 
 class StageTableSink(Datasink):
@@ -48,10 +62,10 @@ class StageTableSink(Datasink):
     Running it inside the write task, fused with the read, keeps its outputs out of Ray's object store. The
     file key hashes the row keys a write task holds, so the same input gives the same file names.
 
-    Every write ends with a record in ``_writes/part-<key>.json`` (row counts, counts, the row keys it
-    covers), written after its table files: a write is done exactly when its record exists.
-    ``runs.completed_keys`` reads them back so a resumed run skips that work, and ``finish`` (called by the
-    runner, once) sums them, old writes and carried files included.
+    Every write ends with a record in ``_writes/part-<key>.json`` (the row keys it covers, and each file's
+    rows, bytes, digest and counts), written after its table files: a write is done exactly when its record
+    exists. ``runs.completed_keys`` reads them back so a resumed run skips that work, and ``finish`` (called
+    by the runner, once) sums the live files, old writes, carried and compacted files included.
     """
 
     def __init__(self, writer: Callable[[pa.Table], dict[str, pa.Table]], staging: str,
@@ -76,77 +90,219 @@ class StageTableSink(Datasink):
         outputs.sort(key=lambda o: min(self._keys(o), default=""))  # same order whatever order blocks came in
         keys = sorted(k for o in outputs for k in self._keys(o))
         key = stable_hash(*keys, size=10)
-        out: dict[str, Any] = {"rows": {}, "files": {}, "counts": {}, "keys": keys}
-        counts: Counter = Counter(reported)
+        out: dict[str, Any] = {"rows": {}, "files": {}, "counts": dict(reported), "keys": keys, "stats": {}}
         t_write = time.perf_counter()
         for name, schema in self.schemas.items():
             parts = [o[name] for o in outputs if name in o and o[name].num_rows]
             if not parts:
                 continue
             table = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
-            counts.update(self.table_counts(name, table))
-            folder = storage.join(self.staging, name)
-            storage.makedirs(folder)
-            storage.write_parquet(table if table.schema == schema else table.cast(schema),
-                                  storage.join(folder, f"part-{key}.parquet"))
-            out["rows"][name] = table.num_rows
-            out["files"][name] = f"{name}/part-{key}.parquet"
+            path, stats = write_table_file(self.staging, name, f"part-{key}", table, schema, self.table_counts)
+            out["rows"][name], out["files"][name], out["stats"][path] = table.num_rows, path, stats
             fault_point("sink.write")  # some of this write's tables are on disk, its record is not
         if any(k.startswith("time_ms.") for k in reported):  # stages that report their time get the write's too
-            counts["time_ms.write"] += round(1000 * (time.perf_counter() - t_write))
-        out["counts"] = dict(counts)
-        if keys or counts.get("stage_retries"):
+            out["counts"]["time_ms.write"] = round(1000 * (time.perf_counter() - t_write))
+        if keys or reported.get("stage_retries"):
             record_write(self.staging, f"part-{key}", out)
             fault_point(f"sink.recorded:{next(iter(self.schemas))}")  # this write is done, the stage is not
-        return {k: v for k, v in out.items() if k != "keys"}
+        return {k: v for k, v in out.items() if k not in ("keys", "stats")}
 
     def finish(self) -> TableSinkResult:
-        """Sum every completed write (this run's, a resumed run's, carried files) into one result; every
-        table exists, even when empty."""
-        result = TableSinkResult()
-        for rec in read_writes(self.staging):
-            result.rows.update(rec["rows"])
-            for name, path in rec["files"].items():
-                result.files[name].append(path)
-            result.counts.update(rec["counts"])
-            result.keys.update(rec.get("keys", []))
-        for name, schema in self.schemas.items():
-            if not result.files.get(name):
-                folder = storage.join(self.staging, name)
-                storage.makedirs(folder)
-                storage.write_parquet(schema.empty_table(), storage.join(folder, "part-empty.parquet"))
-                result.files[name].append(f"{name}/part-empty.parquet")
-        return result
+        """Sum every live file (this run's writes, a resumed run's, carried and compacted files) into one
+        result; every table exists, even when empty."""
+        return sum_live_files(self.staging, self.schemas)
+
+
+def sum_live_files(staging: str, schemas: dict[str, pa.Schema]) -> TableSinkResult:
+    records = read_writes(staging)
+    result = TableSinkResult()
+    for rec in records:
+        result.counts.update(rec.get("counts", {}))  # per batch (retries, time); the files' own come below
+        result.keys.update(rec.get("keys", []))
+    for path, stats in sorted(live_files(records).items()):
+        result.rows[stats["table"]] += stats["rows"]
+        result.files[stats["table"]].append(path)
+        result.counts.update(stats.get("counts", {}))
+        result.stats[path] = stats
+    for name, schema in schemas.items():
+        if not result.files.get(name):
+            path, stats = write_table_file(staging, name, "part-empty", schema.empty_table(), schema, no_counts)
+            result.files[name].append(path)
+            result.stats[path] = stats
+    return result
+
+
+def _carry_file(previous: str, prev_dir: str, name: str, f: str, schema: pa.Schema, key_column: str,
+                value_set: pa.Array, staging: str, record_keys: str | None, table_counts: TableCounter,
+                known: dict[str, Any] | None, rows_verified: bool) -> tuple[list[str], int, str] | None:
+    """Carry one previous file's rows of ``value_set`` into ``staging``: the whole file by reference when
+    every row is wanted and its bytes match the digest in the previous run's ``files.json``, else its wanted
+    rows rewritten. A file that does not match its digest is not carried (None), unless the stage verified
+    the rows itself (``rows_verified``): then they are rewritten, never linked. ``(keys found, rows, how)``,
+    or None when the file has none of the rows."""
+    src = storage.join(prev_dir, f)
+    part = f"{CARRIED_PREFIX}{stable_hash(previous, name, f, size=8)}"
+    record = f"{part}-{name}"
+    path = f"{name}/{part}.parquet"
+    columns = [key_column] + ([record_keys] if record_keys and record_keys != key_column else [])
+    ids = storage.read_parquet(src, columns=columns)
+    mask = pc.is_in(ids[key_column], value_set=value_set)
+    n = pc.sum(mask).as_py() or 0
+    if not n:
+        return None
+    found = ids.filter(mask)
+    keys = [str(k) for k in found[record_keys].to_pylist()] if record_keys in found.column_names else []
+    if storage.exists(storage.join(staging, WRITES_DIR, f"{record}.json")):
+        return found[key_column].to_pylist(), 0, "resumed"  # carried already by the run being resumed
+    intact = known is not None and storage.file_digest(src) == known.get("digest")
+    if known is not None and not intact:
+        log.warning("%s: its bytes differ from what %s committed (damaged or edited): %s", src, previous,
+                    "its verified rows are rewritten" if rows_verified else "not carried")
+        if not rows_verified:
+            return None
+    if n == ids.num_rows and intact:
+        how = storage.link_file(src, storage.join(staging, path))
+        stats = {"table": name, **{k: known[k] for k in ("rows", "bytes", "digest", "counts") if k in known}}
+    else:
+        table = storage.read_parquet(src).filter(mask)
+        path, stats = write_table_file(staging, name, part, table, schema, table_counts)
+        how = "rewritten"
+    record_write(staging, record, {"rows": {name: n}, "files": {name: path}, "counts": {}, "keys": keys,
+                                   "stats": {path: stats}})
+    return found[key_column].to_pylist(), n, how
 
 
 def carry_rows(previous: str, tables: dict[str, pa.Schema], key_column: str, keys: Iterable[str], staging: str,
-               record_keys: str | None = None, table_counts: TableCounter = no_counts) -> tuple[set[str], Counter]:
-    """Copy the rows of ``previous``'s ``tables`` whose ``key_column`` is in ``keys`` into ``staging``.
+               record_keys: str | None = None, table_counts: TableCounter = no_counts,
+               rows_verified: bool = False) -> tuple[set[str], Counter]:
+    """Carry the rows of ``previous``'s ``tables`` whose ``key_column`` is in ``keys`` into ``staging``.
 
-    Each previous file becomes one ``part-carried-*`` file and one recorded write (its ``record_keys`` column
-    gives the write's row keys), so ``finish`` counts carried rows like written ones and a resumed run does
-    not copy a file twice. Returns the keys found and the rows copied now, per table.
+    A previous file whose rows are all wanted is carried by reference (``storage.link_file``: a hard link,
+    or a server-side copy), once its bytes match the digest the previous run recorded; a file with some
+    wanted rows has those rewritten; a file that does not match its digest is not carried (its rows are
+    done again). Each carried file is one recorded write (its ``record_keys`` column gives the write's row
+    keys), so ``finish`` counts carried rows like written ones and a resumed run does not carry a file
+    twice. Returns the keys found and, per table, rows carried now and files linked or rewritten.
     """
     value_set = pa.array(sorted(set(keys)), pa.string())
+    index = files_index(previous)
     found: set[str] = set()
     rows: Counter = Counter()
+    calls = []
     for name, schema in tables.items():
         prev_dir = committed_table_dir(previous, name)
         for f in storage.listdir(prev_dir):
             if not f.endswith(".parquet"):
                 continue
-            part = f"{CARRIED_PREFIX}{stable_hash(previous, name, f, size=8)}"
-            table = storage.read_parquet(storage.join(prev_dir, f))
-            table = table.filter(pc.is_in(table[key_column], value_set=value_set))
-            found.update(table[key_column].to_pylist())
-            record = f"{part}-{name}"
-            if not table.num_rows or storage.exists(storage.join(staging, WRITES_DIR, f"{record}.json")):
-                continue  # nothing to carry here, or carried already by the run being resumed
-            path = f"{name}/{part}.parquet"
-            storage.makedirs(storage.join(staging, name))
-            storage.write_parquet(table if table.schema == schema else table.cast(schema), storage.join(staging, path))
-            record_write(staging, record, {
-                "rows": {name: table.num_rows}, "files": {name: path}, "counts": table_counts(name, table),
-                "keys": [str(k) for k in table[record_keys].to_pylist()] if record_keys in table.column_names else []})
-            rows[name] += table.num_rows
+            known = index.get(name, {}).get(f) if index is not None else None
+            if index is not None and known is None and not rows_verified:
+                log.warning("%s/%s: not in %s's files.json, not carried", prev_dir, f, previous)
+                continue
+            calls.append((name, (previous, prev_dir, name, f, schema, key_column, value_set, staging, record_keys,
+                                 table_counts, known, rows_verified)))
+    for (name, _), got in zip(calls, in_tasks(_carry_file, [args for _, args in calls]), strict=True):
+        if got is None:
+            continue
+        found.update(got[0])
+        rows[name] += got[1]
+        rows[f"files_{got[2]}"] += 1
     return found, rows
+
+
+def in_tasks(fn: Callable, calls: list[tuple]) -> list:
+    """``fn(*args)`` for each call: as Ray tasks when this driver has Ray up (the work leaves the driver and
+    runs on every node), else here."""
+    import ray
+
+    if not ray.is_initialized() or len(calls) < 2:
+        return [fn(*args) for args in calls]
+    task = ray.remote(num_cpus=1)(fn)
+    shared: dict[int, Any] = {}  # an array every call takes (the keys) goes to the object store once
+    calls = [tuple(shared.setdefault(id(a), ray.put(a)) if isinstance(a, pa.Array) else a for a in args)
+             for args in calls]
+    return ray.get([task.remote(*args) for args in calls])
+
+
+def _merge_files(staging: str, name: str, schema: pa.Schema, group: list[tuple[str, dict[str, Any]]]) -> str:
+    """One compaction: ``group``'s files of table ``name`` into one file, recorded as replacing them (then
+    they are deleted). Crash-safe: see ``runs.live_files``."""
+    paths = [p for p, _ in group]
+    part = f"part-compact-{stable_hash(*paths, size=10)}"
+    table = pa.concat_tables([storage.read_parquet(storage.join(staging, p)) for p in paths])
+    path, stats = write_table_file(staging, name, part, table, schema, no_counts)
+    counts: Counter = Counter()
+    for _, st in group:
+        counts.update(st.get("counts", {}))
+    stats["counts"] = dict(counts)
+    record_write(staging, f"{part}-{name}", {"rows": {}, "files": {}, "counts": {}, "keys": [],
+                                             "stats": {path: stats}, "replaces": paths})
+    fault_point("compact.recorded")  # the merged file is live, the files it replaced not yet deleted
+    for p in paths:
+        storage.remove(storage.join(staging, p))
+    return path
+
+
+def compact(staging: str, schemas: dict[str, pa.Schema], target_bytes: int, max_small_files: int) -> int:
+    """Merge a table's small files (under a quarter of ``target_bytes``) into files of about ``target_bytes``
+    once it has more than ``max_small_files`` of them, so the file count stays bounded however many
+    incremental runs add their few rows. Returns the files merged away."""
+    live = live_files(read_writes(staging))
+    calls = []
+    for name, schema in schemas.items():
+        small = sorted((p, st) for p, st in live.items()
+                       if st["table"] == name and st["rows"] and st.get("bytes", 0) < target_bytes // 4)
+        if len(small) <= max_small_files:
+            continue
+        group: list[tuple[str, dict[str, Any]]] = []
+        size = 0
+        for p, st in small:
+            if group and size + st.get("bytes", 0) > target_bytes:
+                calls.append((staging, name, schema, group))
+                group, size = [], 0
+            group.append((p, st))
+            size += st.get("bytes", 0)
+        if len(group) > 1:
+            calls.append((staging, name, schema, group))
+    in_tasks(_merge_files, calls)
+    return sum(len(c[3]) - 1 for c in calls)
+
+
+def changed_files(run_dir: str, tables: Iterable[str]) -> list[str] | None:
+    """Files of a committed run's ``tables`` whose bytes no longer match its ``files.json`` (or that it does
+    not list, or that are gone); None for a run without ``files.json``. Hashing reads bytes, decodes nothing,
+    and runs as Ray tasks when Ray is up."""
+    index = files_index(run_dir)
+    if index is None:
+        return None
+    root = storage.normalize(run_dir)
+    bad, calls = [], []
+    for name in tables:
+        listed = index.get(name, {})
+        present = {f for f in storage.listdir(storage.join(root, name)) if f.endswith(".parquet")}
+        bad += [f"{name}/{f}" for f in sorted(present ^ set(listed))]
+        calls += [(f"{name}/{f}", listed[f]["digest"]) for f in sorted(present & set(listed))]
+    digests = in_tasks(storage.file_digest, [(storage.join(root, rel),) for rel, _ in calls])
+    return bad + [rel for (rel, want), got in zip(calls, digests, strict=True) if got != want]
+
+
+FILES_INDEX = "files.json"  # a committed run's files: table -> name -> rows, bytes, digest, counts
+
+
+def files_index(run_dir: str) -> dict[str, dict[str, dict[str, Any]]] | None:
+    """The ``files.json`` of a committed run, or None for a run written without one."""
+    path = storage.join(storage.normalize(run_dir), FILES_INDEX)
+    if not storage.exists(path):
+        return None
+    return json.loads(storage.read_text(path))
+
+
+def write_files_index(staging: str, result: TableSinkResult, tables: Iterable[str]) -> None:
+    """``files.json`` of a run about to commit: each file of ``tables`` with its rows, bytes, digest and
+    counts (what a later run needs to carry a file by reference, and to trust it)."""
+    wanted = set(tables)
+    index: dict[str, dict[str, Any]] = {name: {} for name in wanted}
+    for path, stats in result.stats.items():
+        name, _, fname = path.partition("/")
+        if name in wanted:
+            index[name][fname] = {k: v for k, v in stats.items() if k != "table"}
+    storage.write_text(storage.join(staging, FILES_INDEX), json.dumps(index, sort_keys=True))

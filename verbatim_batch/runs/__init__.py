@@ -21,6 +21,8 @@ from .folder import (
     claim_composite,
     committed_run,
     completed_keys,
+    file_stats,
+    live_files,
     read_writes,
     record_write,
     safe_run_id,
@@ -47,6 +49,6 @@ __all__ = [
     "build_manifest", "committed_run", "committed_table_dir", "completed_keys", "current_run", "current_table",
     "jsonable",
     "load_manifests", "manifest_config", "new_run_id", "prune_runs", "publish", "read_manifest", "read_table",
-    "read_writes", "record_write", "safe_run_id", "set_current", "staged", "validate_manifest", "versions",
-    "write_manifest",
+    "file_stats", "live_files", "read_writes", "record_write", "safe_run_id", "set_current", "staged",
+    "validate_manifest", "versions", "write_manifest",
 ]

@@ -166,10 +166,32 @@ def read_writes(staging: str) -> list[dict[str, Any]]:
             for name in storage.listdir(folder) if name.endswith(".json")]
 
 
+def file_stats(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``{relpath: {"table", "rows", "bytes", "digest", "counts"}}`` of the files one write record made (a
+    record written before per-file stats existed: what its ``files`` and ``rows`` say)."""
+    if "stats" in record:
+        return {p.replace("\\", "/"): s for p, s in record["stats"].items()}
+    return {path.replace("\\", "/"): {"table": t, "rows": record.get("rows", {}).get(t, 0), "counts": {}}
+            for t, path in record.get("files", {}).items()}
+
+
+def live_files(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Files of the staging folder that belong to the run: every recorded file, less those a compaction
+    record replaced (a compaction writes its merged file, then its record, then deletes what it replaced,
+    so a kill at any point leaves either the old files or the merged one live, never both)."""
+    files: dict[str, dict[str, Any]] = {}
+    replaced: set[str] = set()
+    for rec in records:
+        files.update(file_stats(rec))
+        replaced.update(rec.get("replaces", []))
+    return {p: s for p, s in files.items() if p not in replaced}
+
+
 def completed_keys(staging: str) -> set[str]:
-    """Row keys covered by completed writes; files of writes that never completed are removed."""
+    """Row keys covered by completed writes; files of writes that never completed (and files a completed
+    compaction replaced) are removed."""
     records = read_writes(staging)
-    keep = {p.replace("\\", "/") for rec in records for p in rec["files"].values()}
+    keep = set(live_files(records))
     for rel in storage.walk_files(staging):
         if rel.split("/", 1)[0] != WRITES_DIR and rel != BINDING_FILE and rel not in keep:  # a write cut short
             storage.remove(storage.join(staging, rel))
