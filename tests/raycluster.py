@@ -16,6 +16,10 @@ copy a job driver on the other node is running from. It also keeps the cluster o
 Every node's dashboard agent gets a free HTTP port too (Ray's default, 52365, is fixed: whichever
 Ray on the machine binds it first wins, and a head whose agent lost it answers job submissions with
 "No available agent"); so does the head's Ray Client server (default 10001).
+A node has the GPUs it declares (``add_worker(num_gpus=...)``, fake ones) and never the machine's own: a node
+started with none sees ``CUDA_VISIBLE_DEVICES=""`` (Ray detects no GPU), one that declares ``n`` sees ``n`` ids of
+``-1`` (Ray hands those to its GPU actors, and CUDA shows them no device). So on a machine with real GPUs the
+cluster looks as it does on a CPU-only one, and the models run on CPU in float32 like everywhere else.
 Set ``RAYCLUSTER_KEEP_TEMP=1`` to keep the nodes' Ray logs after ``stop``.
 """
 
@@ -99,13 +103,15 @@ class LocalRayCluster:
     def dashboard(self) -> str:
         return f"http://127.0.0.1:{self.dash_port}"
 
-    def _start(self, args: list[str], name: str) -> None:
+    def _start(self, args: list[str], name: str, num_gpus: int = 0) -> None:
+        # The machine's own GPUs stay hidden (module docstring); a declared fake GPU gets an id CUDA cannot see.
+        env = {**self.env, "CUDA_VISIBLE_DEVICES": ",".join(["-1"] * num_gpus)}
         log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 - kept open for the process's life
         temp_dir = self.temp_root / f"n{len(self.procs)}"
         args = [*args, "--temp-dir", str(temp_dir), "--dashboard-agent-listen-port", str(free_port()),
                 "--labels", f"{NAME_LABEL}={name}"]
         proc = subprocess.Popen([self.ray, "start", "--block", "--disable-usage-stats", *args], stdout=log,
-                                stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
         self.procs.append(proc)
         self.names.append(name)
 
@@ -126,7 +132,7 @@ class LocalRayCluster:
             args += ["--resources", resources]
         if name in self.names:
             raise ValueError(f"there is a node called {name} already")
-        self._start(args, name)
+        self._start(args, name, num_gpus or 0)
 
     def stop_node(self, name: str, sig: int = signal.SIGKILL, timeout: float = 30.0) -> None:
         """Stop one node while the cluster goes on. SIGKILL (default) goes to the node's whole process group

@@ -4,8 +4,9 @@ Both nodes are ``ray start`` processes on this machine, joined through 127.0.0.1
 The worker node declares ``--num-gpus 1`` and an accelerator resource, so the pipeline takes its GPU
 path: one model actor per GPU with ``num_gpus=1`` for embed, retrieve and extract, and the index build
 as a ``num_gpus=1`` task.
-No CUDA is needed: the models fall back to CPU inside those actors. The head's state API then shows
-where each actor and task ran and what it asked for.
+No CUDA is needed: the models fall back to CPU inside those actors (a machine's real GPUs stay hidden from the
+cluster, tests/raycluster.py, so the float32 CPU outputs the digests hold come out everywhere). The head's state
+API then shows where each actor and task ran and what it asked for.
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ def _wait_for_tasks(cluster: LocalRayCluster, job_id: str, name: str, timeout: f
 
 
 def _check_outputs(out: Path) -> None:
-    assert_demo_digests(str(out))  # every table as the pre-refactor code wrote it
+    assert_demo_digests(str(out))  # every table as the pre-refactor code wrote it (float columns within a tolerance)
     for run, command in RUNS.items():
         manifest = read_manifest(str(out / run))
         assert manifest["command"] == command and manifest["status"] == "committed", manifest
