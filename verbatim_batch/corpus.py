@@ -110,6 +110,14 @@ def _kind(mode: int) -> str:
     return next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
 
 
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # undecodable bytes come back from the OS as lone surrogates
+        return False
+    return True
+
+
 def _walk_local(root: str, extensions: tuple[str, ...] | None) -> list[SourceFile]:
     """Input paths under a local ``root`` (a file or a folder), without opening any of them.
 
@@ -155,6 +163,12 @@ def _walk_local(root: str, extensions: tuple[str, ...] | None) -> list[SourceFil
             raise
         for e in entries:
             path = os.path.join(folder, e.name)
+            if not _utf8(e.name):  # never opened: its name cannot be a paper id or a table value
+                if wanted(e.name) or e.is_dir(follow_symlinks=False):
+                    shown = os.fsencode(path).decode("utf-8", "backslashreplace")
+                    out.append(SourceFile(shown, 0, f"{QuarantineReason.UNDECODABLE_NAME}: the name is not UTF-8; "
+                                                    "not read (rename it to read it)"))
+                continue
             try:
                 if e.is_symlink():
                     try:

@@ -277,6 +277,9 @@ def rmtree(loc: str) -> None:
 
     A run folder's ``manifest.json`` goes first: a delete cut short (a killed prune or overwrite) leaves
     a folder that is not a run, never a run with tables missing."""
+    if not is_remote(loc) and os.path.islink(normalize(loc)):  # the link goes, never what it points to
+        os.unlink(normalize(loc))
+        return
     fs, path = resolve(loc)
     kind = fs.get_file_info(path).type
     if kind == pafs.FileType.NotFound:

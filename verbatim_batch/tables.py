@@ -278,12 +278,13 @@ class QuarantineReason:
     BROKEN_SYMLINK = "broken_symlink"  # a symlink whose target does not exist
     SYMLINK_LOOP = "symlink_loop"  # a symlinked folder that leads to one of its own ancestors
     DUPLICATE_PATH = "duplicate_path"  # a symlinked folder that leads to a folder read under another path
+    UNDECODABLE_NAME = "undecodable_name"  # a file or folder name that is not UTF-8 (shown with \\x escapes)
 
     ALL = frozenset(
         {
             EMPTY, INVALID_UTF8, NUL_BYTES, BINARY, TOO_LARGE, DUPLICATE_ID,
             MISSING_ID, MISSING_TEXT, INVALID_RECORD, READ_ERROR, CHUNKER_ERROR,
-            NOT_A_REGULAR_FILE, BROKEN_SYMLINK, SYMLINK_LOOP, DUPLICATE_PATH,
+            NOT_A_REGULAR_FILE, BROKEN_SYMLINK, SYMLINK_LOOP, DUPLICATE_PATH, UNDECODABLE_NAME,
         }
     )
 

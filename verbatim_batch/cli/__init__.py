@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         return HANDLERS[args.command](args)
-    except (FileNotFoundError, FileExistsError, ValueError, NotImplementedError) as exc:
+    except (FileNotFoundError, FileExistsError, PermissionError, ConnectionError, ValueError,
+            NotImplementedError) as exc:
         print(f"verbatim-batch {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

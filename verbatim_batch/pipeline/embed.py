@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 import ray
 
 from .. import storage
-from ..runs import committed_table_dir, manifest_config
+from ..runs import committed_table_dir, expect_run, manifest_config
 from ..tables import embeddings_schema
 from .batches import drop_keys, with_counts, with_retries
 from .ray_env import cpu_threads, model_actor_args
@@ -97,6 +97,7 @@ class EmbedStage(TableStage):
 
         job: EmbedJob = self.job
         cfg = job.embedder or EmbedderConfig()
+        expect_run(job.chunks, "--chunks", "chunk")
         chunks_dir = committed_table_dir(job.chunks, "chunks")
         dim = int(AutoConfig.from_pretrained(cfg.model, revision=cfg.revision,
                                              trust_remote_code=cfg.trust_remote_code).hidden_size)

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import ray
 
 from .. import storage
-from ..runs import committed_table_dir, jsonable, manifest_config, read_table
+from ..runs import committed_table_dir, expect_run, jsonable, manifest_config, read_table
 from ..tables import PAIR_INPUT, PAIRS, REJECTS, SPANS
 from .batches import with_counts, with_retries, with_retry_count
 from .ray_env import cpu_actor_args, cpu_threads, model_actor_args
@@ -88,10 +88,13 @@ def pair_sources(job: ExtractJob) -> dict[str, Any]:
     its queries and its chunk run."""
     if (job.pairs is None) == (job.retrieval is None):
         raise ValueError("give exactly one of --pairs FILE or --retrieval RUN_DIR")
+    if job.chunks:
+        expect_run(job.chunks, "--chunks", "chunk")
     if job.pairs is not None:
         if not storage.exists(job.pairs):
             raise FileNotFoundError(f"pairs file not found: {job.pairs}")
         return {"pairs": job.pairs, "chunks": job.chunks}
+    expect_run(job.retrieval, "--retrieval", "retrieve")
     retrieval_cfg = manifest_config(job.retrieval)
     return {"retrieval": job.retrieval, "queries": job.queries or retrieval_cfg["queries"],
             "chunks": job.chunks or manifest_config(retrieval_cfg["index"])["chunks"]}

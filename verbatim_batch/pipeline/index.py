@@ -11,7 +11,7 @@ import ray
 
 from .. import storage
 from ..index.folder import build_index_files, index_fingerprint, update_index_files
-from ..runs import committed_table_dir, manifest_config, read_manifest
+from ..runs import committed_table_dir, expect_run, manifest_config, read_manifest
 from .ray_env import gpus
 from .runner import Plan, RunOptions, Stage, StageContext, StageResult, run_stage
 
@@ -37,6 +37,8 @@ class IndexStage(Stage):
 
     def plan(self) -> Plan:
         job: IndexJob = self.job
+        expect_run(job.embeddings, "--embeddings", "embed")
+        expect_run(job.chunks, "--chunks", "chunk")
         facts = IndexFacts(emb_dir=committed_table_dir(job.embeddings, "embeddings"),
                            chunks_dir=committed_table_dir(job.chunks, "chunks"),
                            embed_config=manifest_config(job.embeddings))

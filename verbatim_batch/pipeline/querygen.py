@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 import ray
 
 from .. import storage
-from ..runs import committed_table_dir, jsonable, read_table
+from ..runs import committed_table_dir, expect_run, jsonable, read_table
 from ..tables import GENERATED_QUERIES
 from .ray_env import cpu_actor_args
 from .runner import Outcome, Plan, RunOptions, StageContext, TableStage, Work, run_stage
@@ -53,6 +53,7 @@ class QueryGenStage(TableStage):
         if job.llm.backend != "http":
             raise ValueError("querygen talks to an OpenAI-compatible endpoint (e.g. `vllm serve` on the cluster): "
                              "use the http backend")
+        expect_run(job.chunks, "--chunks", "chunk")
         config = {"chunks": job.chunks, "n_papers": job.n_papers, "seed": job.seed, "llm": jsonable(job.llm.to_dict())}
         return Plan(config=config, inputs=(job.chunks,))
 

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+import socket
+import time
 from typing import Any
 
 import ray
+
+LOCAL_START_ATTEMPTS = 3  # a local Ray that fails to start (a loaded machine) is retried with backoff
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
@@ -16,9 +20,32 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
         return
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
-        ray.init(address=address, log_to_driver=True)
+        check_reachable(address)
+        try:
+            ray.init(address=address, log_to_driver=True)
+        except (ConnectionError, TimeoutError) as exc:
+            raise ConnectionError(f"cannot join the Ray cluster at {address}: {str(exc).splitlines()[0][:200]}") \
+                from None
     else:
         init_local(num_cpus)
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """A cluster address with nothing listening is refused within ``timeout_s`` (``ray.init`` would retry
+    for minutes): one line, naming where the address came from."""
+    if address in ("auto", "local"):
+        return
+    host_port = address.split("://", 1)[-1].split("/", 1)[0]
+    host, _, port = host_port.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"Ray address {address!r} is not HOST:PORT, ray://HOST:PORT or auto")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        where = "--address" if address != os.environ.get("RAY_ADDRESS") else "RAY_ADDRESS"
+        raise ConnectionError(f"no Ray cluster answers at {address} (from {where}): {exc.strerror or exc}; "
+                              "start one, or unset it to run on a local Ray") from None
 
 
 def init_local(num_cpus: int | None = None, log_to_driver: bool = True) -> None:
@@ -38,8 +65,17 @@ def init_local(num_cpus: int | None = None, log_to_driver: bool = True) -> None:
     if resolve is not None:
         services.resolve_ip_for_localhost = lambda host: host
     try:
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=log_to_driver,
-                 _node_ip_address="127.0.0.1")
+        for attempt in range(LOCAL_START_ATTEMPTS):
+            try:
+                ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=log_to_driver,
+                         _node_ip_address="127.0.0.1")
+                break
+            except Exception as exc:  # noqa: BLE001 - e.g. "node timed out during startup" on a loaded machine
+                ray.shutdown()
+                if attempt + 1 == LOCAL_START_ATTEMPTS:
+                    raise ConnectionError(f"a local Ray did not start after {LOCAL_START_ATTEMPTS} attempts: "
+                                          f"{str(exc).splitlines()[0][:200]}") from None
+                time.sleep(2.0 * 2**attempt)
     finally:
         if resolve is not None:
             services.resolve_ip_for_localhost = resolve

@@ -14,7 +14,7 @@ import ray
 
 from .. import storage
 from ..records import iter_records
-from ..runs import jsonable, manifest_config, read_manifest
+from ..runs import expect_run, jsonable, manifest_config
 from ..tables import QUERIES, RETRIEVAL, query_id_for, stable_hash
 from .ray_env import model_actor_args
 from .runner import Outcome, Plan, RunOptions, StageContext, TableStage, Work, run_stage
@@ -92,7 +92,7 @@ class RetrieveStage(TableStage):
         job: RetrieveJob = self.job
         cfg = job.retriever or RetrieverConfig(index_dir=job.index)
         cfg = dataclasses.replace(cfg, index_dir=storage.normalize(job.index))
-        read_manifest(job.index)
+        expect_run(job.index, "--index", "index")
         queries, rejected = read_queries(job.queries)  # the key covers the queries: a small file
         key = retrieval_key(job.index, queries, cfg)
         config = {"index": job.index, "queries": job.queries, "retriever": jsonable(dataclasses.asdict(cfg)),

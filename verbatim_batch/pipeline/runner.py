@@ -38,11 +38,13 @@ import pyarrow as pa
 
 from .. import storage
 from ..runs import (
+    acquire_lock,
     build_manifest,
     claim_composite,
     committed_run,
     completed_keys,
     new_run_id,
+    release_lock,
     safe_run_id,
     staged,
     write_manifest,
@@ -245,10 +247,14 @@ def run_stage(stage: Stage) -> tuple[str, dict[str, Any]]:
     run_id = job.run_id or new_run_id(stage.command, config)
     settings = config_hash(config)
     if isinstance(stage, CompositeStage):
-        folder = claim_composite(output, run_id, settings, overwrite=job.overwrite)
-        ctx = StageContext(job=job, run_id=run_id, staging=folder, config=config, started=t0)
-        manifest = _manifest(stage, run_id, config, inputs, stage.execute(plan, ctx), t0)
-        write_manifest(folder, manifest, on_commit=write_report)
+        lock = acquire_lock(output, run_id)
+        try:
+            folder = claim_composite(output, run_id, settings, overwrite=job.overwrite)
+            ctx = StageContext(job=job, run_id=run_id, staging=folder, config=config, started=t0)
+            manifest = _manifest(stage, run_id, config, inputs, stage.execute(plan, ctx), t0)
+            write_manifest(folder, manifest, on_commit=write_report)
+        finally:
+            release_lock(lock)
         return folder, stage.on_committed(folder, manifest)
     with staged(output, overwrite=job.overwrite, run_id=job.run_id, resume=stage.resumable,
                 settings_hash=settings) as run:

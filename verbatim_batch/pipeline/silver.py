@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import storage
-from ..runs import committed_table_dir, jsonable, read_table
+from ..runs import committed_table_dir, expect_run, jsonable, read_table
 from ..tables import group_by
 from .extract import ExtractJob, run_extract
 from .querygen import QueryGenJob, run_querygen
@@ -106,6 +106,8 @@ class SilverStage(CompositeStage):
 
     def plan(self) -> Plan:
         job: SilverJob = self.job
+        expect_run(job.chunks, "--chunks", "chunk")
+        expect_run(job.index, "--index", "index")
         teacher = dataclasses.replace(job.llm, style="paragraph")
         config = {"chunks": job.chunks, "index": job.index, "n_papers": job.n_papers, "seed": job.seed,
                   "top_k": job.top_k, "dev_fraction": job.dev_fraction, "teacher": jsonable(teacher.to_dict()),

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import datetime as _dt
+import json
+import os
 import uuid
 
 import pyarrow as pa
 
 from .. import storage
-from .folder import BINDING_FILE
-from .manifest import read_manifest, read_table
+from .folder import BINDING_FILE, replaceable
+from .manifest import MANIFEST_FILE, read_manifest, read_table
 
 RUNS_DIR = "runs"
 CURRENT_FILE = "CURRENT"  # the current run's id, for object stores and scripts
@@ -59,22 +61,35 @@ def _started(run_dir: str) -> float:
     return 0.0
 
 
+def _ours_unfinished(path: str, name: str) -> bool:
+    """A run folder this tool started and never committed: its binding file names this run id."""
+    try:
+        bound = json.loads(storage.read_text(storage.join(path, BINDING_FILE)))
+    except (OSError, ValueError):
+        return False
+    return isinstance(bound, dict) and bound.get("run_id") == name
+
+
 def prune_runs(root: str, keep: int, protect: tuple[str, ...] = ()) -> list[str]:
     """Delete committed runs beyond the ``keep`` newest and unfinished runs older than the newest commit.
 
-    The current run and ``protect`` are never deleted. Returns the ids removed.
+    Only runs this tool wrote are candidates: a committed run has a valid manifest of ours, an unfinished
+    one our binding file with its own id; anything else under ``runs/`` (a user's folder, a symlink) is never
+    touched. The current run and ``protect`` are never deleted. Returns the ids removed.
     """
     runs_dir = storage.join(storage.normalize(root), RUNS_DIR)
     current = current_run(root)
     committed, unfinished = [], []
     for name in storage.listdir(runs_dir):
         path = storage.join(runs_dir, name)
-        if name.startswith(".") or not storage.isdir(path):
-            continue
-        try:
+        if name.startswith(".") or not storage.isdir(path) or (
+                not storage.is_remote(path) and os.path.islink(path)):
+            continue  # not a run folder of ours (a symlink is never one: we write none)
+        if replaceable(path) and storage.exists(storage.join(path, MANIFEST_FILE)):
             committed.append((read_manifest(path)["created_at"], name))
-        except (FileNotFoundError, ValueError, KeyError):
+        elif _ours_unfinished(path, name):
             unfinished.append((_started(path), name))
+        # anything else (a user's folder beside the runs) is never touched
     committed.sort(reverse=True)
     newest = _dt.datetime.fromisoformat(committed[0][0]).timestamp() if committed else None
     doomed = [name for _, name in committed[max(keep, 1):]]

@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import socket
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -35,6 +38,82 @@ BINDING_FILE = "_run.json"  # the run id and the hash of the settings a staging 
 
 class SettingsChangedError(ValueError):
     """A run id reused with other settings: resuming would mix rows of both."""
+
+
+class OutputBusyError(FileExistsError):
+    """Another run is writing the same output."""
+
+
+def _lock_path(output: str) -> str:
+    parent, name = storage.split(output)
+    return storage.join(parent, f".{name}.lock")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def acquire_lock(output: str, run_id: str | None) -> str:
+    """Take the one-writer lock of ``output`` (``.<name>.lock`` beside it, created atomically, holding the
+    writer's pid, host and run id). A lock whose holder is gone (same host, no such process) is taken over;
+    one held by a live process, or by another host, stops this run with ``OutputBusyError``. On an object
+    store the create is not atomic: two writers starting within the same second can both pass."""
+    path = _lock_path(output)
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "run_id": run_id, "since": round(time.time()),
+          "token": uuid.uuid4().hex}
+    for _ in range(3):
+        if storage.is_remote(path):
+            if not storage.exists(path):
+                storage.write_text(path, json.dumps(me))
+                return f"{path}#{me['token']}"
+        else:
+            storage.makedirs(os.path.dirname(path))
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                pass
+            else:
+                with os.fdopen(fd, "w") as fh:
+                    fh.write(json.dumps(me))
+                return f"{path}#{me['token']}"
+        try:
+            held = json.loads(storage.read_text(path))
+        except (OSError, ValueError):
+            held = {}
+        if held.get("host") == me["host"] and isinstance(held.get("pid"), int) and not _alive(held["pid"]):
+            log.warning("%s: taking over the lock of run %s (pid %s is gone)", output, held.get("run_id"),
+                        held.get("pid"))
+            storage.remove(path)
+            continue
+        raise OutputBusyError(
+            f"{output} is being written by another run (run {held.get('run_id')}, pid {held.get('pid')} on "
+            f"{held.get('host')}): wait for it, or choose another output; if no such run is going, delete {path}")
+    raise OutputBusyError(f"{output}: could not take its lock {path}")
+
+
+def release_lock(lock: str) -> None:
+    """Give back a lock ``acquire_lock`` returned (only if it is still ours)."""
+    path, _, token = lock.rpartition("#")
+    try:
+        held = json.loads(storage.read_text(path))
+    except (OSError, ValueError):
+        return
+    if held.get("token") == token:
+        storage.remove(path)
+
+
+def refuse_symlink(output: str) -> None:
+    """An output that is a symbolic link would have us replace or delete what it points to (a run or a folder
+    elsewhere): refused."""
+    if not storage.is_remote(output) and os.path.islink(storage.normalize(output).rstrip(os.sep)):
+        raise OutputExistsError(f"{output} is a symbolic link (to {os.readlink(storage.normalize(output))}): "
+                                "give the real path as the output")
 
 
 def _bind(folder: str, run_id: str, settings_hash: str | None) -> None:
@@ -75,7 +154,20 @@ class RunDir:
                  settings_hash: str | None = None) -> None:
         self.output = storage.normalize(output)
         self.overwrite = overwrite
+        refuse_symlink(self.output)
         parent, name = storage.split(self.output)
+        if not storage.is_remote(parent) and os.path.isdir(parent) and not os.access(parent, os.W_OK | os.X_OK):
+            raise PermissionError(f"cannot write run folders in {parent}: permission denied (or a read-only file "
+                                  "system)")
+        self.lock = acquire_lock(self.output, run_id)  # before anything is removed or written
+        try:
+            self._prepare(parent, name, run_id, resume, settings_hash)
+        except BaseException:
+            release_lock(self.lock)
+            raise
+
+    def _prepare(self, parent: str, name: str, run_id: str | None, resume: bool, settings_hash: str | None) -> None:
+        overwrite = self.overwrite
         staging_dirs = [d for d in storage.listdir(parent) if d.startswith(f".{name}.staging-")]
         if (storage.is_remote(self.output) and staging_dirs and storage.exists(self.output)
                 and not storage.exists(storage.join(self.output, MANIFEST_FILE))):
@@ -120,6 +212,9 @@ class RunDir:
 
     def abort(self) -> None:
         storage.rmtree(self.staging)
+
+    def release(self) -> None:
+        release_lock(self.lock)
 
 
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -224,6 +319,7 @@ def claim_composite(output: str, run_id: str, settings_hash: str, overwrite: boo
     - anything else (a user's folder) is refused.
     """
     out = storage.normalize(output)
+    refuse_symlink(out)
     if storage.exists(out) and not storage.isdir(out):
         raise OutputExistsError(f"{out} exists and is not a folder: choose another output")
     names = storage.listdir(out) if storage.isdir(out) else []
@@ -264,6 +360,8 @@ def staged(output: str, overwrite: bool = False, run_id: str | None = None, resu
         if run_id is None:
             run.abort()
         raise
+    finally:
+        run.release()
 
 
 
