@@ -9,24 +9,32 @@ cannot be placed becomes a ``Reject`` with the reason and the raw answer.
 Two backends share all of this:
 
 - ``http``: any OpenAI-compatible endpoint (``vllm serve``, a gateway, a hosted API),
-  called from Ray actors with a bounded number of requests in flight, a timeout, and
-  retries with exponential backoff on connection errors, 429 and 5xx;
+  called from Ray actors with a bounded number of requests in flight, and retries with
+  exponential backoff on connection errors, timeouts, 429 and 5xx. The server is not trusted:
+  ``timeout_s`` bounds each attempt as a whole (a server trickling its body cannot hold it),
+  ``max_response_mb`` caps the answer, redirects carry the key only within the base URL's
+  origin, and an answer of the wrong shape is an error row;
 - ``vllm``: vLLM engines inside the Ray cluster through ``ray.data.llm`` (see
   ``pipeline.run_extract``); only the generation differs, the interpretation is the same.
 
 A request that fails after its retries makes an error row for each of its pairs; it
-never stops the job, and other requests' rows are unaffected.
+never stops the job, and other requests' rows are unaffected (nor sent again).
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import random
+import socket
+import ssl
+import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
@@ -39,7 +47,7 @@ from .spans import PairResult, Reject, Span
 LLM_VERSION = "1"
 BACKENDS = ("http", "vllm")
 _RUNTIME_FIELDS = ("base_url", "api_key_env", "timeout_s", "request_retries", "backoff_s", "max_in_flight", "engines",
-                   "batch_size", "tensor_parallel_size", "max_model_len", "gpu_memory_utilization")
+                   "batch_size", "tensor_parallel_size", "max_model_len", "gpu_memory_utilization", "max_response_mb")
 _RETRY_STATUS = (408, 409, 425, 429, 500, 502, 503, 504)
 
 
@@ -59,7 +67,7 @@ class LLMConfig:
     max_tokens: int = 2048
     structured_output: bool = True  # ask for JSON that follows the answer's schema
     fuzzy_threshold: float = 0.8
-    timeout_s: float = 180.0
+    timeout_s: float = 180.0  # http: the limit of one attempt as a whole (connect, redirects, headers, body)
     request_retries: int = 4
     backoff_s: float = 1.0
     max_in_flight: int = 8  # http: concurrent requests per actor
@@ -68,6 +76,7 @@ class LLMConfig:
     batch_size: int = 32  # vllm: rows per engine batch
     max_model_len: int = 16384
     gpu_memory_utilization: float = 0.9
+    max_response_mb: float = 8.0  # http: a larger answer is a per-row error (response_too_large), never read
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -80,8 +89,18 @@ class LLMConfig:
             raise ValueError("docs_per_request, max_in_flight and max_tokens must be >= 1")
         if not 0.0 < self.fuzzy_threshold <= 1.0:
             raise ValueError(f"fuzzy_threshold must be in (0, 1], got {self.fuzzy_threshold}")
-        if self.request_retries < 0 or self.timeout_s <= 0:
-            raise ValueError("request_retries must be >= 0 and timeout_s > 0")
+        if self.request_retries < 0 or not 0 < self.timeout_s < 1e6 or not 0 < self.max_response_mb < 1e6:
+            raise ValueError("request_retries must be >= 0, timeout_s and max_response_mb in (0, 1e6)")
+        # a config error now (rc 2 with one line), not an error row per pair, a failed actor or a leaked secret
+        if self.base_url:
+            endpoint_url(self.base_url)
+        elif self.backend == "http" and os.environ.get("OPENAI_BASE_URL"):
+            try:
+                endpoint_url(os.environ["OPENAI_BASE_URL"])
+            except ValueError as exc:
+                raise ValueError(f"OPENAI_BASE_URL: {exc}") from None
+        if self.backend == "http":
+            api_key(self.api_key_env)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -144,29 +163,304 @@ class HttpError(RuntimeError):
     """A request that failed for good (after retries, or not retryable)."""
 
 
+_REDIRECTS = (301, 302, 303, 307, 308)
+_MAX_REDIRECTS = 5
+_DETAIL_BYTES = 4096  # of an error page: enough for a message, never the whole page
+
+
+def endpoint_url(base: str) -> str:
+    """The chat-completions URL of an OpenAI-compatible ``base`` URL; ``ValueError`` (one line, never echoing
+    the URL, which may hold a secret) unless it is a plain http(s) URL with a host and no credentials."""
+    base = base.strip()
+    if any(ord(c) < 33 or ord(c) == 127 for c in base):
+        raise ValueError("base_url must not contain spaces or control characters")
+    parts = urllib.parse.urlsplit(base)
+    if parts.scheme.lower() not in ("http", "https"):
+        raise ValueError(f"base_url must be an http:// or https:// URL, got scheme {parts.scheme.lower()!r}")
+    if "@" in parts.netloc:
+        raise ValueError("base_url must not carry credentials (user:password@host): put the key in the "
+                         "environment variable named by --api-key-env (OPENAI_API_KEY by default)")
+    try:
+        parts.port  # noqa: B018 - raises on a port that is not a number in range
+    except ValueError:
+        raise ValueError("base_url has an invalid port") from None
+    if not parts.hostname:
+        raise ValueError("base_url has no host")
+    return urllib.parse.urlunsplit((parts.scheme.lower(), parts.netloc, parts.path.rstrip("/") + "/chat/completions",
+                                    parts.query, ""))
+
+
+def api_key(env: str | None) -> str:
+    """The key in the environment variable ``env`` (stripped; "" when unset); ``ValueError`` naming the
+    variable, never the key, when it cannot go in an HTTP header."""
+    key = (os.environ.get(env) or "").strip() if env else ""
+    if any(not 33 <= ord(c) <= 126 for c in key):
+        raise ValueError(f"the API key in ${env} has characters an HTTP header cannot carry")
+    return key
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower()
+    return scheme, (parts.hostname or "").lower(), parts.port or {"http": 80, "https": 443}.get(scheme)
+
+
+def _shown(url: str) -> str:
+    """``url`` for an error message: no credentials, at most 200 characters."""
+    parts = urllib.parse.urlsplit(url)
+    netloc = parts.netloc.rpartition("@")[2]
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))[:200]
+
+
+class _Failed(Exception):
+    """One attempt failed: ``retry`` says whether another attempt may help."""
+
+    def __init__(self, message: str, retry: bool, retry_after: str | None = None, status: int | None = None) -> None:
+        super().__init__(message)
+        self.retry, self.retry_after, self.status = retry, retry_after, status
+
+
+class _Deadline:
+    """The time limit of one attempt: connect, redirects, headers and body together (a socket timeout only
+    bounds each read, so a server trickling a byte a second would never hit it). When it passes, the
+    attempt's connections are shut down, so a read blocked on them (TLS included) returns at once.
+
+    It holds a duplicate of each socket: ``shutdown`` on it ends the connection itself, whatever object
+    (a TLS wrapper) holds the original, and its descriptor stays ours until ``close``, so it can never
+    hit an unrelated socket that reused a number."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.end = time.monotonic() + seconds
+        self.expired = False
+        self._socks: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def left(self) -> float:
+        left = self.end - time.monotonic()
+        if left <= 0 or self.expired:
+            raise self.failure()
+        return left
+
+    def failure(self) -> _Failed:
+        return _Failed(f"timeout: no complete answer within {self.seconds:g}s (--timeout)", retry=True)
+
+    def watch(self, sock: socket.socket) -> socket.socket:
+        try:
+            dup = sock.dup()
+        except OSError:
+            return sock
+        with self._lock:
+            self._socks.append(dup)
+            if self.expired:
+                _shut(dup)
+        return sock
+
+    def _expire(self) -> None:
+        with self._lock:  # shutdown and close under one lock: never a descriptor closed meanwhile
+            self.expired = True
+            for sock in self._socks:
+                _shut(sock)
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+        with self._lock:
+            for sock in self._socks:
+                sock.close()
+            self._socks = []
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+def _watched(cls: type[http.client.HTTPConnection], deadline: _Deadline):
+    """A connection factory for ``do_open`` whose sockets ``deadline`` can shut down."""
+
+    def make(host: str, **kwargs: Any) -> http.client.HTTPConnection:
+        conn = cls(host, **kwargs)
+        create = conn._create_connection
+        conn._create_connection = lambda *a, **k: deadline.watch(create(*a, **k))
+        return conn
+
+    return make
+
+
+class _HTTPHandler(urllib.request.HTTPHandler):
+    def __init__(self, deadline: _Deadline) -> None:
+        super().__init__()
+        self.deadline = deadline
+
+    def http_open(self, req):
+        return self.do_open(_watched(http.client.HTTPConnection, self.deadline), req)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, deadline: _Deadline, context: Callable[[], ssl.SSLContext]) -> None:
+        super().__init__()
+        self.deadline, self.context = deadline, context
+
+    def https_open(self, req):
+        return self.do_open(_watched(http.client.HTTPSConnection, self.deadline), req, context=self.context())
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """Redirects come back as ``HTTPError``: the client follows them itself (``OpenAIClient._send``)."""
+
+    def http_error_302(self, req, fp, code, msg, headers):
+        return None
+
+    http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
+
+
+def _read_capped(resp: Any, limit: int, deadline: _Deadline) -> bytes:
+    """The body of ``resp``: at most ``limit`` bytes, complete (as long as its Content-Length says), in time."""
+    declared = None
+    try:
+        declared = int(resp.headers.get("Content-Length", ""))
+    except ValueError:
+        pass
+    if declared is not None and declared > limit:
+        raise _Failed(f"response_too_large: Content-Length {declared} bytes, over the {limit}-byte cap "
+                      "(max_response_mb)", retry=False)
+    buf = bytearray()
+    while True:
+        chunk = resp.read(min(1 << 16, limit + 1 - len(buf)))
+        if not chunk:
+            break
+        buf += chunk
+        if len(buf) > limit:
+            raise _Failed(f"response_too_large: over the {limit}-byte cap (max_response_mb)", retry=False)
+    if deadline.expired:
+        raise deadline.failure()
+    if declared is not None and len(buf) < declared:
+        raise _Failed(f"connection: the body ended after {len(buf)} of {declared} bytes", retry=True)
+    return bytes(buf)
+
+
+def _content(data: bytes, content_type: str) -> str:
+    """The answer text of a chat-completions response body; ``_Failed`` (bad_response) for anything else."""
+    if not data.strip():
+        raise _Failed("bad_response: empty body", retry=False)
+    try:
+        payload = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:
+        snippet = " ".join(data[:120].decode("utf-8", "replace").split())
+        kind = "nested too deeply" if isinstance(exc, RecursionError) else f"not JSON ({content_type or 'no type'})"
+        raise _Failed(f"bad_response: {kind}: {snippet!r}", retry=False) from None
+    choices = payload.get("choices") if isinstance(payload, dict) else None
+    if not (isinstance(choices, list) and choices and isinstance(choices[0], dict)
+            and isinstance(choices[0].get("message"), dict)):
+        error = payload.get("error") if isinstance(payload, dict) else None
+        what = f"error {str(error)[:200]!r}" if error else "no choices[0].message"
+        raise _Failed(f"bad_response: {what}", retry=False)
+    content = choices[0]["message"].get("content")
+    if not isinstance(content, str):
+        return ""
+    # lone surrogates (a JSON escape like \ud800) cannot be written to a table
+    return content.encode("utf-8", "replace").decode("utf-8")
+
+
 class OpenAIClient:
-    """Minimal OpenAI-compatible chat client on the standard library: timeouts, retries with backoff."""
+    """Minimal OpenAI-compatible chat client on the standard library, distrustful of the server.
+
+    Each attempt is bounded as a whole by ``timeout_s`` (connect, redirects, headers and body) and its body
+    by ``max_response_mb``; redirects are followed (at most 5, http(s) only), the ``Authorization`` header
+    only to the base URL's own origin (scheme, host, port), as ``requests`` and ``httpx`` do. Connection
+    errors, timeouts, 408/409/425/429 and 5xx are retried with backoff (honouring ``Retry-After``, at most
+    60 s); everything else fails at once. Failures raise ``HttpError`` with a one-line reason.
+    """
 
     def __init__(self, config: LLMConfig) -> None:
         base = config.base_url or os.environ.get("OPENAI_BASE_URL")
         if not base:
             raise ValueError("the http backend needs --base-url (or OPENAI_BASE_URL), e.g. http://host:8000/v1")
-        self.url = base.rstrip("/") + "/chat/completions"
+        self.url = endpoint_url(base)
+        self.origin = _origin(self.url)
         self.config = config
-        self.api_key = os.environ.get(config.api_key_env) if config.api_key_env else None
+        self.api_key = api_key(config.api_key_env)
+        self.max_bytes = int(config.max_response_mb * 1024 * 1024)
+        self._tls: ssl.SSLContext | None = None
+        self._tls_lock = threading.Lock()
         self.structured = config.structured_output
         self.stats = {"requests": 0, "retries": 0, "failures": 0, "structured_fallbacks": 0}
 
-    def _post(self, body: dict[str, Any]) -> dict[str, Any]:
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        req = urllib.request.Request(self.url, data=json.dumps(body).encode(), headers=headers, method="POST")
-        with urllib.request.urlopen(req, timeout=self.config.timeout_s) as resp:
-            return json.loads(resp.read().decode("utf-8"))
+    @property
+    def tls(self) -> ssl.SSLContext:
+        """One TLS context (certificates and host names checked, as urllib does), made on first use."""
+        with self._tls_lock:
+            if self._tls is None:
+                self._tls = ssl.create_default_context()
+            return self._tls
+
+    def _send(self, body: bytes, deadline: _Deadline) -> str:
+        """One attempt: POST ``body``, following redirects by hand; the answer text or ``_Failed``."""
+        url, method, data = self.url, "POST", body
+        for _ in range(_MAX_REDIRECTS + 1):
+            headers = {"Content-Type": "application/json"} if data is not None else {}
+            if self.api_key and _origin(url) == self.origin:
+                headers["Authorization"] = f"Bearer {self.api_key}"
+            req = urllib.request.Request(url, data=data, headers=headers, method=method)
+            opener = urllib.request.build_opener(_NoRedirects, _HTTPHandler(deadline),
+                                                 _HTTPSHandler(deadline, lambda: self.tls))
+            try:
+                with opener.open(req, timeout=deadline.left()) as resp:
+                    return _content(_read_capped(resp, self.max_bytes, deadline), resp.headers.get_content_type())
+            except urllib.error.HTTPError as exc:
+                try:
+                    location = exc.headers.get("Location") if exc.headers else None
+                    if exc.code in _REDIRECTS and location:
+                        url = self._redirect(url, location)
+                        if exc.code in (301, 302, 303) and method == "POST":
+                            method, data = "GET", None  # as browsers, requests and httpx do
+                        continue
+                    detail = exc.read(_DETAIL_BYTES) if exc.fp else b""
+                finally:
+                    exc.close()
+                detail_text = " ".join(detail.decode("utf-8", "replace").split())[:300]
+                raise _Failed(f"http_{exc.code}: {detail_text}", retry=exc.code in _RETRY_STATUS,
+                              retry_after=exc.headers.get("Retry-After") if exc.headers else None,
+                              status=exc.code) from None
+        raise _Failed(f"too_many_redirects: more than {_MAX_REDIRECTS}, last to {_shown(url)}", retry=False)
+
+    @staticmethod
+    def _redirect(url: str, location: str) -> str:
+        target = urllib.parse.urljoin(url, location.strip())
+        parts = urllib.parse.urlsplit(target)
+        if parts.scheme.lower() not in ("http", "https") or not parts.hostname or "@" in parts.netloc:
+            raise _Failed(f"redirect_refused: to {_shown(target)!r} (only plain http(s) URLs are followed)",
+                          retry=False)
+        try:
+            parts.port  # noqa: B018 - raises on a bad port
+        except ValueError:
+            raise _Failed(f"redirect_refused: to {_shown(target)!r} (invalid port)", retry=False) from None
+        return urllib.parse.urlunsplit(parts._replace(fragment=""))
+
+    def _attempt(self, body: bytes) -> str:
+        deadline = _Deadline(self.config.timeout_s)
+        try:
+            return self._send(body, deadline)
+        except _Failed as exc:
+            if deadline.expired and exc.retry:
+                raise deadline.failure() from None
+            raise
+        except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
+            if deadline.expired:
+                raise deadline.failure() from None
+            reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+            name = type(reason if isinstance(reason, BaseException) else exc).__name__
+            raise _Failed(f"connection: {name}: {str(reason)[:300]}", retry=True) from None
+        finally:
+            deadline.cancel()
 
     def chat(self, messages: list[dict[str, str]], n_docs: int | None = None) -> str:
-        """The answer's text; raises ``HttpError`` once retries are spent.
+        """The answer's text; raises ``HttpError`` once retries are spent (or at once when retrying cannot help).
 
         ``n_docs`` marks an extraction request: its answer schema is sent as structured output.
         """
@@ -178,30 +472,19 @@ class OpenAIClient:
             if not self.structured:
                 body.pop("response_format", None)
             try:
-                payload = self._post(body)
-                content = payload["choices"][0]["message"].get("content")
-                return content if isinstance(content, str) else ""
-            except urllib.error.HTTPError as exc:
-                detail = exc.read().decode("utf-8", "replace")[:300] if exc.fp else ""
-                if exc.code == 400 and self.structured and "response_format" in body:
+                return self._attempt(json.dumps(body).encode())
+            except _Failed as exc:
+                if exc.status == 400 and self.structured and "response_format" in body:
                     self.structured = False  # the server does not do structured output: ask without it
                     self.stats["structured_fallbacks"] += 1
                     continue
-                retry_after = exc.headers.get("Retry-After") if exc.headers else None
-                if exc.code not in _RETRY_STATUS or attempt >= cfg.request_retries:
+                if not exc.retry or attempt >= cfg.request_retries:
                     self.stats["failures"] += 1
-                    raise HttpError(f"http_{exc.code}: {detail}") from exc
-            except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
-                retry_after = None
-                if attempt >= cfg.request_retries:
-                    self.stats["failures"] += 1
-                    raise HttpError(f"connection: {type(exc).__name__}: {exc}") from exc
-            except (KeyError, IndexError, TypeError, ValueError) as exc:
-                self.stats["failures"] += 1
-                raise HttpError(f"bad_response: {type(exc).__name__}: {exc}") from exc
+                    raise HttpError(str(exc)) from None
+                retry_after = exc.retry_after
             attempt += 1
             self.stats["retries"] += 1
-            delay = float(retry_after) if retry_after and retry_after.isdigit() else \
+            delay = float(retry_after) if retry_after and retry_after.strip().isdigit() else \
                 cfg.backoff_s * (2 ** (attempt - 1)) * (1 + random.random() * 0.25)
             time.sleep(min(delay, 60.0))
 
@@ -217,26 +500,42 @@ class LLMExtractor:
         self.config = config
         self.client = OpenAIClient(config)
         self.pool = ThreadPoolExecutor(max_workers=config.max_in_flight)
+        self._answered: dict[str, str] = {}  # the last batch's answers, by request: a retried batch reuses them
 
     def describe(self) -> dict[str, Any]:
         return {"extractor": self.name, "model_id": self.config.model, "model_revision": None,
                 "config_hash": self.config.hash, "backend": "http", "style": self.config.style}
 
-    def _one(self, query: str, chunks: list[str]) -> list[PairResult]:
+    def _one(self, query: str, chunks: list[str], previous: dict[str, str], answered: dict[str, str]
+             ) -> list[PairResult]:
+        """One request's rows; never raises (an exception here would make the stage redo the whole batch,
+        sending its other requests again)."""
         rid = request_id(query, chunks)
+        key = tables.stable_hash(query, *chunks)
         try:
-            raw = self.client.chat(build_messages(query, chunks, self.config.style), len(chunks))
+            raw = previous.get(key)
+            if raw is None:
+                raw = self.client.chat(build_messages(query, chunks, self.config.style), len(chunks))
+            answered[key] = raw
+            return interpret(raw, chunks, self.config, rid)
         except HttpError as exc:
             return [PairResult([], None, f"llm_request_failed: {exc}") for _ in chunks]
-        return interpret(raw, chunks, self.config, rid)
+        except Exception as exc:  # noqa: BLE001 - a per-row error, the batch goes on
+            return [PairResult([], None, f"llm_request_failed: {type(exc).__name__}: {str(exc)[:300]}")
+                    for _ in chunks]
 
     def extract(self, queries: Sequence[str], chunks: Sequence[str]) -> list[PairResult]:
+        """One result per pair. A request that fails makes error rows for its pairs only; answers of the
+        previous call are reused, so a batch retried after a later failure is not sent again."""
         groups = group_requests(queries, self.config.docs_per_request)
-        futures = [self.pool.submit(self._one, queries[g[0]], [chunks[i] for i in g]) for g in groups]
+        answered: dict[str, str] = {}
+        futures = [self.pool.submit(self._one, queries[g[0]], [chunks[i] for i in g], self._answered, answered)
+                   for g in groups]
         out: list[PairResult] = [PairResult([], None)] * len(queries)
         for g, fut in zip(groups, futures, strict=True):
             for i, res in zip(g, fut.result(), strict=True):
                 out[i] = res
+        self._answered = answered
         return out
 
 
