@@ -7,7 +7,7 @@
 - ``chains``: chunk -> embed -> index -> retrieve -> extract, defined once; ``nightly``: incremental chains.
 """
 
-from .chains import STAGES, Chain, run_chain
+from .chains import STAGES, Chain, ChainJob, run_chain, run_chain_job
 from .chunk import ChunkJob, run_chunk
 from .embed import EmbedJob, run_embed
 from .extract import ExtractJob, build_pairs, run_extract
@@ -31,9 +31,10 @@ from .runner import (
 from .silver import SilverJob, run_silver
 
 __all__ = [
-    "STAGES", "Chain", "ChunkJob", "EmbedJob", "ExtractJob", "IndexJob", "NightlyJob", "QueryGenJob", "RetrieveJob",
+    "STAGES", "Chain", "ChainJob", "ChunkJob", "EmbedJob", "ExtractJob", "IndexJob", "NightlyJob", "QueryGenJob",
+    "RetrieveJob",
     "CompositeStage", "Outcome", "Plan", "RunOptions", "SilverJob", "Stage", "StageContext", "StageResult",
     "TableStage", "Work", "build_pairs", "init_ray", "read_queries",
-    "run_chain", "run_chunk", "run_embed", "run_extract", "run_index", "run_nightly", "run_querygen",
+    "run_chain", "run_chain_job", "run_chunk", "run_embed", "run_extract", "run_index", "run_nightly", "run_querygen",
     "run_retrieve", "run_silver", "run_stage",
 ]

@@ -14,12 +14,13 @@ from typing import Any
 
 from .. import storage
 from ..chunking import ChunkerConfig
+from ..runs import jsonable
 from .chunk import ChunkJob, run_chunk
 from .embed import EmbedJob, run_embed
 from .extract import ExtractJob, run_extract
 from .index import IndexJob, run_index
 from .retrieve import RetrieveJob, run_retrieve
-from .runner import RunOptions
+from .runner import CompositeStage, Plan, RunOptions, StageContext, StageResult, run_stage
 
 STAGES = ("chunks", "embeddings", "index", "retrieval", "spans")
 
@@ -89,3 +90,43 @@ def run_chain(chain: Chain, output: str, *, previous: str | None = None, run_id:
         if after_stage is not None:
             after_stage(name)
     return results, timings
+
+
+@dataclass(kw_only=True)
+class ChainJob(RunOptions):
+    """``verbatim-batch run``: the whole chain on one corpus and query file, into ``output/<stage>``."""
+
+    chain: Chain
+
+
+class ChainStage(CompositeStage):
+    """The chain as one run: one Ray start for every stage, each stage its usual committed run folder under
+    ``output`` (all under one run id, so a rerun after a kill skips committed stages and resumes the one that
+    was interrupted), and a manifest and report for the whole."""
+
+    command = "run"
+
+    def plan(self) -> Plan:
+        c: Chain = self.job.chain
+        config = {"input": c.input, "queries": c.queries, "metadata": c.metadata, "format": c.format,
+                  "chunker": c.chunker.to_dict(), "embedder": jsonable(c.embedder.to_dict()) if c.embedder else None,
+                  "extractor": jsonable(c.extractor.to_dict()) if c.extractor else None,
+                  "dense": jsonable(c.dense.__dict__) if c.dense is not None else None, "method": c.method,
+                  "top_k": c.top_k, "max_drift": c.max_drift}
+        return Plan(config=config, inputs=(c.input, c.queries, *([c.metadata] if c.metadata else [])))
+
+    def execute(self, plan: Plan, ctx: StageContext) -> StageResult:
+        job: ChainJob = self.job
+        results, timings = run_chain(job.chain, ctx.staging, previous=job.previous, run_id=ctx.run_id,
+                                     address=job.address, num_cpus=job.num_cpus, batch_retries=job.batch_retries)
+        manifests = {name: m for name, (_, m) in results.items()}
+        return StageResult(
+            tables={f"{stage}/{name}": info for stage, m in manifests.items() for name, info in m["tables"].items()},
+            counts={f"{stage}.{k}": int(v) for stage, m in manifests.items() for k, v in m["counts"].items()
+                    if not k.startswith("time_ms.")},
+            timings_s=timings, manifest={"stages": {name: name for name in STAGES}})
+
+
+def run_chain_job(job: ChainJob) -> tuple[str, dict[str, Any]]:
+    """``verbatim-batch run``: the chain as one committed, resumable run."""
+    return run_stage(ChainStage(job))

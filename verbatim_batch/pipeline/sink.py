@@ -185,6 +185,8 @@ def carry_rows(previous: str, tables: dict[str, pa.Schema], key_column: str, key
     twice. Returns the keys found and, per table, rows carried now and files linked or rewritten.
     """
     value_set = pa.array(sorted(set(keys)), pa.string())
+    if not len(value_set):
+        return set(), Counter()
     index = files_index(previous)
     found: set[str] = set()
     rows: Counter = Counter()
