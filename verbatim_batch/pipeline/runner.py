@@ -50,6 +50,7 @@ from ..runs import (
     write_manifest,
 )
 from ..tables import config_hash
+from .progress import Progress
 from .ray_env import init_ray
 from .sink import StageTableSink, TableSinkResult, carry_rows, compact, no_counts, write_files_index
 
@@ -311,14 +312,17 @@ def _run_table_stage(stage: TableStage, plan: Plan, ctx: StageContext) -> StageR
             timings["ray_start"] = time.perf_counter() - t
         t = time.perf_counter()
         rows = stage.dataset(plan, work, skip, ctx)
-        if hasattr(rows, "write_datasink"):
-            rows.write_datasink(sink, concurrency=stage.write_concurrency())
-        else:
-            for table in rows:
-                sink.write([table], None)
+        with Progress(stage.command, ctx.staging, todo, unique=work.keys is not None):  # rows done/total, ETA
+            if hasattr(rows, "write_datasink"):
+                rows.write_datasink(sink, concurrency=stage.write_concurrency())
+            else:
+                for table in rows:
+                    sink.write([table], None)
         timings["work_and_write"] = time.perf_counter() - t
     if job.previous and stage.carry_after_write:
         carry()
+    published = {n: s for n, s in schemas.items() if n not in stage.scratch_tables}
+    merged = compact(ctx.staging, published, int(job.target_file_mb * 2**20), job.max_small_files)
     result = sink.finish()
     resumed = len(done - carried)
     if work.keys is None:  # one row per input record in the key tables
@@ -334,9 +338,6 @@ def _run_table_stage(stage: TableStage, plan: Plan, ctx: StageContext) -> StageR
                                f"carried or resumed (e.g. {sorted(missing)[:3]} missing): rows were lost")
     for name in stage.scratch_tables:
         storage.rmtree(storage.join(ctx.staging, name))
-    published = {n: s for n, s in schemas.items() if n not in stage.scratch_tables}
-    if merged := compact(ctx.staging, published, int(job.target_file_mb * 2**20), job.max_small_files):
-        result = sink.finish()
     write_files_index(ctx.staging, result, published)
     n_carried = len(carried) if work.keys is not None else sum(carried_rows.get(t, 0) for t in stage.key_tables)
     outcome = Outcome(result=result, carried=frozenset(carried), carried_rows=carried_rows, resumed=resumed,
