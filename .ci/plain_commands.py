@@ -3,11 +3,11 @@ plain venv's python, never with the dev venv's.
 
 Fails (exit 1) on an ImportError or on any command that does not exit 0, and checks that the paths needing
 an extra that is not installed (`llm`: vLLM; `gpu`: faiss-gpu-cu12) stop with one line naming the extra,
-exit 2. Everything runs in this one process through ``verbatim_batch.cli.main`` so Ray starts once (local,
-2 CPUs) and its workers are reused; `report`, `verify`, `synth` and `--help` run through the installed
-console script as subprocesses. The LLM commands talk HTTP to a scripted OpenAI-compatible server on
-loopback (standard library only, in a thread here): the client side under test is the package's own,
-the answers are fixed so that querygen and silver produce rows.
+exit 2. Most commands run in this one process through ``verbatim_batch.cli.main``, so Ray starts once
+(local, 2 CPUs) and its workers are reused; `demo` (alongside the others), `report`, `verify` and `synth`
+run through the installed console script, each in its own process. The LLM commands talk HTTP to a
+scripted OpenAI-compatible server on loopback (standard library only, in a thread here): the client side
+under test is the package's own, the answers are fixed so that querygen and silver produce rows.
 
 Usage: python .ci/plain_commands.py WORK_DIR
 """
@@ -264,6 +264,13 @@ def main(work: Path) -> int:
     w = {name: str(work / name) for name in (
         "chunks", "emb", "index", "retrieval", "x-semantic", "x-llm", "x-vllm", "querygen", "silver", "student",
         "x-highlighter", "nightly", "demo")}
+    # The demo, the costliest command, runs as a user runs it: the console script in its own process with its
+    # own local Ray, alongside the commands below (2 cores: one lane alone leaves one mostly idle).
+    exe = str(Path(sys.executable).with_name("verbatim-batch"))
+    log(f"$ verbatim-batch demo --output {w['demo']}  (subprocess, alongside the commands below)")
+    demo_log = open(work / "demo.log", "w+")  # closed below
+    demo_started = time.monotonic()
+    demo = subprocess.Popen([exe, "demo", "--output", w["demo"]], stdout=demo_log, stderr=subprocess.STDOUT)
     try:
         run_script("synth", ["synth", "--out", str(corpus), "--n", "2", "--max-chars", "6000", "--seed", "1"])
         run("chunk", ["chunk", "--input", str(corpus), "--format", "md", "--metadata", str(corpus / "metadata.jsonl"),
@@ -298,13 +305,24 @@ def main(work: Path) -> int:
         run("evaluate --sweep-threshold", ["evaluate", "--gold", gold, "--sweep-threshold", "0.3,0.5"])
         run("nightly", ["nightly", "--input", str(corpus), "--format", "md", "--queries", queries, "--top-k", "2",
                         "--root", w["nightly"]])
-        run("demo", ["demo", "--output", w["demo"]])
+        try:
+            demo.wait(timeout=1800)
+        except subprocess.TimeoutExpired:
+            demo.kill()
     finally:
         server.shutdown()
+        if demo.poll() is None:
+            demo.kill()
+        demo.wait()
+        TIMES.append(("demo (alongside)", time.monotonic() - demo_started))
+        demo_log.seek(0)
+        sys.stdout.write(demo_log.read())  # into the log that is searched for ImportErrors
+        demo_log.close()
         import ray
 
         if ray.is_initialized():
             ray.shutdown()
+    check("demo", demo.returncode == 0, f"exit {demo.returncode}")
     check("LLM requests", _Handler.requests > 0, "the scripted server got no request")
     log(f"the scripted LLM server answered {_Handler.requests} requests")
     if (Path(w["demo"]) / "spans" / "manifest.json").exists():

@@ -73,9 +73,9 @@ env -u RAY_ADDRESS "$MARK" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HOME="$WOR
 rc=$?
 set -e
 grep -F "[plain-install]" "$WORK/log" || true
-if grep -qE "(ImportError|ModuleNotFoundError)\b" "$WORK/log"; then
+if grep -qE "\b(ImportError|ModuleNotFoundError): " "$WORK/log"; then
     echo "[plain-install] an ImportError was raised (in the driver or a Ray worker):"
-    grep -nE -B2 -A2 "(ImportError|ModuleNotFoundError)\b" "$WORK/log" | head -40
+    grep -nE -B2 -A2 "\b(ImportError|ModuleNotFoundError): " "$WORK/log" | head -40
     rc=1
 fi
 if [ "$rc" -ne 0 ]; then
