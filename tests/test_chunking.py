@@ -15,6 +15,7 @@ from verbatim_batch.chunking import (
     build_context,
     chunk_markdown,
     first_heading,
+    is_section_heading,
     verify_chunks,
 )
 from verbatim_batch.tables import chunk_id
@@ -280,3 +281,46 @@ def test_bad_config_is_rejected():
         ChunkerConfig(min_chars=600, max_chars=500)
     with pytest.raises(ValueError):
         ChunkerConfig(heading_levels=(0, 7))
+
+
+# --- titles ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("heading", [
+    "Abstract", "ABSTRACT", "Abstract:", "**Abstract**", "###### Abstract", "Introduction", "1 Introduction",
+    "1. Introduction", "2 Related work", "Related Work", "Method", "Methods", "3 Methodology", "Results",
+    "4.2 Results", "Conclusion", "Conclusions", "6 Conclusions and Future Work", "References", "Acknowledgments",
+    "Acknowledgements", "Appendix", "Appendix A", "Appendix B.2", "A.1 Prompts", "II. Related Work",
+    "3 Corpus creation", "3.1 Data collection and preprocessing",
+])
+def test_section_headings_are_recognised(heading):
+    assert is_section_heading(heading)
+
+
+@pytest.mark.parametrize("title", [
+    "Inferential Question Answering", "PeerQA: A Scientific Question Answering Dataset from Peer Reviews",
+    "A Survey of Evidence Extraction", "I Know What You Retrieved", "Abstractive Summarization of Papers",
+    "Methods Matter: Revisiting BM25", "ACL-Verbatim: hallucination-free question answering for research",
+])
+def test_titles_are_not_section_headings(title):
+    assert not is_section_heading(title)
+
+
+@pytest.mark.parametrize("text, title", [
+    # a web-page dump: metadata lines, then ###### Abstract (seed paper 000): the Title: line, not "Abstract"
+    ("Title: ACL-Verbatim: QA for research\n\nURL Source: https://x\n\nMarkdown Content:\nA. Author 1\n\n"
+     "###### Abstract\n\nWe study.\n\n## 1 Introduction\n\nText.\n", "ACL-Verbatim: QA for research"),
+    # no heading at all (seed paper 001): the first non-empty line
+    ("\n\nClaim-Aware Scientific RAG: Evidence First\n\nJ. Chen\n\nAbstract\n\nRAG is...\n",
+     "Claim-Aware Scientific RAG: Evidence First"),
+    # a title heading above ## Abstract (seed papers 003, 004)
+    ("\n\n# PeerQA: A Dataset\n\nT. B.<sup>1</sup>\n\n## Abstract\n\nWe present.\n", "PeerQA: A Dataset"),
+    # section headings only: never one of them
+    ("## 1 Introduction\n\nBody text here.\n\n## 2 Method\n\nMore.\n", "Body text here."),
+    ("<!-- image -->\n\n**Bold Title Line**\n\n## Abstract\n", "Bold Title Line"),
+    ("```\n# not a heading\n```\n# Real Title\n", "Real Title"),
+    ("# " + "long " * 80 + "\n", ("long " * 80).strip()[:199] + "…"),
+    ("", None), ("\n\n   \n", None),
+])
+def test_first_heading_picks_the_title(text, title):
+    assert first_heading(text) == title

@@ -311,3 +311,80 @@ def test_evaluate_predictions_in_memory(gold_file):
     # raw (un-normalised) gold rows are accepted too, with custom thresholds
     res2 = evaluate_predictions(GOLD, preds, iou_thresholds=(0.9,))
     assert list(res2["iou"]) == ["0.9"] and res2["iou"]["0.9"]["f1"] == 1.0
+
+
+# ---------------------------------------------------------------------------
+# evaluate --report and the sweep table
+# ---------------------------------------------------------------------------
+
+PREDICTIONS = [
+    {"query": "q1", "paper_id": "P1", "chunk_index": 0, "spans": ["beta gamma"]},  # 2 of 3 gold words: F1 0.8
+    {"query": "q2", "chunk": CHUNK_B, "spans": [{"start": 0, "end": 3}]},  # "One": no gold word, F1 0
+]
+
+
+def test_cli_evaluate_report_shows_gold_beside_predicted_with_row_f1(gold_file, tmp_path, capsys):
+    import html
+    import re
+
+    from test_report import CHROMIUM, MARK, render
+
+    from verbatim_batch.cli import main
+
+    preds = write_jsonl(tmp_path / "pred.jsonl", PREDICTIONS)
+    out = tmp_path / "rep"
+    assert main(["evaluate", "--gold", str(gold_file), "--predictions", str(preds), "--report", str(out)]) == 0
+    assert f"report: {out}/report.html" in capsys.readouterr().out
+    data = json.loads((out / "report.json").read_text())
+    f1 = {(r["query"], r["chunk_index"]): r["word_f1"] for r in data["rows"]}
+    assert f1 == {("q1", 0): pytest.approx(0.8), ("q2", None): 0.0, ("q1", 1): 0.0}
+    assert data["scores"]["n_rows"] == 3 and data["sweep"] is None
+    page = (out / "report.html").read_text()
+    if CHROMIUM is not None:
+        page = render(str(out / "report.html"), tmp_path)
+    rows = re.findall(r'<section class="row" data-f1="([0-9.]+)">(.*?)</section>', page, re.S)
+    assert [float(f) for f, _ in rows] == [0.0, 0.8, 0.0]  # worst first; the row with no span either side last
+    chunks = [CHUNK_A, CHUNK_B, CHUNK_C]
+    for _, body in rows:
+        gold = re.search(r'<div class="gold">(.*?)</div></div>', body, re.S).group(1)
+        pred = re.search(r'<div class="pred">(.*?)</div></div>', body, re.S).group(1)
+        for side, want in ((gold, "gold"), (pred, "predicted")):
+            for start, end, title, text in MARK.findall(side):
+                assert title == want and any(c[int(start):int(end)] == html.unescape(text) for c in chunks)
+    q2 = next(body for _, body in rows if "<h3>q2</h3>" in body)
+    assert ">One</mark>" in q2.split('class="pred"')[1] and ">two three</mark>" in q2.split('class="pred"')[0]
+    assert "<svg" in page and not re.search(r"<script|<link|<img|(?:src|href)=", page)
+
+
+def test_threshold_sweep_prints_one_compact_table_and_reports_it(gold_file, tmp_path):
+    from verbatim_batch.evaluate import format_sweep
+    from verbatim_batch.report import write_evaluation_report
+
+    gold = load_gold(gold_file)
+    by_t = {"0.3": {("q1", "P1", 0): [(0, 23)], ("q2", CHUNK_B): [(0, 19)]},  # over-predicts
+            "0.5": {("q1", "P1", 0): [(0, 16)], ("q2", CHUNK_B): [(4, 13)]},  # every gold word, nothing else
+            "0.7": {("q1", "P1", 0): [(6, 10)]}}
+    details = {t: [] for t in by_t}
+    results = {t: evaluate_predictions(gold, p, details[t]) for t, p in by_t.items()}
+    text = format_sweep(results, "semantic")
+    lines = text.splitlines()
+    assert len(lines) == 6 and lines[0].startswith("semantic threshold sweep over 3 gold rows")
+    assert "threshold" in lines[1] and "word F1" in lines[1] and lines[-1].startswith("diagnostics:")
+    best = [line for line in lines[2:5] if line.endswith("*")]
+    assert len(best) == 1 and best[0].split()[0] == "0.5"
+    path = write_evaluation_report(str(tmp_path / "r"), results["0.5"], details["0.5"], results, "sweep")
+    page = open(path, encoding="utf-8").read()
+    assert page.count("<tr class=best>") == 1 and page.count("<tr") >= 4 and "Scores by threshold" in page
+    data = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert [r["threshold"] for r in data["sweep"]] == [0.3, 0.5, 0.7]
+
+
+def test_cli_sweep_with_report(gold_file, tmp_path, capsys, monkeypatch):
+    from verbatim_batch.cli import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out = tmp_path / "rep"
+    assert main(["evaluate", "--gold", str(gold_file), "--sweep-threshold", "0.3,0.9", "--report", str(out)]) == 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert len(printed) == 6 and printed[-1] == f"report: {out}/report.html"  # title, header, 2 rows, diagnostics
+    assert (out / "report.html").read_text().count('<section class="row"') == 3

@@ -123,15 +123,86 @@ def build_context(title: str | None, heading_path: tuple[str, ...] | list[str]) 
     return " > ".join(parts)
 
 
-def first_heading(text: str, limit: int = 20_000) -> str | None:
-    """Text of the first ATX heading near the top of the paper (docling puts the title there)."""
-    for line in _LINE_END_RE.split(text[:limit].removeprefix(BOM)):
+# Headings that name a part of a paper, never its title: "Abstract", "1 Introduction", "3.2 Results",
+# "Appendix A", "A.1 Proofs", "II. Related Work", "Acknowledgements", "References", ...
+SECTION_NAMES = (
+    "abstract", "introduction", "background", "related work", "related works", "prior work", "preliminaries",
+    "method", "methods", "methodology", "approach", "model", "models", "experiments", "experimental setup",
+    "experiment", "setup", "evaluation", "results", "result", "analysis", "discussion", "results and discussion",
+    "conclusion", "conclusions", "conclusion and future work", "conclusions and future work", "future work",
+    "summary", "limitations", "ethics statement", "ethical considerations", "broader impact", "acknowledgments",
+    "acknowledgements", "acknowledgment", "acknowledgement", "references", "bibliography", "appendix",
+    "appendices", "supplementary material", "keywords", "index terms", "ccs concepts", "contents",
+    "table of contents",
+)
+_SECTION_RE = re.compile(
+    r"(?:(?:\d+|[ivxlc]+|[a-z])(?:\.\d+)*\.?\s+)?(?:" + "|".join(re.escape(n) for n in SECTION_NAMES)
+    + r")(?:\s+[a-z0-9.]{1,4})?\s*[:.]?", re.IGNORECASE)
+# "3 Corpus creation", "3.1 Data", "II. Method", "A.2 Prompts" (not "A Survey of ...")
+_NUMBERED_RE = re.compile(r"(?:\d+(?:\.\d+)*\.?|[IVXLC]+\.(?:\d+\.?)*|[A-Z]\.\d+(?:\.\d+)*\.?)\s+\S")
+_MARKUP_RE = re.compile(r"^[*_`]+|[*_`]+$")
+_LABEL_RE = re.compile(r"title\s*:\s*", re.IGNORECASE)  # "Title: ..." (web-page dumps of papers)
+TITLE_MAX_CHARS = 200
+
+
+def _plain(text: str) -> str:
+    """A heading or line without its emphasis markers and surrounding space."""
+    return _MARKUP_RE.sub("", text.strip().lstrip("#").strip()).strip()
+
+
+def is_section_heading(text: str) -> bool:
+    """True for a heading that names a section (``Abstract``, ``1 Introduction``, ``A.1 Proofs``,
+    ``Appendix B``, ``References``) or is numbered like one (``3 Corpus creation``): never a paper's title."""
+    plain = _plain(text)
+    return bool(_SECTION_RE.fullmatch(plain) or _NUMBERED_RE.match(plain))
+
+
+def _headings(lines: list[str]):
+    """``(line number, heading text)`` of the ATX headings among ``lines`` (outside code fences)."""
+    fence = None
+    for i, line in enumerate(lines):
         stripped = line.strip()
-        if stripped.startswith("#") and len(line) - len(line.lstrip(" ")) <= 3:
+        m = _FENCE_RE.match(stripped)
+        if m and len(line) - len(line.lstrip(" ")) <= 3:
+            if fence is None:
+                fence = m.group(1)[0] * 3
+            elif stripped.startswith(fence):
+                fence = None
+            continue
+        if fence is None and stripped.startswith("#") and len(line) - len(line.lstrip(" ")) <= 3:
             m = _HEADING_RE.match(stripped)
-            if m and m.group(2):
-                return m.group(2).strip()
+            if m and m.group(2) and m.group(2).strip():
+                yield i, m.group(2).strip()
+
+
+def first_heading(text: str, limit: int = 20_000) -> str | None:
+    """The paper's title from its text, for papers without a metadata title (docling puts it in a heading).
+
+    The first ATX heading before the body starts that is not a section name (``Abstract``, ``1
+    Introduction``, ``References``, ... at any level: see ``is_section_heading``); failing that, the first
+    non-empty line that is neither a section heading nor markup (a leading ``Title:`` label dropped).
+    Trimmed and capped at ``TITLE_MAX_CHARS``; None for a paper with no such line."""
+    lines = _LINE_END_RE.split(text[:limit].removeprefix(BOM))
+    for _, heading in _headings(lines):
+        if is_section_heading(heading):
+            break  # the body has started: later headings are sections, not the title
+        return _cap(_plain(heading))
+    for line in lines:
+        m = _HEADING_RE.match(line.strip()) if line.lstrip().startswith("#") else None
+        plain = _plain((m.group(2) or "") if m else line)
+        if not plain or is_section_heading(plain) or plain.startswith(("<!--", "<", "|", "![", "```", "~~~")):
+            continue
+        if not any(ch.isalnum() for ch in plain):
+            continue
+        return _cap(_LABEL_RE.sub("", plain, count=1) if _LABEL_RE.match(plain) else plain)
     return None
+
+
+def _cap(title: str) -> str | None:
+    title = " ".join(title.split())
+    if len(title) > TITLE_MAX_CHARS:
+        title = title[: TITLE_MAX_CHARS - 1].rstrip() + "…"
+    return title or None
 
 
 def chunk_markdown(text: str, config: ChunkerConfig | None = None) -> list[Chunk]:

@@ -342,6 +342,7 @@ def _score(
     gold_rows: Sequence[dict[str, Any]],
     records: Iterable[Mapping[str, Any]],
     diag: dict[str, int],
+    detail: list[dict[str, Any]] | None = None,
     **thresholds: Any,
 ) -> dict[str, Any]:
     by_ids, by_text, by_cid = _index_gold(gold_rows)
@@ -362,6 +363,8 @@ def _score(
         for g, p in zip(gold_rows, preds, strict=True)
     ]
     result = evaluate(rows, **thresholds)
+    if detail is not None:
+        detail.extend(row_details(gold_rows, rows))
     diag["gold_unaligned"] = sum(int(g.get("gold_unaligned") or 0) for g in gold_rows)
     diag["gold_rows"] = len(gold_rows)
     diag["relevant_rows"] = sum(1 for g in gold_rows if g.get("relevant") is True)
@@ -383,6 +386,7 @@ def _new_diagnostics() -> dict[str, int]:
 def evaluate_predictions(
     gold_rows: Sequence[Mapping[str, Any]],
     predictions: Mapping[GoldKey, Sequence[Any]],
+    detail: list[dict[str, Any]] | None = None,
     **thresholds: Any,
 ) -> dict[str, Any]:
     """Score in-memory predictions against gold rows (as from :func:`load_gold`).
@@ -394,7 +398,8 @@ def evaluate_predictions(
     strings aligned with :func:`~verbatim_batch.metrics.align_prediction`.
     A gold row absent from ``predictions`` counts as predicting nothing; keys
     matching no gold row are counted as ``unmatched_predictions``. Extra keyword
-    arguments (the threshold lists) go to :func:`~verbatim_batch.metrics.evaluate`.
+    arguments (the threshold lists) go to :func:`~verbatim_batch.metrics.evaluate`. A ``detail`` list gets
+    one :func:`row_details` entry per gold row.
     """
     gold = [normalize_gold_row(g, f"gold row {i}") for i, g in enumerate(gold_rows)]
     by_ids, by_text, _ = _index_gold(gold)
@@ -408,11 +413,57 @@ def evaluate_predictions(
             continue
         g = gold[i]
         records.append({**g, "chunk": g["chunk"], "spans": list(spans), "where": f"prediction {key!r}"})
-    return _score(gold, records, diag, **thresholds)
+    return _score(gold, records, diag, detail, **thresholds)
 
 
-def evaluate_files(gold_path: str | Path, predictions_path: str | Path, **thresholds: Any) -> dict[str, Any]:
-    """Load a pairs file and predictions, match them, and return the metrics with ``diagnostics``."""
+def evaluate_files(gold_path: str | Path, predictions_path: str | Path,
+                   detail: list[dict[str, Any]] | None = None, **thresholds: Any) -> dict[str, Any]:
+    """Load a pairs file and predictions, match them, and return the metrics with ``diagnostics`` (and, into a
+    ``detail`` list, one :func:`row_details` entry per gold row)."""
     gold = load_gold(gold_path)
     preds = load_predictions(predictions_path)
-    return _score(gold, preds.records, _new_diagnostics(), **thresholds)
+    return _score(gold, preds.records, _new_diagnostics(), detail, **thresholds)
+
+
+def row_details(gold_rows: Sequence[Mapping[str, Any]], rows: Sequence[EvalRow]) -> list[dict[str, Any]]:
+    """Per gold row: its ids, chunk, gold and predicted spans (sorted offsets) and its own word-level P, R
+    and F1 (as :func:`~verbatim_batch.metrics.evaluate` scores one row: F1 0 when neither side selects a
+    word), for the side-by-side report."""
+    out = []
+    for g, row in zip(gold_rows, rows, strict=True):
+        word = evaluate([row], iou_thresholds=(), containment_thresholds=(), coverage_thresholds=())["word"]
+        out.append({"query": g["query"], "query_id": g.get("query_id"), "paper_id": g.get("paper_id"),
+                    "chunk_index": g.get("chunk_index"), "chunk_id": g.get("chunk_id"), "relevant": g.get("relevant"),
+                    "chunk": row.chunk, "gold": sorted(set(row.gold)), "pred": sorted(set(row.pred)),
+                    "word_p": word["micro_p"], "word_r": word["micro_r"], "word_f1": word["macro_f1"]})
+    return out
+
+
+def format_sweep(results: Mapping[str, Mapping[str, Any]], extractor: str = "") -> str:
+    """A threshold sweep as one compact fixed-width table: a line per threshold (predicted spans, word-level
+    P/R/F1 and macro F1, span IoU F1, gold coverage, any-overlap recall, over-prediction), the best word F1
+    marked with ``*``."""
+    from .report import SWEEP_COLUMNS, sweep_rows
+
+    rows = sweep_rows(dict(results))
+    if not rows:
+        return "no thresholds"
+    best = max(rows, key=lambda r: r["word_f1"])
+    labels = [label for _, label in SWEEP_COLUMNS]
+    widths = [max(len(label), 9) for label in labels]
+    lines = ["  ".join(f"{label:>{w}}" for label, w in zip(labels, widths, strict=True))]
+    for r in rows:
+        cells = []
+        for (key, _), w in zip(SWEEP_COLUMNS, widths, strict=True):
+            v = r[key]
+            text = "n/a" if v is None else f"{v:g}" if key == "threshold" else str(v) if isinstance(v, int) \
+                else f"{v:.3f}"
+            cells.append(f"{text:>{w}}")
+        lines.append("  ".join(cells) + ("  *" if r is best else ""))
+    first = next(iter(results.values()))
+    diag = first.get("diagnostics", {})
+    head = (f"{extractor + ' ' if extractor else ''}threshold sweep over {first.get('n_rows')} gold rows, "
+            f"{first.get('n_gold_spans')} gold spans (IoU F1 at IoU >= {rows[0]['iou_at']}, coverage at "
+            f">= {rows[0]['coverage_at']}; * best word F1)")
+    tail = [f"diagnostics: {', '.join(f'{k} {v}' for k, v in diag.items())}"] if diag else []
+    return "\n".join([head, *lines, *tail])

@@ -16,16 +16,24 @@ need no text (lengths, order, hashes), and they are counted in ``unchecked``.
 
 Papers and chunks written by one task share a file name; carried rows (``--previous``) do not, so chunks
 are found through a paper-id index of the chunk files, and the check streams one papers file at a time.
+
+A committed **extract run** (``verify SPANS_RUN``) gets ``verify_span_run``: the folder against the manifest,
+then every span against the text it claims to quote: ``chunk[start:end] == text`` (the chunk from the chunk
+run named in the run's config, or from its pairs file), ``paper_start``/``paper_end`` equal to the chunk's
+paper offset plus ``start``/``end`` and ``markdown[paper_start:paper_end] == text`` where the chunk run stored
+the paper text; every span's pair is in the pairs table, whose ``n_spans`` counts its spans.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
 from . import storage
@@ -152,7 +160,8 @@ def check_paper(paper: dict, rows: list[dict]) -> list[str]:
 
 
 def verify_run(run_dir: str, max_errors: int = 20) -> dict:
-    """``{"papers", "chunks", "errors", "n_errors", "checked", "unchecked"}`` for a committed chunk run.
+    """``{"papers", "chunks", "errors", "n_errors", "checked", "unchecked"}`` for a committed chunk run
+    (an extract run: see ``verify_span_run``).
 
     ``errors`` lists the first ``max_errors`` problems (``n_errors`` counts all); ``checked`` counts what
     was checked against stored text; ``unchecked`` counts what could not be (papers without stored text
@@ -160,6 +169,8 @@ def verify_run(run_dir: str, max_errors: int = 20) -> dict:
     """
     manifest = read_manifest(run_dir)
     root = storage.normalize(run_dir)
+    if manifest.get("command") == "extract":
+        return verify_span_run(run_dir, max_errors, manifest)
     for table in ("papers", "chunks"):
         if not storage.isdir(storage.join(root, table)):
             return {"papers": 0, "chunks": 0, "errors": [f"{run_dir} has no {table}/ table: not a chunk run"],
@@ -185,4 +196,139 @@ def verify_run(run_dir: str, max_errors: int = 20) -> dict:
                     "chunks_against_text": counts["chunks_with_text"]},
         "unchecked": {k: v for k, v in (("papers_without_text", counts["papers_without_text"]),
                                          ("chunks_without_text", counts["chunks_without_text"])) if v},
+    }
+
+
+SPAN_COLUMNS = ["pair_id", "chunk_id", "paper_id", "start", "end", "paper_start", "paper_end", "text"]
+
+
+def _span_sources(manifest: dict) -> tuple[str | None, str | None]:
+    """``(chunk run, pairs file)`` an extract run read its chunk texts from (either may be None)."""
+    config = json.loads(manifest.get("config") or "{}")
+    chunks_run = storage.normalize(config["chunks"]) if config.get("chunks") else None
+    if chunks_run is not None and not storage.isdir(storage.join(chunks_run, "chunks")):
+        chunks_run = None
+    pairs = config.get("pairs")
+    return chunks_run, (pairs if pairs and storage.exists(pairs) else None)
+
+
+def _pair_chunks(pairs_file: str, chunks_dir: str | None, pair_ids: set[str]) -> dict[str, dict]:
+    """pair_id -> ``{"text", "start"}`` of the chunk a pairs-file pair carried (or named by id)."""
+    from .extract.pairs import chunk_lookup, pairs_from_records, read_pair_records
+
+    records = list(read_pair_records(pairs_file))
+    known = chunk_lookup(chunks_dir, [r.get("chunk_id") for r in records if isinstance(r.get("chunk_id"), str)]) \
+        if chunks_dir else {}
+    table = pairs_from_records(records, known)
+    return {r["pair_id"]: {"text": r["chunk"], "start": r["chunk_start"]} for r in table.to_pylist()
+            if r["pair_id"] in pair_ids and r["chunk"] is not None}
+
+
+def _paper_texts(chunks_run: str, paper_ids: set[str]) -> dict[str, str | None]:
+    """paper_id -> stored markdown (None when the chunk run kept no text) from the chunk run's papers table."""
+    papers_dir = storage.join(chunks_run, "papers")
+    if not paper_ids or not storage.isdir(papers_dir):
+        return {}
+    table = storage.dataset(papers_dir).to_table(columns=["paper_id", "markdown"],
+                                                 filter=pads.field("paper_id").isin(sorted(paper_ids)))
+    return dict(zip(table["paper_id"].to_pylist(), table["markdown"].to_pylist(), strict=True))
+
+
+def check_spans(spans: list[dict], chunks: dict[str, dict], papers: dict[str, str | None]) -> tuple[
+        list[str], Counter]:
+    """Problems of span rows against their chunks (``chunk_id`` or ``pair_id`` -> ``{"text", "start"}``) and
+    papers (``paper_id`` -> markdown or None), and what was checked or could not be."""
+    problems: list[str] = []
+    counts: Counter = Counter()
+    for s in spans:
+        where = f"span {s['pair_id']}[{s['start']}:{s['end']}]"
+        chunk = chunks.get(s["pair_id"]) or chunks.get(s["chunk_id"])
+        if chunk is None:
+            counts["spans_without_chunk_text"] += 1
+        else:
+            counts["spans_against_chunk_text"] += 1
+            if not 0 <= s["start"] < s["end"] <= len(chunk["text"]):
+                problems.append(f"{where}: offsets outside its chunk ({len(chunk['text'])} characters)")
+                continue
+            if chunk["text"][s["start"]:s["end"]] != s["text"]:
+                problems.append(f"{where}: its text is not the chunk's text at its offsets")
+            if chunk.get("start") is not None and s["paper_start"] is not None and (
+                    s["paper_start"], s["paper_end"]) != (chunk["start"] + s["start"], chunk["start"] + s["end"]):
+                problems.append(f"{where}: paper offsets {s['paper_start']}:{s['paper_end']} are not the chunk's "
+                                f"offset {chunk['start']} plus its own")
+        if s["paper_start"] is None:
+            continue
+        text = papers.get(s["paper_id"])
+        if text is None:
+            counts["spans_without_paper_text"] += 1
+            continue
+        counts["spans_against_paper_text"] += 1
+        if text[s["paper_start"]:s["paper_end"]] != s["text"]:
+            problems.append(f"{where}: its text is not paper {s['paper_id']}'s text at {s['paper_start']}:"
+                            f"{s['paper_end']}")
+    return problems, counts
+
+
+def verify_span_run(run_dir: str, max_errors: int = 20, manifest: dict | None = None) -> dict:
+    """``{"spans", "pairs", "errors", "n_errors", "checked", "unchecked"}`` for a committed extract run: the
+    folder against the manifest, each span against its chunk's text (and its paper's, where stored), each span's
+    pair in the pairs table with ``n_spans`` spans. Spans whose chunk text cannot be found (the chunk run or
+    pairs file gone) are counted in ``unchecked``, not errors."""
+    manifest = manifest or read_manifest(run_dir)
+    root = storage.normalize(run_dir)
+    errors: list[str] = []
+    for table in ("spans", "pairs"):
+        if not storage.isdir(storage.join(root, table)):
+            return {"spans": 0, "pairs": 0, "errors": [f"{run_dir} has no {table}/ table: not an extract run"],
+                    "n_errors": 1, "checked": {}, "unchecked": {}}
+    rows = check_folder(root, manifest, errors)
+    n_errors = len(errors)
+
+    def add(problems: list[str]) -> None:
+        nonlocal n_errors
+        n_errors += len(problems)
+        errors.extend(problems[: max(0, max_errors - len(errors))])
+
+    pairs = storage.read_parquet(storage.join(root, "pairs"), columns=["pair_id", "n_spans"])
+    expected: dict[str, int] = {}
+    for pid, n in zip(pairs["pair_id"].to_pylist(), pairs["n_spans"].to_pylist(), strict=True):
+        if pid in expected:
+            add([f"pair id {pid} appears twice in pairs/"])
+        expected[pid] = n
+    chunks_run, pairs_file = _span_sources(manifest)
+    chunks_dir = storage.join(chunks_run, "chunks") if chunks_run else None
+    pair_chunks: dict[str, dict] | None = None
+    found: Counter = Counter()
+    counts: Counter = Counter()
+    spans_dir = storage.join(root, "spans")
+    for name in _parquet_files(spans_dir):
+        spans = storage.read_parquet(storage.join(spans_dir, name), columns=SPAN_COLUMNS).to_pylist()
+        if not spans:
+            continue
+        found.update(s["pair_id"] for s in spans)
+        chunks: dict[str, dict] = {}
+        if pairs_file is not None:
+            if pair_chunks is None:
+                pair_chunks = _pair_chunks(pairs_file, chunks_dir, set(expected))
+            chunks.update(pair_chunks)
+        if chunks_dir is not None:
+            from .extract.pairs import chunk_lookup
+
+            chunks.update(chunk_lookup(chunks_dir, [s["chunk_id"] for s in spans if s["pair_id"] not in chunks]))
+        papers = _paper_texts(chunks_run, {s["paper_id"] for s in spans if s["paper_start"] is not None}) \
+            if chunks_run else {}
+        problems, c = check_spans(spans, chunks, papers)
+        counts.update(c)
+        add(problems)
+    add([f"span of pair {pid}: no such pair in pairs/" for pid in sorted(set(found) - set(expected))])
+    add([f"pair {pid}: n_spans {n}, spans/ holds {found.get(pid, 0)}" for pid, n in sorted(expected.items())
+         if n != found.get(pid, 0)])
+    return {
+        "spans": sum(found.values()),
+        "pairs": len(expected),
+        "errors": errors[:max_errors],
+        "n_errors": n_errors,
+        "checked": {"tables": len(rows), "spans_against_chunk_text": counts["spans_against_chunk_text"],
+                    "spans_against_paper_text": counts["spans_against_paper_text"]},
+        "unchecked": {k: counts[k] for k in ("spans_without_chunk_text", "spans_without_paper_text") if counts[k]},
     }

@@ -66,12 +66,20 @@ def extractor(args: argparse.Namespace, threshold: float | None = None):
     return extractor_config("semantic", model=args.model, margin=args.margin, **common)
 
 
+def _table_location(path: str, name: str) -> str:
+    """Where table ``name`` of a run really is: its folder, or its single file (the index's ``ids.parquet``)."""
+    folder = storage.join(path, name)
+    if not storage.isdir(folder) and storage.exists(folder + ".parquet"):
+        return folder + ".parquet"
+    return folder
+
+
 def report(path: str, manifest: dict) -> None:
     """Where a committed run's tables are, and its main counts."""
     counts = manifest["counts"]
     print(f"run {manifest['run_id']} committed to {path}")
     for name, info in manifest["tables"].items():
-        print(f"  {name:<11} {info['rows']:>9} rows  {os.path.join(path, name)}")
+        print(f"  {name:<11} {info['rows']:>9} rows  {_table_location(path, name)}")
     print(f"  manifest    {os.path.join(path, 'manifest.json')}")
     reasons = {k.split(".", 1)[1]: v for k, v in counts.items() if k.startswith("quarantine.")}
     if reasons:
@@ -166,15 +174,19 @@ def _thresholds(value: str) -> list[float]:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from ..evaluate import evaluate_files, evaluate_predictions, gold_key, load_gold
+    from ..evaluate import evaluate_files, evaluate_predictions, format_sweep, gold_key, load_gold
     from ..extract import build_extractor
     from ..metrics import format_table
 
+    report_dir = getattr(args, "report", None)
+    detail: list[dict[str, Any]] | None = [] if report_dir else None
     if args.sweep_threshold is None:
         if not args.predictions:
             raise ValueError("give --predictions, or --sweep-threshold to run an extractor on the gold pairs")
-        result = evaluate_files(args.gold, args.predictions)
+        result = evaluate_files(args.gold, args.predictions, detail)
         print(json.dumps(result, indent=2) if args.json else format_table(result))
+        if report_dir:
+            _evaluation_report(report_dir, result, detail, None, f"evaluation of {args.predictions}", args.json)
         return 0
     thresholds = _thresholds(args.sweep_threshold)
     if args.extractor not in ("highlighter", "semantic"):
@@ -182,17 +194,28 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     gold = load_gold(args.gold)
     ext = build_extractor(extractor(args, thresholds[0]))
     runs = ext.sweep([g["query"] for g in gold], [g["chunk"] for g in gold], thresholds)
-    results = {}
+    results, details = {}, {}
     for t, pair_results in runs.items():
         preds = {gold_key(g): [(s.start, s.end) for s in r.spans] for g, r in zip(gold, pair_results, strict=True)}
-        results[str(t)] = evaluate_predictions(gold, preds)
+        details[str(t)] = [] if report_dir else None
+        results[str(t)] = evaluate_predictions(gold, preds, details[str(t)])
     if args.json:
         print(json.dumps({"extractor": ext.describe(), "thresholds": results}, indent=2))
     else:
-        for t, result in results.items():
-            print(f"\n== {args.extractor} at threshold {t} ==")
-            print(format_table(result))
+        print(format_sweep(results, args.extractor))
+    if report_dir:
+        best = max(results, key=lambda t: results[t]["word"]["micro_f1"])
+        _evaluation_report(report_dir, results[best], details[best], results,
+                           f"{args.extractor} threshold sweep", args.json)
     return 0
+
+
+def _evaluation_report(folder: str, result: dict, rows: list | None, sweep: dict | None, title: str,
+                       quiet: bool) -> None:
+    from ..report import write_evaluation_report
+
+    path = write_evaluation_report(storage.normalize(folder), result, rows or [], sweep, title)
+    print(f"report: {path}", file=sys.stderr if quiet else sys.stdout)  # --json keeps stdout pure JSON
 
 
 def querygen_job(args: argparse.Namespace):

@@ -192,6 +192,8 @@ OPTIONS: dict[str, Opt] = {
     "json": _o("--json", action="store_true", help="print the metrics as JSON"),
     "sweep_threshold": _o("--sweep-threshold", help="run an extractor on the gold pairs at these thresholds, e.g. "
                           "0.2,0.3,0.4,0.5, and score each (needs no --predictions)"),
+    "report": _o("--report", metavar="DIR", help="also write DIR/report.html (and report.json): gold and predicted "
+                 "spans side by side with per-row F1, and the sweep table"),
     # querygen, silver
     "n_papers": _o("--n-papers", type=POSITIVE, help="papers to sample, one chunk each (querygen 100, silver 2000)"),
     "seed": _o("--seed", type=NON_NEGATIVE, default=0, help="sampling seed"),
@@ -217,7 +219,8 @@ OPTIONS: dict[str, Opt] = {
     "cpus_per_worker": _o("--cpus-per-worker", type=POSITIVE_FLOAT, help="CPUs per training worker (1)"),
     "keep_checkpoints": _o("--keep-checkpoints", type=POSITIVE, help="checkpoints kept besides the best (2)"),
     # report
-    "samples": _o("--samples", type=NON_NEGATIVE, default=12, help="pairs shown with highlighted spans (extract runs)"),
+    "samples": _o("--samples", type=NON_NEGATIVE, default=12, help="pairs shown per query with their spans in context "
+                  "(extract runs)"),
 }
 
 GROUPS: dict[str, list[str]] = {
@@ -266,8 +269,8 @@ COMMANDS: dict[str, tuple[str, list[Use]]] = {
         _u("pairs"), _u("retrieval"), _u("chunks"), _u("queries"), _u("method"), _u("top_k"), _u("extractor"),
         _u("llm"), _u("max_chunk_chars"), _u("actors"), _u("run"), _u("ray")]),
     "evaluate": ("score predicted spans against a gold pairs file (paper metrics)", [
-        _u("gold", **REQ), _u("predictions"), _u("json"), _u("sweep_threshold"), _u("extractor"), _u("llm"),
-        _u("config")]),
+        _u("gold", **REQ), _u("predictions"), _u("json"), _u("sweep_threshold"), _u("report"), _u("extractor"),
+        _u("llm"), _u("config")]),
     "querygen": ("generate 3 search queries per sampled chunk with an LLM (3 steps)", [
         _u("chunks", **REQ), _u("n_papers"), _u("seed"), _u("concurrency"), _u("model", **REQ),
         _u("llm", only=("base_url", "api_key_env", "max_tokens", "no_structured_output", "max_in_flight",

@@ -51,8 +51,24 @@ def write_table_file(staging: str, name: str, part: str, table: pa.Table, schema
     """Write one table's file of a write into the staging folder; ``(relpath, stats)``."""
     path = f"{name}/{part}.parquet"
     table = table if table.schema == schema else table.cast(schema)
-    stats = storage.write_parquet_digest(table, storage.join(staging, path))
+    if table.num_rows:
+        stats = storage.write_parquet_digest(table, storage.join(staging, path))
+    else:
+        stats = _write_empty_parquet(schema, storage.join(staging, path))
     return path, {"table": name, "rows": table.num_rows, "counts": table_counts(name, table), **stats}
+
+
+def _write_empty_parquet(schema: pa.Schema, loc: str) -> dict[str, int | str]:
+    """An empty table as a Parquet file with the schema and no row group (``pq.write_table`` writes one empty
+    row group, on which HF ``datasets`` fails: ``BatchSize must be greater than 0``). pyarrow, pandas, duckdb,
+    Ray Data and HF ``datasets`` (streaming) read it as zero rows with every column; ``{"bytes", "digest"}``."""
+    import pyarrow.parquet as pq
+
+    sink = pa.BufferOutputStream()
+    pq.ParquetWriter(sink, schema, compression="zstd").close()
+    data = sink.getvalue().to_pybytes()
+    storage.write_bytes(loc, data)
+    return {"bytes": len(data), "digest": storage.bytes_digest(data)}
 
 
 class StageTableSink(Datasink):
