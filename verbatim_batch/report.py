@@ -25,6 +25,8 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any
 
+import pyarrow as pa
+
 from . import storage
 from .runs import MANIFEST_FILE, read_manifest
 
@@ -257,16 +259,15 @@ def in_context(chunk: str, spans: list[dict[str, Any]], context: int = CONTEXT_C
 
 
 def histogram(values: Sequence[float], edges: Sequence[float]) -> dict[str, Any]:
-    """Counts of ``values`` in the bins ``[edges[i], edges[i+1])`` (the last bin closed)."""
-    counts = [0] * (len(edges) - 1)
-    for v in values:
-        if v is None or v != v:
-            continue
-        for i in range(len(counts)):
-            if v < edges[i + 1] or i == len(counts) - 1:
-                if v >= edges[i] or i == 0:
-                    counts[i] += 1
-                break
+    """Counts of ``values`` (nulls and NaN left out) in the bins ``[edges[i], edges[i+1])``; values below the
+    first edge count in the first bin, values at or above the last in the last."""
+    import numpy as np
+
+    v = np.asarray([x for x in values if x is not None] if isinstance(values, list) else values, dtype=np.float64)
+    v = v[~np.isnan(v)]
+    n = len(edges) - 1
+    idx = np.clip(np.searchsorted(np.asarray(edges, dtype=np.float64), v, side="right") - 1, 0, n - 1)
+    counts = np.bincount(idx, minlength=n).tolist()
     return {"edges": [None if math.isinf(e) else e for e in edges], "counts": counts}  # None: no upper bound
 
 
@@ -391,14 +392,13 @@ def extract_section(run_dir: str, manifest: dict[str, Any], per_query: int = 12,
     spans = _table(run_dir, "spans", ["pair_id", "start", "end", "score", "align"])
     if pairs is None or spans is None:
         return {}, ""
-    span_rows = spans.to_pylist()
-    scores = [s["score"] for s in span_rows if s["score"] is not None]
-    lengths = [s["end"] - s["start"] for s in span_rows]
-    lo, hi = min([0.0, *scores]), max([1.0, *scores])
+    import numpy as np
+    import pyarrow.compute as pc
+
+    scores = spans["score"].drop_null().to_numpy().astype("float64") if spans.num_rows else []
+    lengths = pc.subtract(spans["end"], spans["start"]).to_numpy() if spans.num_rows else []
+    lo, hi = (min(0.0, float(scores.min())), max(1.0, float(scores.max()))) if len(scores) else (0.0, 1.0)
     score_edges = SCORE_EDGES if (lo, hi) == (0.0, 1.0) else [lo + (hi - lo) * i / 10 for i in range(11)]
-    by_pair: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for s in span_rows:
-        by_pair[s["pair_id"]].append(s)
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in pairs.to_pylist():
         groups[r.get("query_id") or r.get("query") or ""].append(r)
@@ -407,11 +407,11 @@ def extract_section(run_dir: str, manifest: dict[str, Any], per_query: int = 12,
     figures: dict[str, Any] = {
         "queries": len(groups),
         "queries_with_spans": sum(1 for g in groups.values() if any(r["n_spans"] for r in g)),
-        "spans": len(span_rows),
+        "spans": spans.num_rows,
         "span_score_histogram": histogram(scores, score_edges),
         "span_length_histogram": histogram(lengths, LENGTH_EDGES),
-        "span_length_chars": {"median": statistics.median(lengths) if lengths else 0,
-                              "max": max(lengths, default=0)},
+        "span_length_chars": {"median": float(np.median(lengths)) if len(lengths) else 0,
+                              "max": int(lengths.max()) if len(lengths) else 0},
     }
 
     def rank_key(r: dict[str, Any]) -> tuple:
@@ -420,11 +420,15 @@ def extract_section(run_dir: str, manifest: dict[str, Any], per_query: int = 12,
     shown: dict[str, list[dict[str, Any]]] = {}
     for q in order[:max_queries]:
         shown[q] = sorted((r for r in groups[q] if r["n_spans"]), key=rank_key)[:per_query]
+    wanted = pa.array(sorted({r["pair_id"] for rows in shown.values() for r in rows}), pa.string())
+    by_pair: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for s in spans.filter(pc.is_in(spans["pair_id"], value_set=wanted)).to_pylist():
+        by_pair[s["pair_id"]].append(s)
     config = json.loads(manifest.get("config") or "{}")
     texts = chunk_texts(config, [r for rows in shown.values() for r in rows])
     titles = _titles(_chunks_run_of(manifest), {r["paper_id"] for rows in shown.values() for r in rows
                                                 if r.get("paper_id")})
-    body = [f"<h2>Spans ({len(span_rows):,}) by query ({len(groups):,} queries)</h2>",
+    body = [f"<h2>Spans ({spans.num_rows:,}) by query ({len(groups):,} queries)</h2>",
             '<div class="plots">',
             svg_histogram("Span scores", figures["span_score_histogram"], "score"),
             svg_histogram("Span lengths", figures["span_length_histogram"], "characters"), "</div>"]
@@ -501,21 +505,30 @@ def retrieval_section(run_dir: str, manifest: dict[str, Any], hits: int = HITS_S
         return {}, ""
     config = json.loads(manifest.get("config") or "{}")
     texts, labels = _query_file(config.get("queries"))
-    k = max(table["rank"].to_pylist(), default=0) if table.num_rows else 0
+    k = pc.max(table["rank"]).as_py() or 0 if table.num_rows else 0
+    query_ids = pc.unique(table["query_id"]).to_pylist()
+    if "query" in table.column_names:  # a retrieval table that carries the query text
+        for r in table.select(["query_id", "query"]).group_by(["query_id", "query"]).aggregate([]).to_pylist():
+            texts[r["query_id"]] = r["query"]
     recall: dict[str, float] = {}
-    if labels and table.num_rows:
-        for method in sorted(set(table["method"].to_pylist())):
-            found = {r["query_id"] for r in table.filter(pc.equal(table["method"], method)).to_pylist()
-                     if labels.get(r["query_id"]) == r["chunk_id"]}
-            asked = {q for q in set(table["query_id"].to_pylist()) if q in labels}
-            recall[method] = len(found & asked) / len(asked) if asked else 0.0
-    top = table.filter(pc.less_equal(table["rank"], hits)).to_pylist() if table.num_rows else []
+    asked = [q for q in query_ids if q in labels]
+    if asked:
+        gold = pa.table({"query_id": pa.array(list(labels), pa.string()), "chunk_id": pa.array(list(labels.values()),
+                                                                                            pa.string())})
+        hits_ = table.select(["query_id", "chunk_id", "method"]).join(gold, keys=["query_id", "chunk_id"],
+                                                                      join_type="inner")
+        found = Counter(m for m in hits_.group_by(["method", "query_id"]).aggregate([])["method"].to_pylist())
+        recall = {m: found.get(m, 0) / len(asked) for m in sorted(pc.unique(table["method"]).to_pylist())}
+    order_all = sorted(query_ids, key=lambda q: ((texts.get(q) or "").casefold(), q))
+    order = order_all[:max_queries]
+    shown = table.filter(pc.and_(pc.less_equal(table["rank"], hits),
+                                 pc.is_in(table["query_id"], value_set=pa.array(order, pa.string()))))
+    top = shown.to_pylist()
     by_query: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
-    for r in top:
+    for r in sorted(top, key=lambda r: r["rank"]):
         by_query[r["query_id"]][r["method"]].append(r)
         if r.get("query"):
             texts.setdefault(r["query_id"], r["query"])
-    order = sorted(by_query, key=lambda q: ((texts.get(q) or "").casefold(), q))[:max_queries]
     methods = sorted({r["method"] for r in top}, key=lambda m: ("dense", "bm25", "hybrid").index(m)
                      if m in ("dense", "bm25", "hybrid") else 9)
     wanted = [r for q in order for rows in by_query[q].values() for r in rows]
@@ -526,15 +539,15 @@ def retrieval_section(run_dir: str, manifest: dict[str, Any], hits: int = HITS_S
 
         chunks = chunk_lookup(storage.join(chunks_run, "chunks"), [r["chunk_id"] for r in wanted])
     titles = _titles(chunks_run, {r["paper_id"] for r in wanted})
-    figures = {"queries": len(by_query), "methods": methods, "k": k, "hits_shown_per_method": hits,
-               "recall_at_k": recall,
-               "top1_score": {m: statistics.fmean(s) if (s := [rows[m][0]["score"] for rows in by_query.values()
-                                                                if rows.get(m)]) else None for m in methods}}
-    body = [f"<h2>Hits by query ({len(by_query):,} queries; top {min(hits, k)} of {k} per method)</h2>"]
+    firsts = table.filter(pc.equal(table["rank"], 1)).group_by("method").aggregate([("score", "mean")]).to_pylist() \
+        if table.num_rows else []
+    figures = {"queries": len(query_ids), "methods": methods, "k": k, "hits_shown_per_method": hits,
+               "recall_at_k": recall, "top1_score_mean": {r["method"]: r["score_mean"] for r in firsts}}
+    body = [f"<h2>Hits by query ({len(query_ids):,} queries; top {min(hits, k)} of {k} per method)</h2>"]
     if recall:
         body.append(_kv_table(f"Recall@{k} on the labelled queries", recall))
-    if len(by_query) > max_queries:
-        body.append(f'<p class="meta">The first {max_queries} of {len(by_query):,} queries are shown.</p>')
+    if len(query_ids) > max_queries:
+        body.append(f'<p class="meta">The first {max_queries} of {len(query_ids):,} queries are shown.</p>')
     for q in order:
         query = texts.get(q)
         body.append(f'<section class="query" data-query-id="{_esc(q)}"><h3>{_esc(query) if query else _esc(q)}</h3>')
