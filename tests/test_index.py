@@ -637,3 +637,18 @@ def test_rrf_scores_follow_formula(lists, weight, rrf_k):
             want += weight / (rrf_k + ranks["b"])
         assert score == pytest.approx(want)
     assert all(out[i][1] >= out[i + 1][1] for i in range(len(out) - 1))
+
+
+def test_rrf_fill_missing_counts_an_unlisted_row_just_past_the_list():
+    """With fill_missing a row one method did not list counts at that method's len(list) + 1: BM25's top hit,
+    below dense's candidate depth, is not scored as if dense had never looked (reported rank stays None)."""
+    ranked = {"dense": [[5, 6, 7]], "bm25": [[1, 5]]}
+    out = rrf(ranked, weights={"dense": 0.2, "bm25": 1.0}, k=10, rrf_k=5, fill_missing=True)[0]
+    score = {r: s for r, s, _ in out}
+    assert score[1] == pytest.approx(1.0 / 6 + 0.2 / (5 + 4))  # dense: past its 3 rows
+    assert score[5] == pytest.approx(1.0 / 7 + 0.2 / 6)
+    assert score[6] == pytest.approx(1.0 / (5 + 3) + 0.2 / 7)  # bm25: past its 2 rows
+    assert [r for r, _, _ in out] == [1, 5, 6, 7]
+    assert {r: ranks for r, _, ranks in out}[1] == {"dense": None, "bm25": 1}
+    plain = {r: s for r, s, _ in rrf(ranked, weights={"dense": 0.2, "bm25": 1.0}, rrf_k=5)[0]}
+    assert plain[1] == pytest.approx(1.0 / 6) and plain[6] == pytest.approx(0.2 / 7)

@@ -3,8 +3,16 @@
 ``Retriever`` is a callable over Arrow batches of ``(query_id, query)``; it loads an
 index folder written by the index job once (FAISS memory-mapped when large, BM25,
 the row -> chunk map, and the embedding model recorded in the index manifest) and
-returns rows of ``tables.RETRIEVAL``. Each method fetches ``2k`` candidates, so the
-fused list and the per-method ranks come from the same candidate pools.
+returns rows of ``tables.RETRIEVAL``.
+
+Hybrid is a weighted reciprocal rank fusion (``index.fusion.rrf``) built so that it cannot silently lose its best
+part: each method fetches ``depth`` candidates (100 by default, never fewer than ``k``), far more than it returns,
+so every method's top hits are ranked by the other one too; a candidate outside one method's pool counts at the
+rank just past that pool (``fill_missing``), never as if the method had not looked. The defaults (dense weight 0.2,
+BM25 weight 1, ``rrf_k`` 5, depth 100) were set on real text: the four seed papers with the hand-labelled queries of
+``shared/devsets`` (benchmarks/bench_seed_retrieval.py; BENCHMARKS.md, "Retrieval on the seed papers"), where
+plain RRF (equal weights, ``rrf_k`` 60, 20 candidates) ranked below BM25 alone. With another embedder, measure
+again (``verbatim-batch evaluate-retrieval``) and set ``--weights``/``--rrf-k``/``--depth``.
 """
 
 from __future__ import annotations
@@ -21,6 +29,10 @@ from . import storage
 from .tables import RETRIEVAL, query_id_for
 
 METHODS = ("dense", "bm25", "hybrid")
+# Hybrid defaults, set on the seed papers (see the module docstring): the CLI's defaults are these.
+DEFAULT_WEIGHTS = {"dense": 0.2, "bm25": 1.0}
+DEFAULT_RRF_K = 5
+DEFAULT_DEPTH = 100
 
 
 @dataclass(frozen=True)
@@ -28,8 +40,10 @@ class RetrieverConfig:
     index_dir: str
     k: int = 10
     methods: tuple[str, ...] = METHODS
-    weights: dict[str, float] = field(default_factory=lambda: {"dense": 1.0, "bm25": 1.0})
-    rrf_k: int = 60
+    weights: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_WEIGHTS))
+    rrf_k: int = DEFAULT_RRF_K
+    depth: int = DEFAULT_DEPTH  # candidates per method before fusion (at least k)
+    fill_missing: bool = True  # a candidate outside a method's pool counts at the rank just past it
     nprobe: int | None = None
     device: str = "auto"
 
@@ -39,6 +53,8 @@ class RetrieverConfig:
             raise ValueError(f"methods must be a non-empty subset of {METHODS}, got {self.methods}")
         if self.k < 1:
             raise ValueError("k must be >= 1")
+        if self.depth < 1:
+            raise ValueError("depth must be >= 1")
         unknown = set(self.weights) - {"dense", "bm25"}
         if unknown or any(w < 0 for w in self.weights.values()) or not any(self.weights.values()):
             raise ValueError(f"weights must be non-negative for dense/bm25 with one > 0, got {self.weights}")
@@ -84,7 +100,7 @@ class Retriever:
         from .index import rrf, search_dense
 
         cfg = self.config
-        depth = 2 * cfg.k
+        depth = max(cfg.depth, cfg.k)
         queries = [q or "" for q in batch["query"].to_pylist()]
         qids = batch["query_id"].to_pylist() if "query_id" in batch.column_names else [None] * len(queries)
         qids = [qid or query_id_for(q) for qid, q in zip(qids, queries, strict=True)]
@@ -100,7 +116,8 @@ class Retriever:
         if "hybrid" in cfg.methods:
             weights = {m: w for m, w in cfg.weights.items() if m in ranked}
             fused = rrf({m: ranked[m] for m in weights}, weights=weights, k=cfg.k, rrf_k=cfg.rrf_k,
-                        tie_key=self.chunk_ids.__getitem__)  # ties by chunk id: independent of index order
+                        tie_key=self.chunk_ids.__getitem__,  # ties by chunk id: independent of index order
+                        fill_missing=cfg.fill_missing)
         out: dict[str, list] = {name: [] for name in RETRIEVAL.names}
 
         def emit(qid, rank, row, score, ranks, method):

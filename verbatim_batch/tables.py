@@ -160,6 +160,20 @@ RETRIEVAL = _schema(
     ],
 )
 
+# A rerank run's table (it is named ``retrieval`` too, so that extract and evaluate-retrieval read a rerank run
+# like a retrieval run): RETRIEVAL's columns, with ``method`` "rerank", ``score`` the cross-encoder's score and
+# ``rank`` its order; ``first_method``/``first_rank``/``first_score`` are the candidate's place in the list it was
+# reranked from (dense_rank and bm25_rank are carried from that list).
+RERANKED = _schema(
+    "reranked",
+    [
+        *RETRIEVAL,
+        pa.field("first_method", pa.string(), nullable=False),
+        pa.field("first_rank", pa.int32(), nullable=False),
+        pa.field("first_score", pa.float32()),
+    ],
+)
+
 SPANS = _schema(
     "spans",
     [

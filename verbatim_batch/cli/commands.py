@@ -140,7 +140,7 @@ def retrieve_job(args: argparse.Namespace):
 
     cfg = RetrieverConfig(
         index_dir=args.index, k=args.k, methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
-        weights=_weights(args.weights), rrf_k=args.rrf_k, nprobe=args.nprobe,
+        weights=_weights(args.weights), rrf_k=args.rrf_k, nprobe=args.nprobe, **_given(args, depth="depth"),
     )
     return RetrieveJob(index=args.index, queries=args.queries, retriever=cfg,
                        **_given(args, batch_rows="batch_rows", concurrency="concurrency"), **run_options(args))
@@ -375,9 +375,47 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 1 if result["errors"] else 0
 
 
+def _cutoffs(value: str) -> list[int]:
+    try:
+        ks = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        ks = []
+    if not ks or min(ks) < 1:
+        raise ValueError(f"--recall-at expects positive integers like 5,10,100, got {value!r}")
+    return ks
+
+
+def cmd_evaluate_retrieval(args: argparse.Namespace) -> int:
+    from ..retrieval_eval import evaluate_retrieval, format_results
+
+    result = evaluate_retrieval(args.retrieval, args.qrels, level=args.level, chunks=args.chunks,
+                                queries=args.queries, recall_at=_cutoffs(args.recall_at))
+    print(json.dumps(result, indent=2) if args.json else format_results(result))
+    return 0
+
+
+def rerank_job(args: argparse.Namespace):
+    from ..pipeline.rerank import RerankJob
+    from ..rerank import RerankerConfig
+
+    cfg = RerankerConfig(model=args.model, trust_remote_code=args.trust_remote_code, **_given(
+        args, revision="revision", max_length="max_length", token_budget="token_budget", dtype="dtype"))
+    return RerankJob(retrieval=args.retrieval, reranker=cfg, chunks=args.chunks, queries=args.queries,
+                     **_given(args, method="method", top_k="top_k"), **actor_options(args), **run_options(args))
+
+
+def cmd_rerank(args: argparse.Namespace) -> int:
+    from ..pipeline.rerank import run_rerank
+
+    path, manifest = run_rerank(rerank_job(args))
+    report(path, manifest)
+    return 0
+
+
 # command -> the job its options describe (``build_job`` builds one from Python)
 JOBS = {
     "chunk": chunk_job, "embed": embed_job, "index": index_job, "retrieve": retrieve_job, "extract": extract_job,
+    "rerank": rerank_job,
     "querygen": querygen_job, "silver": silver_job, "nightly": nightly_job, "train": train_job,
 }
 
@@ -386,7 +424,8 @@ HANDLERS = {
     "index": _run_and_report(index_job, "run_index"), "retrieve": _run_and_report(retrieve_job, "run_retrieve"),
     "extract": _run_and_report(extract_job, "run_extract"), "querygen": _run_and_report(querygen_job, "run_querygen"),
     "evaluate": cmd_evaluate, "silver": cmd_silver, "demo": cmd_demo, "nightly": cmd_nightly, "verify": cmd_verify,
-    "report": cmd_report, "train": cmd_train,
+    "report": cmd_report, "train": cmd_train, "rerank": cmd_rerank,
+    "evaluate-retrieval": cmd_evaluate_retrieval,
 }
 
 

@@ -182,9 +182,12 @@ OPTIONS: dict[str, Opt] = {
                     "(removed + added) / vectors since the last build exceeds this (0.2)"),
     "k": _o("--k", type=POSITIVE, default=10, help="chunks retrieved per query and method"),
     "methods": _o("--methods", default="dense,bm25,hybrid", help="any of dense,bm25,hybrid"),
-    "weights": _o("--weights", default="dense=1,bm25=1", help="hybrid RRF weights"),
-    "rrf_k": _o("--rrf-k", type=NON_NEGATIVE, default=60, help="RRF constant"),
-    "method": _o("--method", help="retrieval method whose top-k rows become pairs (hybrid)"),
+    "weights": _o("--weights", default="dense=0.2,bm25=1", help="hybrid RRF weights (set on the seed papers with the "
+                  "bundled MiniLM; measure again with evaluate-retrieval for another embedder)"),
+    "rrf_k": _o("--rrf-k", type=NON_NEGATIVE, default=5, help="RRF constant"),
+    "depth": _o("--depth", type=POSITIVE, default=100, help="candidates each method ranks before hybrid fusion (at "
+                "least --k): every method's top hits are ranked by the other one too"),
+    "method": _o("--method", help="retrieval method whose top-k rows become pairs (hybrid; rerank for a rerank run)"),
     "top_k": _o("--top-k", type=POSITIVE, help="retrieved chunks per query to extract from (5)"),
     # evaluate
     "gold": _o("--gold", help="pairs file with relevant and gold_spans"),
@@ -194,6 +197,12 @@ OPTIONS: dict[str, Opt] = {
                           "0.2,0.3,0.4,0.5, and score each (needs no --predictions)"),
     "report": _o("--report", metavar="DIR", help="also write DIR/report.html (and report.json): gold and predicted "
                  "spans side by side with per-row F1, and the sweep table"),
+    # evaluate-retrieval
+    "qrels": _o("--qrels", help="relevance labels: TREC qrels (qid iter docid rel), BEIR TSV/JSONL (query-id, "
+                "corpus-id, score), or gold pairs as in shared/devsets (query, paper_id, chunk, relevant)"),
+    "level": _o("--level", choices=["chunk", "paper"], default="chunk",
+                help="judge chunks, or papers (a paper at its best chunk's rank)"),
+    "recall_at": _o("--recall-at", default="5,10,100", help="cutoffs k of Recall@k"),
     # querygen, silver
     "n_papers": _o("--n-papers", type=POSITIVE, help="papers to sample, one chunk each (querygen 100, silver 2000)"),
     "seed": _o("--seed", type=NON_NEGATIVE, default=0, help="sampling seed"),
@@ -262,7 +271,7 @@ COMMANDS: dict[str, tuple[str, list[Use]]] = {
         _u("embeddings", **REQ), _u("chunks", **REQ), _u("kind"), _u("nlist"), _u("nprobe"), _u("pq_m"),
         _u("no_bm25"), _u("max_drift"), _u("run", only=("output", "overwrite", "run_id", "previous")), _u("ray")]),
     "retrieve": ("top-k chunks per query: dense, BM25 and hybrid", [
-        _u("index", **REQ), _u("queries", **REQ), _u("k"), _u("methods"), _u("weights"), _u("rrf_k"),
+        _u("index", **REQ), _u("queries", **REQ), _u("k"), _u("methods"), _u("weights"), _u("rrf_k"), _u("depth"),
         _u("nprobe"), _u("actors", only=("batch_rows", "concurrency")),
         _u("run", only=("output", "overwrite", "run_id", "previous")), _u("ray")]),
     "extract": ("extract verbatim evidence spans for (query, chunk) pairs", [
@@ -271,6 +280,22 @@ COMMANDS: dict[str, tuple[str, list[Use]]] = {
     "evaluate": ("score predicted spans against a gold pairs file (paper metrics)", [
         _u("gold", **REQ), _u("predictions"), _u("json"), _u("sweep_threshold"), _u("report"), _u("extractor"),
         _u("llm"), _u("config")]),
+    "evaluate-retrieval": ("nDCG@10, MRR@10 and Recall@k per method of a retrieval (or rerank) run on labelled "
+                           "queries, by trec_eval", [
+        _u("retrieval", **REQ, help="a retrieval or rerank run folder, or a TREC run file"), _u("qrels", **REQ),
+        _u("level"), _u("recall_at"), _u("chunks", help="the chunk run gold rows are found in (default: the run's)"),
+        _u("queries", help="the query file gold rows' queries are found in (default: the run's)"), _u("json"),
+        _u("config")]),
+    "rerank": ("optional: rerank each query's top retrieved chunks with a cross-encoder (between retrieve and "
+               "extract)", [
+        _u("retrieval", **REQ, help="a committed retrieval run"),
+        _u("model", **REQ, help="the cross-encoder: hub id or local path (safetensors; a sequence classifier with "
+           "1 or 2 labels)"),
+        _u("revision"), _u("method", help="retrieval method whose lists are reranked (hybrid)"),
+        _u("top_k", help="candidates per query the cross-encoder scores (20)"),
+        _u("max_length", help="tokens per (query, chunk) input; the chunk is cut to fit (512)"),
+        _u("token_budget", help="padded tokens per forward pass (16384)"), _u("dtype"), _u("trust_remote_code"),
+        _u("chunks"), _u("queries"), _u("actors"), _u("run"), _u("ray")]),
     "querygen": ("generate 3 search queries per sampled chunk with an LLM (3 steps)", [
         _u("chunks", **REQ), _u("n_papers"), _u("seed"), _u("concurrency"), _u("model", **REQ),
         _u("llm", only=("base_url", "api_key_env", "max_tokens", "no_structured_output", "max_in_flight",

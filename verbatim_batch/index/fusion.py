@@ -11,6 +11,7 @@ def rrf(
     k: int = 10,
     rrf_k: int = 60,
     tie_key=None,
+    fill_missing: bool = False,
 ) -> list[list[tuple[int, float, dict[str, int | None]]]]:
     """Fuse per-method rankings; per query, the top ``k`` as ``(row, score, {method: rank or None})``.
 
@@ -21,6 +22,12 @@ def rrf(
     then row id, or ``tie_key(row)`` when given (e.g. the chunk id, so that the order does not
     depend on where a chunk sits in the index). Methods with weight 0 add nothing and bring no candidates of their
     own, but still report their ranks for rows the others found.
+
+    A row that a method did not list adds nothing for that method by default (plain RRF). With ``fill_missing``
+    it counts at the rank just past the method's list for that query (``len(list) + 1``): the best rank it can
+    have there, since the method looked that deep and put it lower (or, past the documents a BM25 query
+    matches, ties it with every other non-match). So a method's top hit that the other method ranks somewhere
+    below its candidate depth is not scored as if that method had never seen it. Reported ranks stay ``None``.
     """
     if not isinstance(ranked, dict) or not ranked:
         raise ValueError("ranked must be a non-empty dict: method -> per-query ranked rows")
@@ -61,9 +68,13 @@ def rrf(
                 if entry[m] is None:
                     entry[m] = pos + 1
         fused = []
+        past = {m: len(set(ranked[m][qi])) + 1 for m in methods}
         for row, entry in ranks.items():
             # sum in the fixed method order so equal inputs give bit-identical scores
-            score = sum(w[m] / (rrf_k + r) for m, r in entry.items() if r is not None)
+            if fill_missing:
+                score = sum(w[m] / (rrf_k + (past[m] if r is None else r)) for m, r in entry.items())
+            else:
+                score = sum(w[m] / (rrf_k + r) for m, r in entry.items() if r is not None)
             best = min((r for m, r in entry.items() if r is not None and w[m] > 0), default=None)
             if best is None:  # ranked only by zero-weight methods: not a candidate
                 continue

@@ -2,7 +2,8 @@
 
 The demo, nightly runs, benchmarks and tests all run it through ``run_chain``: each stage is its own
 committed run folder under one output folder (``chunks/``, ``embeddings/``, ``index/``, ``retrieval/``,
-``spans/``), optionally building on the same stages of an earlier chain (``previous``).
+``spans/``), optionally building on the same stages of an earlier chain (``previous``). With a ``reranker`` the
+chain reranks the retrieval into ``reranked/`` and extracts from that.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from .chunk import ChunkJob, run_chunk
 from .embed import EmbedJob, run_embed
 from .extract import ExtractJob, run_extract
 from .index import IndexJob, run_index
+from .rerank import RerankJob, run_rerank
 from .retrieve import RetrieveJob, run_retrieve
 from .runner import CompositeStage, Plan, RunOptions, StageContext, StageResult, run_stage
 
 STAGES = ("chunks", "embeddings", "index", "retrieval", "spans")
+RERANK_STAGE = "reranked"  # between retrieval and spans, when the chain has a reranker
 
 
 @dataclass
@@ -37,12 +40,14 @@ class Chain:
     embedder: Any = None  # EmbedderConfig
     dense: Any = None  # index.DenseSpec
     extractor: Any = None  # extractor config; None: the offline semantic extractor
+    reranker: Any = None  # rerank.RerankerConfig; None: no rerank stage (extract reads the retrieval)
     # defaults are the stage jobs' own (declared once, there)
     method: str = ExtractJob.method
     top_k: int = ExtractJob.top_k
     max_drift: float = IndexJob.max_drift
     embed_batch_rows: int = EmbedJob.batch_rows
     extract_batch_rows: int = ExtractJob.batch_rows
+    rerank_top_k: int = RerankJob.top_k
 
 
 def run_chain(chain: Chain, output: str, *, previous: str | None = None, run_id: str | None = None,
@@ -76,20 +81,30 @@ def run_chain(chain: Chain, output: str, *, previous: str | None = None, run_id:
         "retrieval": lambda: run_retrieve(RetrieveJob(
             index=at("index"), queries=chain.queries, output=at("retrieval"), previous=prev("retrieval"),
             **common)),
+        RERANK_STAGE: lambda: run_rerank(RerankJob(
+            retrieval=at("retrieval"), reranker=chain.reranker, output=at(RERANK_STAGE), top_k=chain.rerank_top_k,
+            previous=prev(RERANK_STAGE) if previous and storage.exists(storage.join(
+                previous, RERANK_STAGE, "manifest.json")) else None, **common)),
         "spans": lambda: run_extract(ExtractJob(
-            output=at("spans"), extractor=chain.extractor or SemanticConfig(), retrieval=at("retrieval"),
+            output=at("spans"), extractor=chain.extractor or SemanticConfig(),
+            retrieval=at(RERANK_STAGE if chain.reranker is not None else "retrieval"),
             method=chain.method, top_k=chain.top_k, batch_rows=chain.extract_batch_rows, previous=prev("spans"),
             **common)),
     }
     results: dict[str, tuple[str, dict[str, Any]]] = {}
     timings: dict[str, float] = {}
-    for name in STAGES:
+    for name in chain_stages(chain):
         t = time.perf_counter()
         results[name] = steps[name]()
         timings[name] = time.perf_counter() - t
         if after_stage is not None:
             after_stage(name)
     return results, timings
+
+
+def chain_stages(chain: Chain) -> tuple[str, ...]:
+    """The chain's stages in order: ``STAGES``, with ``reranked`` before ``spans`` when it has a reranker."""
+    return STAGES if chain.reranker is None else (*STAGES[:-1], RERANK_STAGE, STAGES[-1])
 
 
 @dataclass(kw_only=True)

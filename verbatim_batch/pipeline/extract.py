@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import ray
 
 from .. import storage
-from ..runs import committed_table_dir, expect_run, jsonable, manifest_config, read_table
+from ..runs import committed_table_dir, expect_run, jsonable, manifest_config, read_manifest, read_table
 from ..tables import PAIR_INPUT, PAIRS, REJECTS, SPANS
 from .batches import with_counts, with_retries, with_retry_count
 from .ray_env import cpu_actor_args, cpu_threads, model_actor_args
@@ -75,7 +75,7 @@ class ExtractJob(RunOptions):
     retrieval: str | None = None  # a committed retrieval run
     chunks: str | None = None  # chunk run (default: found through the retrieval/index manifests)
     queries: str | None = None  # query file of the retrieval run (default: from its manifest)
-    method: str = "hybrid"
+    method: str | None = None  # None: "rerank" for a rerank run, else "hybrid" (pair_method)
     top_k: int = 5
     batch_rows: int = 64
     concurrency: int | None = None
@@ -94,10 +94,20 @@ def pair_sources(job: ExtractJob) -> dict[str, Any]:
         if not storage.exists(job.pairs):
             raise FileNotFoundError(f"pairs file not found: {job.pairs}")
         return {"pairs": job.pairs, "chunks": job.chunks}
-    expect_run(job.retrieval, "--retrieval", "retrieve")
+    expect_run(job.retrieval, "--retrieval", "retrieve", "rerank")
     retrieval_cfg = manifest_config(job.retrieval)
     return {"retrieval": job.retrieval, "queries": job.queries or retrieval_cfg["queries"],
-            "chunks": job.chunks or manifest_config(retrieval_cfg["index"])["chunks"]}
+            "chunks": job.chunks or retrieval_cfg.get("chunks") or manifest_config(retrieval_cfg["index"])["chunks"]}
+
+
+def pair_method(job: ExtractJob) -> str:
+    """The retrieval method whose rows become pairs: the job's, else ``rerank`` for a rerank run and ``hybrid``
+    for a retrieval run."""
+    if job.method:
+        return job.method
+    if job.retrieval is not None and read_manifest(job.retrieval)["command"] == "rerank":
+        return "rerank"
+    return "hybrid"
 
 
 def build_pairs(job: ExtractJob, sources: dict[str, Any] | None = None) -> pa.Table:
@@ -113,9 +123,10 @@ def build_pairs(job: ExtractJob, sources: dict[str, Any] | None = None) -> pa.Ta
     retrieval = read_table(job.retrieval, "retrieval")
     queries, _ = read_queries(sources["queries"])
     qmap = dict(zip(queries["query_id"].to_pylist(), queries["query"].to_pylist(), strict=True))
-    ids = retrieval.filter(pc.equal(retrieval["method"], job.method))["chunk_id"].to_pylist()
+    method = pair_method(job)
+    ids = retrieval.filter(pc.equal(retrieval["method"], method))["chunk_id"].to_pylist()
     chunks = chunk_lookup(committed_table_dir(sources["chunks"], "chunks"), ids)
-    return pairs_from_retrieval(retrieval, qmap, chunks, job.method, job.top_k)
+    return pairs_from_retrieval(retrieval, qmap, chunks, method, job.top_k)
 
 
 def extract_counts(pairs: pa.Table, spans_rows: int) -> dict[str, int]:
@@ -230,7 +241,7 @@ class ExtractStage(TableStage):
         sources = pair_sources(job)
         cfg = job.extractor
         config = {"extractor": registry.kind_of(cfg), "extractor_config": jsonable(cfg.to_dict()),
-                  "extractor_hash": cfg.hash, "method": job.method, "top_k": job.top_k, **sources}
+                  "extractor_hash": cfg.hash, "method": pair_method(job), "top_k": job.top_k, **sources}
         if weights := registry.weights_fingerprint(cfg):
             config["model_revision"] = weights
         return Plan(config=config, inputs=tuple(v for v in sources.values() if v), facts=sources)

@@ -1,0 +1,167 @@
+"""The rerank stage (optional, between retrieve and extract): a retrieval run -> the same queries' top
+candidates reordered by a cross-encoder.
+
+Its table is named ``retrieval`` (schema ``tables.RERANKED``: the retrieval columns, method ``rerank``, and each
+candidate's first rank and score), and its manifest records the query file, index and chunk run it used, so
+``extract --retrieval RERANK_RUN`` and ``evaluate-retrieval --retrieval RERANK_RUN`` read it like a retrieval
+run. One model per GPU, else CPU actors; a query's candidates always travel in one batch. Keyed by query id:
+a killed run resumed with its run id reranks only the queries no completed write covers, and with ``previous``
+a run with the same input, settings and weights is carried as is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import ray
+
+from ..runs import committed_table_dir, expect_run, jsonable, manifest_config, read_table
+from ..tables import RERANKED, stable_hash
+from .batches import with_counts, with_retries
+from .ray_env import cpu_threads, model_actor_args
+from .runner import Outcome, Plan, RunOptions, StageContext, StageResult, TableStage, Work, run_stage
+
+
+class RerankActor:
+    """One cross-encoder per actor (per GPU); batches of whole queries' candidates in, ranked rows out."""
+
+    def __init__(self, config, threads: int | None = None, retries: int = 2) -> None:
+        from ..rerank import Reranker
+
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        self.reranker = Reranker(config)
+        self.retries = retries
+
+    def _rerank(self, batch: pa.Table) -> pa.Table:
+        before = dict(self.reranker.stats)
+        out = self.reranker(batch)
+        after = self.reranker.stats
+        delta = {k: int(after[k] - before[k]) for k in ("tokens", "padded_tokens", "truncated")}
+        delta |= {f"time_ms.{k[:-3]}": int(after[k] - before[k]) for k in ("tokenize_ms", "forward_ms")}
+        return with_counts(out, delta)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        return with_retries(self._rerank, batch, self.retries, "rerank")
+
+
+@dataclass
+class RerankJob(RunOptions):
+    """Settings of the rerank job."""
+
+    retrieval: str  # a committed retrieval run
+    reranker: Any  # rerank.RerankerConfig
+    method: str = "hybrid"  # the retrieval method whose lists are reranked
+    top_k: int = 20  # candidates per query that the cross-encoder scores
+    chunks: str | None = None  # chunk run (default: found through the retrieval and index manifests)
+    queries: str | None = None  # the retrieval run's query file (default: from its manifest)
+    batch_rows: int = 256  # candidates per actor call (whole queries)
+    concurrency: int | None = None
+    threads: int | None = None
+
+
+@dataclass(frozen=True)
+class RerankFacts:
+    queries: str
+    chunks: str
+
+
+class RerankStage(TableStage):
+    command = "rerank"
+    tables = {"retrieval": RERANKED}
+    key_column = "query_id"
+
+    def plan(self) -> Plan:
+        from ..rerank import weights_fingerprint
+
+        job: RerankJob = self.job
+        if job.top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {job.top_k}")
+        expect_run(job.retrieval, "--retrieval", "retrieve")
+        if job.chunks:
+            expect_run(job.chunks, "--chunks", "chunk")
+        source = manifest_config(job.retrieval)
+        queries = job.queries or source["queries"]
+        chunks = job.chunks or manifest_config(source["index"])["chunks"]
+        cfg = job.reranker
+        revision = weights_fingerprint(cfg)
+        key = stable_hash(source.get("key") or job.retrieval, job.method, str(job.top_k), cfg.hash, revision)
+        config = {"retrieval": job.retrieval, "queries": queries, "index": source.get("index"), "chunks": chunks,
+                  "method": job.method, "top_k": job.top_k, "reranker": jsonable(cfg.to_dict()),
+                  "reranker_hash": cfg.hash, "model_revision": revision, "key": key}
+        return Plan(config=config, inputs=(job.retrieval, queries, chunks), facts=RerankFacts(queries, chunks))
+
+    def work(self, plan: Plan, ctx: StageContext) -> Work:
+        cands = candidates(self.job, plan.facts.queries, plan.facts.chunks)
+        ids = pa.array(sorted(set(cands["query_id"].to_pylist())), pa.string())
+        return Work(keys=ids, n_in=len(ids), data=cands)
+
+    def unchanged(self, plan: Plan, work: Work, previous: str, staging: str) -> list[str]:
+        """Every query when the input run, settings and weights are those of ``previous``."""
+        return work.keys.to_pylist() if manifest_config(previous).get("key") == plan.config["key"] else []
+
+    def dataset(self, plan: Plan, work: Work, skip: pa.Array, ctx: StageContext) -> ray.data.Dataset:
+        from .extract import query_blocks
+
+        job: RerankJob = self.job
+        cands: pa.Table = work.data
+        todo = cands.filter(pc.invert(pc.is_in(cands["query_id"], value_set=skip)))
+        kwargs = {"config": job.reranker, "threads": cpu_threads(job.threads), "retries": job.batch_retries}
+        actors = model_actor_args(job.concurrency, job.batch_rows) | {"batch_size": None}  # whole queries per call
+        return ray.data.from_arrow(query_blocks(todo, job.batch_rows)).map_batches(
+            RerankActor, batch_format="pyarrow", fn_constructor_kwargs=kwargs, **actors)
+
+    def counts(self, plan: Plan, work: Work, outcome: Outcome) -> StageResult:
+        cands: pa.Table = work.data
+        missing = pc.sum(pc.is_null(cands["chunk"]).cast(pa.int64())).as_py() or 0
+        return StageResult(tables={}, counts={"queries": work.n_in, "candidates": cands.num_rows,
+                                              "candidates_without_chunk": missing},
+                           config={"model_id": _model_id(self.job.reranker)})
+
+
+def _model_id(cfg) -> str:
+    from ..embedding import portable_model_id
+
+    return portable_model_id(cfg.model)
+
+
+def candidates(job: RerankJob, queries_path: str, chunks_run: str) -> pa.Table:
+    """The rows to rerank: each query's first ``top_k`` rows of ``method``, with the query and chunk text
+    (``rerank.CANDIDATE_COLUMNS``), ordered by query then first rank."""
+    from ..extract.pairs import chunk_lookup
+    from .retrieve import read_queries
+
+    retrieval = read_table(job.retrieval, "retrieval")
+    methods = set(retrieval["method"].to_pylist())
+    if job.method not in methods:
+        raise ValueError(f"{job.retrieval} has no {job.method!r} rows (methods: {sorted(methods)})")
+    rows = retrieval.filter(pc.and_(pc.equal(retrieval["method"], job.method),
+                                    pc.less_equal(retrieval["rank"], job.top_k)))
+    rows = rows.sort_by([("query_id", "ascending"), ("rank", "ascending")])
+    query_table, _ = read_queries(queries_path)
+    qmap = dict(zip(query_table["query_id"].to_pylist(), query_table["query"].to_pylist(), strict=True))
+    texts = chunk_lookup(committed_table_dir(chunks_run, "chunks"), rows["chunk_id"].to_pylist())
+    qids, cids = rows["query_id"].to_pylist(), rows["chunk_id"].to_pylist()
+    return pa.table({
+        "query_id": pa.array(qids, pa.string()),
+        "query": pa.array([qmap.get(q) for q in qids], pa.string()),
+        "chunk_id": pa.array(cids, pa.string()),
+        "paper_id": rows["paper_id"],
+        "chunk": pa.array([(texts.get(c) or {}).get("text") for c in cids], pa.large_string()),
+        "first_method": pa.array([job.method] * rows.num_rows, pa.string()),
+        "first_rank": rows["rank"],
+        "first_score": rows["score"],
+        "dense_rank": rows["dense_rank"],
+        "bm25_rank": rows["bm25_rank"],
+    })
+
+
+def run_rerank(job: RerankJob) -> tuple[str, dict[str, Any]]:
+    """Rerank each query's top ``top_k`` candidates of a retrieval run with a cross-encoder."""
+    return run_stage(RerankStage(job))
+
