@@ -13,69 +13,183 @@ manifest): these return lazy datasets and you decide where they go.
     vectors = api.embed(chunks)                    # + the bundled MiniLM by default (tables.embeddings_schema)
     pairs = chunks.map(lambda c: {"query": "training data size", "chunk": c["text"]})
     spans = api.extract(pairs)                     # one row per pair: its verbatim spans, relevance, error
+
+Every processor also takes ``preprocess`` / ``postprocess`` (a row -> row function, run with ``Dataset.map``
+before and after the stage, as in ``ray.data.llm.build_processor``), and ``build_processor(config, ...)`` makes
+the one a config describes, to apply later: ``processor = api.build_processor(api.SemanticConfig(),
+preprocess=...)``; ``spans = processor(pairs)``.
+
+They compose in any pipeline without ``materialize()``, on any cluster size: chunking runs as tasks, and a
+model's actors claim no CPU (``ray_env.processor_actor_args``), so however many processors a pipeline chains,
+every CPU stays free for the reads, maps and writes around them (actors that each hold a CPU can take all of
+them on a small cluster, and then the read waits forever).
+
+Outputs have exactly these columns:
+
+- ``chunk``: ``tables.CHUNKS`` (input: ``paper_id``, ``markdown``);
+- ``embed``: ``tables.embeddings_schema`` (input: ``chunk_id``, ``paper_id``, ``context``, ``text``);
+- ``retrieve``: ``tables.RETRIEVAL``, ``k`` rows per query and method (input: ``query``, optional ``query_id``);
+- ``extract``: the input's columns + ``spans`` (list of ``start``, ``end``, ``text``, ``score``), ``relevance``,
+  ``error`` (input: ``query``, ``chunk``; optional ``query_id``, ``paper_id``, ``chunk_id``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 import ray
 
+from . import storage
 from .chunking import ChunkerConfig
-from .pipeline.ray_env import model_actor_args
+from .embedding import EmbedderConfig
+from .extract.highlighter import HighlighterConfig
+from .extract.llm import LLMConfig
+from .extract.semantic import SemanticConfig
+from .pipeline.ray_env import cpu_threads, processor_actor_args
+from .retrieval import RetrieverConfig
 from .tables import RAW_RECORDS, SPAN_STRUCT, group_by
 
+__all__ = [
+    "ChunkerConfig", "EmbedderConfig", "RetrieverConfig", "SemanticConfig", "HighlighterConfig", "LLMConfig",
+    "Processor", "build_processor", "chunk", "embed", "retrieve", "extract",
+]
 
-class _Chunk:
-    def __init__(self, chunker: ChunkerConfig, store_text: bool) -> None:
-        from .ingest import IngestStage
+Row = dict[str, Any]
+RowFn = Callable[[Row], Row]
+EXTRACTOR_CONFIGS = (SemanticConfig, HighlighterConfig, LLMConfig)
 
-        self.stage = IngestStage(chunker=chunker, store_text=store_text)
 
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        ids = batch["paper_id"].to_pylist()
-        texts = batch["markdown"].to_pylist()
-        raw = [t.encode("utf-8", "surrogatepass") if isinstance(t, str) else None for t in texts]
-        records = pa.table({
-            "paper_id": pa.array([str(i) if i is not None else None for i in ids], pa.string()),
-            "source": pa.array([f"dataset#row={i}" if p is None else str(p) for i, p in enumerate(ids)]),
-            "raw": pa.array(raw, pa.large_binary()),
-            "n_bytes": pa.array([len(r) if r is not None else None for r in raw], pa.int64()),
-            "error": pa.array([None if isinstance(t, str) else "missing_text: markdown is not a string"
-                               for t in texts], pa.string()),
-        }, schema=RAW_RECORDS)
-        return self.stage(records)["chunks"]
+@dataclass(frozen=True)
+class Processor:
+    """A stage as a function from a dataset to a dataset (lazy: nothing runs until the pipeline does):
+    ``preprocess`` (``Dataset.map``) -> the stage -> ``postprocess`` (``Dataset.map``)."""
+
+    name: str
+    stage: Callable[[ray.data.Dataset], ray.data.Dataset]
+    preprocess: RowFn | None = None
+    postprocess: RowFn | None = None
+    map_kwargs: dict[str, Any] = field(default_factory=dict)  # for the pre/postprocess maps (e.g. num_cpus)
+
+    def __call__(self, ds: ray.data.Dataset) -> ray.data.Dataset:
+        if self.preprocess is not None:
+            ds = ds.map(self.preprocess, **self.map_kwargs)
+        ds = self.stage(ds)
+        if self.postprocess is not None:
+            ds = ds.map(self.postprocess, **self.map_kwargs)
+        return ds
+
+
+def build_processor(config: Any, *, preprocess: RowFn | None = None, postprocess: RowFn | None = None,
+                    map_kwargs: dict[str, Any] | None = None, **options: Any) -> Processor:
+    """The processor a config describes: ``ChunkerConfig`` -> chunk, ``EmbedderConfig`` -> embed,
+    ``RetrieverConfig`` -> retrieve, ``SemanticConfig``/``HighlighterConfig``/``LLMConfig`` -> extract.
+    ``options`` are the stage function's own (``batch_rows``, ``concurrency``, ...)."""
+    stages: list[tuple[tuple[type, ...], Callable[..., ray.data.Dataset]]] = [
+        ((ChunkerConfig,), _chunk), ((EmbedderConfig,), _embed), ((RetrieverConfig,), _retrieve),
+        (EXTRACTOR_CONFIGS, _extract)]
+    for types, fn in stages:
+        if isinstance(config, types):
+            return Processor(fn.__name__.lstrip("_"), functools.partial(fn, config=config, **options), preprocess,
+                             postprocess, dict(map_kwargs or {}))
+    raise TypeError(f"no processor for a {type(config).__name__} (one of ChunkerConfig, EmbedderConfig, "
+                    "RetrieverConfig, SemanticConfig, HighlighterConfig, LLMConfig)")
+
+
+def _chunk_papers(batch: pa.Table, chunker: ChunkerConfig, store_text: bool) -> pa.Table:
+    """Papers (``paper_id``, ``markdown``) -> rows of ``tables.CHUNKS``, with the chunk job's own code."""
+    from .ingest import IngestStage
+
+    ids = batch["paper_id"].to_pylist()
+    texts = batch["markdown"].to_pylist()
+    raw = [t.encode("utf-8", "surrogatepass") if isinstance(t, str) else None for t in texts]
+    records = pa.table({
+        "paper_id": pa.array([str(i) if i is not None else None for i in ids], pa.string()),
+        "source": pa.array([f"dataset#row={i}" if p is None else str(p) for i, p in enumerate(ids)]),
+        "raw": pa.array(raw, pa.large_binary()),
+        "n_bytes": pa.array([len(r) if r is not None else None for r in raw], pa.int64()),
+        "error": pa.array([None if isinstance(t, str) else "missing_text: markdown is not a string"
+                           for t in texts], pa.string()),
+    }, schema=RAW_RECORDS)
+    return IngestStage(chunker=chunker, store_text=store_text)(records)["chunks"]
+
+
+def _chunk(papers: ray.data.Dataset, config: ChunkerConfig, *, store_text: bool = True,
+           batch_size: int = 64) -> ray.data.Dataset:
+    # Tasks, not actors: chunking loads nothing, and a task gives its CPU back after each batch.
+    return papers.map_batches(_chunk_papers, fn_kwargs={"chunker": config, "store_text": store_text},
+                              batch_format="pyarrow", batch_size=batch_size)
 
 
 def chunk(papers: ray.data.Dataset, chunker: ChunkerConfig | None = None, *, store_text: bool = True,
-          batch_size: int = 64) -> ray.data.Dataset:
+          batch_size: int = 64, preprocess: RowFn | None = None, postprocess: RowFn | None = None) -> ray.data.Dataset:
     """Papers (``paper_id``, ``markdown``) -> chunks (``tables.CHUNKS``). A paper that cannot be chunked
     (empty, binary, missing text) yields no chunks; run ``verbatim-batch chunk`` for the quarantine table."""
-    return papers.map_batches(_Chunk, fn_constructor_kwargs={"chunker": chunker or ChunkerConfig(),
-                                                             "store_text": store_text},
-                              batch_format="pyarrow", batch_size=batch_size, concurrency=(1, 8))
+    return build_processor(chunker or ChunkerConfig(), preprocess=preprocess, postprocess=postprocess,
+                           store_text=store_text, batch_size=batch_size)(papers)
 
 
-def embed(chunks: ray.data.Dataset, config: Any = None, *, batch_rows: int = 1024,
-          concurrency: int | None = None) -> ray.data.Dataset:
-    """Chunks (``chunk_id``, ``paper_id``, ``context``, ``text``) -> embeddings rows, one model per GPU (else
-    CPU actors). ``config``: an ``EmbedderConfig`` (default: the bundled all-MiniLM-L6-v2)."""
-    from .embedding import EmbedderConfig
+def _embed(chunks: ray.data.Dataset, config: EmbedderConfig, *, batch_rows: int = 1024,
+           concurrency: int | None = None) -> ray.data.Dataset:
     from .pipeline.batches import strip_internal_batch
-    from .pipeline.embed import EmbedActor
+    from .pipeline.embed import EmbedActor, embed_tokenize
 
     ds = chunks.select_columns(["chunk_id", "paper_id", "context", "text"]).map_batches(
-        EmbedActor, fn_constructor_kwargs={"config": config or EmbedderConfig()}, batch_format="pyarrow",
-        **model_actor_args(concurrency, batch_rows))
+        embed_tokenize, fn_kwargs={"config": config}, batch_format="pyarrow").map_batches(  # tokens on CPU tasks
+        EmbedActor, fn_constructor_kwargs={"config": config, "threads": cpu_threads(None)}, batch_format="pyarrow",
+        **processor_actor_args(concurrency, batch_rows))
     return ds.map_batches(strip_internal_batch, batch_format="pyarrow", batch_size=None)
 
 
+def embed(chunks: ray.data.Dataset, config: EmbedderConfig | None = None, *, batch_rows: int = 1024,
+          concurrency: int | None = None, preprocess: RowFn | None = None,
+          postprocess: RowFn | None = None) -> ray.data.Dataset:
+    """Chunks (``chunk_id``, ``paper_id``, ``context``, ``text``) -> embeddings rows (``tables.embeddings_schema``),
+    one model per GPU (else CPU actors). ``config``: an ``EmbedderConfig`` (default: the bundled
+    all-MiniLM-L6-v2)."""
+    return build_processor(config or EmbedderConfig(), preprocess=preprocess, postprocess=postprocess,
+                           batch_rows=batch_rows, concurrency=concurrency)(chunks)
+
+
+def _retrieve(queries: ray.data.Dataset, config: RetrieverConfig, *, batch_rows: int = 256,
+              concurrency: int | None = None) -> ray.data.Dataset:
+    from .pipeline.retrieve import RetrieveActor
+    from .runs import expect_run
+
+    config = dataclasses.replace(config, index_dir=storage.normalize(config.index_dir))  # actors run elsewhere
+    expect_run(config.index_dir, "api.retrieve", "index")
+    return queries.map_batches(RetrieveActor, fn_constructor_kwargs={"config": config}, batch_format="pyarrow",
+                               **processor_actor_args(concurrency, batch_rows))
+
+
+def retrieve(queries: ray.data.Dataset, index: str | RetrieverConfig, *, batch_rows: int = 256,
+             concurrency: int | None = None, preprocess: RowFn | None = None,
+             postprocess: RowFn | None = None) -> ray.data.Dataset:
+    """Queries (``query``, optional ``query_id``: else the id the jobs give that text) -> the top-k chunks of
+    an index run (``verbatim-batch index``), as rows of ``tables.RETRIEVAL``: ``k`` per query and method.
+    ``index``: the index run folder (default settings), or a ``RetrieverConfig`` naming it (methods, k,
+    weights)."""
+    config = index if isinstance(index, RetrieverConfig) else RetrieverConfig(index_dir=index)
+    return build_processor(config, preprocess=preprocess, postprocess=postprocess, batch_rows=batch_rows,
+                           concurrency=concurrency)(queries)
+
+
+OUTPUT_COLUMNS = ("spans", "relevance", "error")  # what extract adds to each pair row
+
+
 class _Extract:
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Any, threads: int | None = None) -> None:
         from .extract.registry import build_extractor
         from .extract.stage import PairExtractor
 
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
         self.stage = PairExtractor(build_extractor(config), run_id="api")
 
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -90,17 +204,33 @@ class _Extract:
         if len(result) != len(rows):  # the stage writes one pair row per input row, in order
             raise RuntimeError(f"extract: {len(rows)} pairs in, {len(result)} pair rows out")
         spans = [sorted(by_pair.get(p["pair_id"], []), key=lambda s: s["start"]) for p in result]
+        batch = batch.drop_columns([c for c in OUTPUT_COLUMNS if c in batch.column_names])
         return (batch.append_column("spans", pa.array(spans, pa.list_(SPAN_STRUCT)))
                 .append_column("relevance", pa.array([p["relevance"] for p in result], pa.float32()))
                 .append_column("error", pa.array([p["error"] for p in result], pa.string())))
 
 
-def extract(pairs: ray.data.Dataset, config: Any = None, *, batch_rows: int = 64,
-            concurrency: int | None = None) -> ray.data.Dataset:
+def _extract(pairs: ray.data.Dataset, config: Any, *, batch_rows: int = 64,
+             concurrency: int | None = None) -> ray.data.Dataset:
+    from .extract import registry
+
+    where = registry.placement(config)
+    if where == "vllm":
+        raise ValueError("api.extract runs an LLM over HTTP (LLMConfig with a base_url); for in-cluster vLLM use "
+                         "`verbatim-batch extract --backend vllm`, or ray.data.llm directly")
+    if where == "io":  # requests to an endpoint: I/O-bound actors, no model here
+        args = {"compute": ray.data.ActorPoolStrategy(size=concurrency or 2), "num_cpus": 0, "batch_size": batch_rows}
+        kwargs = {"config": config}
+    else:
+        args = processor_actor_args(concurrency, batch_rows)
+        kwargs = {"config": config, "threads": cpu_threads(None)}
+    return pairs.map_batches(_Extract, fn_constructor_kwargs=kwargs, batch_format="pyarrow", **args)
+
+
+def extract(pairs: ray.data.Dataset, config: Any = None, *, batch_rows: int = 64, concurrency: int | None = None,
+            preprocess: RowFn | None = None, postprocess: RowFn | None = None) -> ray.data.Dataset:
     """Pairs (``query``, ``chunk``; any other columns pass through) -> the same rows with ``spans`` (verbatim
     substrings of ``chunk`` with offsets and scores), ``relevance`` and ``error`` (a bad pair gets an error,
-    never a crash). ``config``: ``SemanticConfig`` (default), ``HighlighterConfig`` or an http ``LLMConfig``."""
-    from .extract.semantic import SemanticConfig
-
-    return pairs.map_batches(_Extract, fn_constructor_kwargs={"config": config or SemanticConfig()},
-                             batch_format="pyarrow", **model_actor_args(concurrency, batch_rows))
+    never a crash). ``config``: ``SemanticConfig`` (default), ``HighlighterConfig`` or an HTTP ``LLMConfig``."""
+    return build_processor(config or SemanticConfig(), preprocess=preprocess, postprocess=postprocess,
+                           batch_rows=batch_rows, concurrency=concurrency)(pairs)

@@ -18,6 +18,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     running here). On a cluster, Ray's own node address settings apply."""
     if ray.is_initialized():
         return
+    quiet_ray_data()
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         check_reachable(address)
@@ -28,6 +29,30 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
                 from None
     else:
         init_local(num_cpus)
+
+
+def quiet_ray_data() -> None:
+    """Ray Data's progress and warnings in a stage job's driver, made readable (``pipeline.progress``).
+
+    - Its progress bars count what passes each operator: a stage fed a few large blocks logs ``Total
+      Progress: 0/?`` and ``MapBatches(...): 0/1`` every 10 s until the end. They are off; the runner reports
+      rows done / rows to do, rows/s and an ETA from the sink's write records instead (``VERBATIM_PROGRESS=ray``
+      keeps Ray Data's own bars, and ours off). Switching them off would log a warning saying so; not here.
+    - "The Dataset job will hang unless more CPUs are freed up" is logged once per driver when a dataset
+      starts at a moment with no free CPU, e.g. while the previous stage's actors are being released. Stage
+      pools always leave a CPU to the tasks around them (``actor_pool``), so it was never true here; a job
+      that truly cannot progress fails by Ray Data's own no-progress timeout, and its progress line shows
+      0 rows/s meanwhile. It is consumed (``log_once``) before any dataset runs.
+    """
+    from ray.data import DataContext
+    from ray.util.debug import log_once
+
+    from .progress import mode
+
+    if mode() != "ray":
+        DataContext.get_current().enable_progress_bars = False
+        log_once("ray_data_progress_manager_disabled")
+    log_once("cpu_warning")
 
 
 def check_reachable(address: str, timeout_s: float = 5.0) -> None:
@@ -59,6 +84,7 @@ def init_local(num_cpus: int | None = None, log_to_driver: bool = True) -> None:
     """
     if num_cpus is not None and num_cpus < 1:
         raise ValueError(f"--num-cpus must be at least 1, got {num_cpus}")
+    quiet_ray_data()
     from ray._private import services
 
     resolve = getattr(services, "resolve_ip_for_localhost", None)
@@ -112,6 +138,24 @@ def model_actor_args(concurrency: int | None, batch_rows: int) -> dict[str, Any]
     if n:
         return {"concurrency": concurrency or n, "num_gpus": 1, "batch_size": batch_rows}
     return cpu_actor_args(concurrency or 1, 1.0) | {"batch_size": batch_rows}
+
+
+def processor_actor_args(concurrency: int | None, batch_rows: int) -> dict[str, Any]:
+    """``map_batches`` arguments for a model actor pool inside someone else's Ray Data pipeline (``api``).
+
+    A stage job knows its whole pipeline and sizes its one pool to leave a CPU to the tasks around it
+    (``model_actor_args``). A processor does not: the pipeline may hold other processors' pools and the
+    user's own, and an actor holds its CPU for the whole run, so pools that each claim one can take every
+    CPU, leaving none to read with (``Active & requested resources: 3/2 CPU`` and no progress). So a
+    processor's actors claim no CPU: on GPU clusters one model per GPU (``num_gpus=1``), else ``concurrency``
+    (default 1) CPU actors. Ray's CPU count is a scheduling figure, not a limit: the actor's torch threads
+    still use the cores (set with ``cpu_threads``), and every CPU slot stays free for the reads, maps and
+    writes around it, however many processors the pipeline chains. The pool size goes in ``compute`` (Ray
+    2.51 deprecated ``concurrency``)."""
+    n = gpus()
+    size = concurrency or n or 1
+    gpu = {"num_gpus": 1} if n else {}
+    return {"compute": ray.data.ActorPoolStrategy(size=size), "num_cpus": 0, **gpu, "batch_size": batch_rows}
 
 
 def cpu_actor_args(concurrency: int, cpus_per_actor: float) -> dict[str, Any]:

@@ -1,0 +1,69 @@
+"""Stage progress (pipeline/progress.py): rows done / rows to do, rows/s and an ETA from the sink's write records,
+as log lines or a bar; Ray Data's own 0/? progress and its false "will hang" warning are off in stage drivers.
+No Ray needed: the records are written by hand, as the sink writes them."""
+
+from __future__ import annotations
+
+import io
+import re
+import time
+
+from verbatim_batch.pipeline.progress import Progress, duration, status
+from verbatim_batch.runs import record_write
+
+
+def test_status_line_and_durations():
+    assert status(250, 1000, 10.0) == "250/1,000 rows (25.0%) in 10s, 25.0 rows/s, ETA 30s"
+    assert status(0, 1000, 10.0).endswith("0.0 rows/s, ETA ?")
+    assert [duration(s) for s in (4.2, 185, 7620)] == ["4s", "3m05s", "2h07m"]
+
+
+def test_progress_counts_this_runs_writes_in_lines(tmp_path):
+    staging = str(tmp_path)
+    record_write(staging, "part-carried-1", {"keys": ["a", "b"]})  # carried before the stage starts: not counted
+    out = io.StringIO()
+    line = re.compile(r"\[extract\] 3/10 rows \(30\.0%\) in \w+, \d+\.\d rows/s, ETA \w+")
+    with Progress("extract", staging, 10, stream=out, how="log", every=0.5):
+        for i in range(3):
+            record_write(staging, f"part-{i}", {"keys": [f"k{i}", f"k{i}"]})  # a key repeated (retrieve): once
+        deadline = time.monotonic() + 20  # a loaded machine may run the reporter's thread late
+        while not line.search(out.getvalue()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    lines = out.getvalue().splitlines()
+    assert any(line.fullmatch(x) for x in lines), lines
+    assert re.fullmatch(r"\[extract\] done: 3/10 rows in \w+ \(\d+\.\d rows/s\)", lines[-1]), lines
+
+
+def test_progress_by_records_and_bar(tmp_path):
+    staging = str(tmp_path)
+    record_write(staging, "part-old", {"keys": ["p1", "p2"]})  # a resumed run's write: off the total
+    out = io.StringIO()
+    with Progress("chunk", staging, 6, unique=False, stream=out, how="bar"):
+        record_write(staging, "part-new", {"keys": ["None", "None"]})  # two quarantine rows without an id
+        deadline = time.monotonic() + 20
+        while "\r[chunk] |############............| 2/4 rows (50.0%)" not in out.getvalue() \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)
+    text = out.getvalue()
+    assert "\r[chunk] |############............| 2/4 rows (50.0%)" in text, text
+    assert re.search(r"\[chunk\] done: 2/4 rows in \w+ \(\d+\.\d rows/s\)\n$", text), text
+
+
+def test_off_and_nothing_to_do_write_nothing(tmp_path):
+    for kwargs in ({"how": "off"}, {"how": "log", "total": 0}):
+        out = io.StringIO()
+        total = kwargs.pop("total", 5)
+        with Progress("embed", str(tmp_path), total, stream=out, every=0.5, **kwargs):
+            time.sleep(0.6)
+        assert out.getvalue() == ""
+
+
+def test_stage_drivers_turn_ray_data_noise_off():
+    from ray.data import DataContext
+    from ray.util.debug import log_once
+
+    from verbatim_batch.pipeline.ray_env import quiet_ray_data
+
+    quiet_ray_data()
+    assert DataContext.get_current().enable_progress_bars is False
+    assert not log_once("cpu_warning")  # "The Dataset job will hang unless more CPUs are freed up": consumed
