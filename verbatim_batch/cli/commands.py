@@ -245,20 +245,43 @@ def cmd_silver(args: argparse.Namespace) -> int:
     return 0
 
 
-def nightly_job(args: argparse.Namespace):
+def chain_of(args: argparse.Namespace):
+    """The ``Chain`` the chain options describe (``run`` and ``nightly``)."""
     from ..embedding import EmbedderConfig
-    from ..pipeline import Chain, NightlyJob
+    from ..pipeline import Chain
 
     if args.embed_model is None:  # the bundled embedder needs no hub
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    chain = Chain(
+    return Chain(
         input=args.input, queries=args.queries, metadata=args.metadata, chunker=chunker(args, "chunk-"),
         embedder=EmbedderConfig(model=args.embed_model) if args.embed_model else None, extractor=extractor(args),
         **_given(args, format="format", method="method", top_k="top_k", max_drift="max_drift",
                  embed_batch_rows="embed_batch_rows", extract_batch_rows="extract_batch_rows"))
-    job = NightlyJob(chain=chain, root=args.root, **_given(args, keep_runs="keep_runs"), **_given(
+
+
+def nightly_job(args: argparse.Namespace):
+    from ..pipeline import NightlyJob
+
+    return NightlyJob(chain=chain_of(args), root=args.root, **_given(args, keep_runs="keep_runs"), **_given(
         args, run_id="run_id", batch_retries="batch_retries", address="address", num_cpus="num_cpus"))
-    return job
+
+
+def run_job(args: argparse.Namespace):
+    from ..pipeline import ChainJob
+
+    return ChainJob(chain=chain_of(args), **run_options(args))
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from ..pipeline import run_chain_job
+    from ..runs import read_manifest
+
+    path, manifest = run_chain_job(run_job(args))
+    for stage in manifest.get("stages", {}):
+        print(f"\n== {stage} ==")
+        report(os.path.join(path, stage), read_manifest(os.path.join(path, stage)))
+    print(f"\nchain run {manifest['run_id']} committed to {path} (report: {os.path.join(path, 'report.html')})")
+    return 0
 
 
 def cmd_nightly(args: argparse.Namespace) -> int:
@@ -416,7 +439,7 @@ def cmd_rerank(args: argparse.Namespace) -> int:
 JOBS = {
     "chunk": chunk_job, "embed": embed_job, "index": index_job, "retrieve": retrieve_job, "extract": extract_job,
     "rerank": rerank_job,
-    "querygen": querygen_job, "silver": silver_job, "nightly": nightly_job, "train": train_job,
+    "querygen": querygen_job, "silver": silver_job, "nightly": nightly_job, "train": train_job, "run": run_job,
 }
 
 HANDLERS = {
@@ -425,7 +448,7 @@ HANDLERS = {
     "extract": _run_and_report(extract_job, "run_extract"), "querygen": _run_and_report(querygen_job, "run_querygen"),
     "evaluate": cmd_evaluate, "silver": cmd_silver, "demo": cmd_demo, "nightly": cmd_nightly, "verify": cmd_verify,
     "report": cmd_report, "train": cmd_train, "rerank": cmd_rerank,
-    "evaluate-retrieval": cmd_evaluate_retrieval,
+    "evaluate-retrieval": cmd_evaluate_retrieval, "run": cmd_run,
 }
 
 

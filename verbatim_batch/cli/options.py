@@ -313,6 +313,13 @@ COMMANDS: dict[str, tuple[str, list[Use]]] = {
         _u("method"), _u("top_k"), _u("max_drift"), _u("keep_runs"), _u("embed_batch_rows"),
         _u("extract_batch_rows"), _u("chunker", prefix="chunk-"), _u("extractor"), _u("llm"),
         _u("run", only=("run_id", "batch_retries")), _u("ray")]),
+    "run": ("the whole chain chunk -> embed -> index -> retrieve -> extract on your corpus and queries, one Ray "
+            "start, each stage its run folder under --output", [
+        _u("input", **REQ), _u("queries", **REQ), _u("output", **REQ), _u("metadata"), _u("format"),
+        _u("model", prefix="embed-", help="embedding model, hub id or path (default: the bundled MiniLM)"),
+        _u("method"), _u("top_k"), _u("max_drift"), _u("embed_batch_rows"), _u("extract_batch_rows"),
+        _u("chunker", prefix="chunk-"), _u("extractor"), _u("llm"),
+        _u("run", only=("overwrite", "run_id", "previous", "batch_retries")), _u("ray")]),
     "train": ("fine-tune the highlighter (a ModernBERT token classifier) on silver data with Ray Train", [
         _u("train", **REQ), _u("eval"), _u("model", default="answerdotai/ModernBERT-base"), _u("epochs"), _u("lr"),
         _u("batch_size"), _u("batch_tokens"), _u("grad_accum"), _u("warmup_ratio"), _u("max_length"), _u("stride"),
