@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from . import tables
 from .models import fingerprint as _fingerprint
@@ -189,15 +190,12 @@ class Embedder:
         self.model.eval().requires_grad_(False)
         mconf = self.model.config
         self.dim = int(mconf.hidden_size)
-        self.max_length = _resolve_max_length(config.max_length, st_conf, self.tokenizer, mconf)
+        self.host = EmbedTokenizer(config, model_dir, mconf, self.tokenizer)
+        self.max_length = self.host.max_length
         self.pooling = st_conf["pooling"] if config.pooling == "auto" else config.pooling
-        prompts = st_conf["prompts"]
-        self.query_prompt = _resolve_prompt(config.query_prompt, prompts, ("query",), st_conf["query_prompt"])
-        self.document_prompt = _resolve_prompt(config.document_prompt, prompts, ("document", "passage"), None)
-        if not st_conf["include_prompt"] and (self.query_prompt or self.document_prompt):
-            raise ValueError(f"{self.model_id}: pooling that excludes the prompt tokens is not supported")
+        self.query_prompt, self.document_prompt = self.host.query_prompt, self.host.document_prompt
         self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        self._backend = _truncating_backend(self.tokenizer, self.max_length)
+        self._backend = self.host.backend
         self.output_type = _OUTPUT_DTYPES[config.output_dtype]
         self.schema = tables.embeddings_schema(self.dim, self.output_type)
         self._cuda = self.device.type == "cuda"
@@ -246,9 +244,13 @@ class Embedder:
         if any(c is None for c in chunk_ids) or any(p is None for p in paper_ids):
             raise ValueError("embed: chunk_id and paper_id must not be null")
         try:
-            texts, empty_mask = embedding_texts(batch, self.document_prompt)
-            empty = int(empty_mask.sum())
-            vectors, n_tokens, truncated = self._embed(texts)
+            if TOKEN_COLUMN in batch.column_names:  # tokenized by a CPU stage (``EmbedTokenizer.tokenize_table``)
+                empty = int(pc.sum(batch.column("_emb_empty")).as_py() or 0)
+                vectors, n_tokens, truncated = self._run(n, iter([(0, n, tokenized_from_table(batch))]))
+            else:
+                texts, empty_mask = embedding_texts(batch, self.document_prompt)
+                empty = int(empty_mask.sum())
+                vectors, n_tokens, truncated = self._embed(texts)
         except NonFiniteEmbeddingError as exc:
             bad = [chunk_ids[i] for i in exc.indices]
             raise NonFiniteEmbeddingError(
@@ -369,6 +371,61 @@ class Embedder:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+
+
+# --- the host side: tokenizing on CPU, apart from the model ------------------------------
+
+TOKEN_COLUMN = "_emb_ids"  # a batch's token ids (list<int32> per row), with _emb_truncated and _emb_empty
+
+
+class EmbedTokenizer:
+    """The host side of an embedder: tokenizer, max length and prompts, no model. A CPU stage loads this
+    alone and hands ``Embedder`` batches it tokenized (``tokenize_table``); ``Embedder`` holds one too, so the
+    two paths tokenize alike."""
+
+    def __init__(self, config: EmbedderConfig, model_dir: Path | None = None, model_config: Any = None,
+                 tokenizer: Any = None) -> None:
+        from transformers import AutoConfig, AutoTokenizer
+
+        self.config = config
+        model_dir = model_dir or resolve_model_dir(config.model, config.revision, "embedding model")
+        st_conf = _sentence_transformers_config(model_dir)
+        weights_dir = model_dir / st_conf["transformer_path"]
+        self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(weights_dir),
+                                                                    trust_remote_code=config.trust_remote_code)
+        mconf = model_config or AutoConfig.from_pretrained(str(weights_dir), trust_remote_code=config.trust_remote_code)
+        self.max_length = _resolve_max_length(config.max_length, st_conf, self.tokenizer, mconf)
+        prompts = st_conf["prompts"]
+        self.query_prompt = _resolve_prompt(config.query_prompt, prompts, ("query",), st_conf["query_prompt"])
+        self.document_prompt = _resolve_prompt(config.document_prompt, prompts, ("document", "passage"), None)
+        if not st_conf["include_prompt"] and (self.query_prompt or self.document_prompt):
+            raise ValueError(f"{portable_model_id(config.model)}: pooling that excludes the prompt tokens is not "
+                             "supported")
+        self.backend = _truncating_backend(self.tokenizer, self.max_length)
+
+    def tokenize(self, texts: list[str]) -> _Tokenized:
+        return tokenize_texts(self.backend, self.tokenizer, self.max_length, texts)
+
+    def tokenize_table(self, batch: pa.Table) -> pa.Table:
+        """Chunk rows -> the same rows with their document tokens (``TOKEN_COLUMN``), truncation and blank flags."""
+        texts, empty = embedding_texts(batch, self.document_prompt)
+        tok = self.tokenize(texts)
+        offsets = np.zeros(len(tok.lengths) + 1, np.int32)
+        np.cumsum(tok.lengths, out=offsets[1:])
+        ids = pa.ListArray.from_arrays(pa.array(offsets), pa.array(tok.flat.astype(np.int32)))
+        return (batch.append_column(TOKEN_COLUMN, ids).append_column("_emb_truncated", pa.array(tok.truncated))
+                .append_column("_emb_empty", pa.array(empty)))
+
+
+def tokenized_from_table(batch: pa.Table) -> _Tokenized:
+    """The ``_Tokenized`` of a batch that ``EmbedTokenizer.tokenize_table`` tokenized."""
+    col = batch.column(TOKEN_COLUMN).combine_chunks()
+    flat = pc.list_flatten(col).to_numpy(zero_copy_only=False).astype(np.int64)
+    lengths = pc.list_value_length(col).to_numpy(zero_copy_only=False).astype(np.int64)
+    offsets = np.zeros(len(lengths), np.int64)
+    np.cumsum(lengths[:-1], out=offsets[1:])
+    truncated = batch.column("_emb_truncated").to_numpy(zero_copy_only=False).astype(bool)
+    return _Tokenized(flat, offsets, lengths, truncated, 0.0)
 
 
 # --- pure helpers ----------------------------------------------------------------------

@@ -118,6 +118,83 @@ def postprocess(spans: Iterable[Span], min_chars: int, merge_gap: int, chunk: st
     return [t for sp in kept if (t := trim(sp, chunk)) is not None]
 
 
+# --- the same rules over flat arrays (the highlighter: whole batches of windows at once) ---------------
+# ``flat_runs`` + ``merge_runs`` + ``trimmed_spans`` give exactly what ``runs_above`` per window +
+# ``postprocess`` give (the tests compare them on random inputs), without a Python object per token.
+
+
+def flat_runs(offsets: np.ndarray, probs: np.ndarray, window_first: np.ndarray,
+              threshold: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``runs_above`` of many windows at once: ``(first token, char start, char end, score)`` of every run.
+
+    ``offsets`` ``(n, 2)`` and ``probs`` ``(n,)`` hold the segments of all windows, window after window;
+    ``window_first[i]`` is True where token ``i`` opens a window (a run never crosses it). Probabilities are
+    compared and maximised in float64 (float32 widened exactly), as ``runs_above`` does with Python floats:
+    the threshold is never rounded to float32.
+    """
+    offsets = np.asarray(offsets).reshape(-1, 2)
+    p = np.asarray(probs).astype(np.float64)
+    pos = (offsets[:, 1] > offsets[:, 0]) & (p >= threshold)
+    first = np.asarray(window_first, dtype=bool)
+    joined = np.zeros(len(pos), dtype=bool)  # token i continues the run of token i - 1: both positive, no new window
+    joined[1:] = pos[1:] & pos[:-1] & ~first[1:]
+    starts = np.flatnonzero(pos & ~joined)
+    if not len(starts):
+        empty = np.zeros(0, np.int64)
+        return empty, empty, empty, np.zeros(0, np.float64)
+    cont = np.zeros(len(pos), dtype=bool)
+    cont[:-1] = joined[1:]
+    ends = np.flatnonzero(pos & ~cont)
+    score = np.maximum.reduceat(np.where(pos, p, -np.inf), starts)  # tokens between two runs are -inf
+    return starts, offsets[starts, 0].astype(np.int64), offsets[ends, 1].astype(np.int64), score
+
+
+def merge_runs(group: np.ndarray, start: np.ndarray, end: np.ndarray, score: np.ndarray, min_chars: int,
+               merge_gap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``postprocess`` (without trimming) of the runs of many pairs at once; runs of different ``group``
+    values never merge. Returns ``(group, start, end, score)`` of the kept spans, sorted by group then start.
+    """
+    group, start, end = (np.asarray(a, dtype=np.int64) for a in (group, start, end))
+    score = np.asarray(score, dtype=np.float64)
+    order = np.lexsort((score, end, start, group))
+    g, s, e, sc = group[order], start[order], end[order], score[order]
+    if not len(g):
+        return g, s, e, sc
+    if merge_gap >= -1 and (e >= s).all():
+        # A span's end is then the running maximum of the ends so far in its group (a new span never ends
+        # before the previous one): one cumulative maximum, each group lifted above the ones before it.
+        lift = (g - g[0]) * (int(e.max()) - int(e.min()) + 1)
+        reach = np.maximum.accumulate(e + lift) - lift
+        new = np.ones(len(g), dtype=bool)
+        new[1:] = (g[1:] != g[:-1]) | (s[1:] - reach[:-1] > merge_gap)
+        heads = np.flatnonzero(new)
+        g, s, e, sc = g[heads], s[heads], np.maximum.reduceat(e, heads), np.maximum.reduceat(sc, heads)
+    else:  # the plain loop (only for settings the package never uses: a gap below -1, or reversed offsets)
+        rows: list[list] = []
+        for gi, si, ei, ci in zip(g.tolist(), s.tolist(), e.tolist(), sc.tolist(), strict=True):
+            if rows and rows[-1][0] == gi and si - rows[-1][2] <= merge_gap:
+                rows[-1][2], rows[-1][3] = max(rows[-1][2], ei), max(rows[-1][3], ci)
+            else:
+                rows.append([gi, si, ei, ci])
+        g, s, e = (np.array([r[k] for r in rows], dtype=np.int64) for k in range(3))
+        sc = np.array([r[3] for r in rows], dtype=np.float64)
+    keep = (e - s) >= min_chars
+    return g[keep], s[keep], e[keep], sc[keep]
+
+
+def trimmed_spans(chunk: str, start: np.ndarray, end: np.ndarray, score: np.ndarray) -> list[Span]:
+    """``Span`` objects of kept ranges, each trimmed of edge whitespace (``trim``); all-whitespace ones go."""
+    out: list[Span] = []
+    for s, e, sc in zip(start.tolist(), end.tolist(), score.tolist(), strict=True):
+        while s < e and chunk[s].isspace():
+            s += 1
+        while e > s and chunk[e - 1].isspace():
+            e -= 1
+        if s < e:
+            out.append(Span(s, e, sc))
+    return out
+
+
 def verbatim_spans(chunk: str, spans: Iterable[Span]) -> tuple[list[Span], int]:
     """The spans that are exactly the chunk's text at their offsets, and how many were not.
 

@@ -109,11 +109,13 @@ class PairExtractor:
         return out
 
     def tables(self, rows: list[dict[str, Any]], results: dict[int, PairResult], errors: Sequence[str | None],
-               latency_ms: float | None) -> dict[str, pa.Table]:
+               latency_ms: float | Sequence[float] | None) -> dict[str, pa.Table]:
         """Spans, pairs and rejects tables for ``PAIR_INPUT`` rows and the results of the processed ones.
 
-        Every span goes through ``verbatim_spans``; what fails is counted, never written.
+        Every span goes through ``verbatim_spans``; what fails is counted, never written. ``latency_ms``: one
+        figure for every processed pair, or one per row.
         """
+        per_row = latency_ms if isinstance(latency_ms, Sequence) else [latency_ms] * len(rows)
         span_rows, pair_rows, reject_rows = [], [], []
         for i, row in enumerate(rows):
             res = results.get(i) or PairResult([], None, errors[i])
@@ -132,7 +134,7 @@ class PairExtractor:
                 })
             pair_rows.append(base | {
                 "query": row["query"], "rank": row["rank"], "relevant": row["relevant"], "n_spans": len(spans),
-                "relevance": res.relevance, "latency_ms": latency_ms if i in results else None,
+                "relevance": res.relevance, "latency_ms": per_row[i] if i in results else None,
                 "error": res.error, "n_violations": violations, "extra": row["extra"],
                 "input_hash": pair_input_hash(row["query"], row["chunk"], row["paper_id"], row["chunk_start"]),
             })

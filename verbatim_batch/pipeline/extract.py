@@ -21,7 +21,7 @@ import ray
 from .. import storage
 from ..runs import committed_table_dir, expect_run, jsonable, manifest_config, read_manifest, read_table
 from ..tables import PAIR_INPUT, PAIRS, REJECTS, SPANS
-from .batches import with_counts, with_retries, with_retry_count
+from .batches import strip_internal, with_counts, with_retries, with_retry_count
 from .ray_env import cpu_actor_args, cpu_threads, model_actor_args
 from .retrieve import read_queries
 from .runner import Outcome, Plan, RunOptions, StageContext, StageResult, TableStage, Work, run_stage
@@ -156,9 +156,107 @@ def query_blocks(pairs: pa.Table, rows: int) -> list[pa.Table]:
     return blocks or [pairs]
 
 
+# --- the highlighter in three stages: host work on CPU tasks, only the forward pass on the model actors -------
+
+_HOSTS: dict[Any, Any] = {}  # config -> HighlighterTokenizer, loaded once per worker process
+
+
+def _highlight_tokenize(batch: pa.Table, config, max_chunk_chars: int | None) -> pa.Table:
+    """CPU stage: validate and tokenise pairs into windows (``highlighter.encode_table``)."""
+    from ..extract.highlighter import HighlighterTokenizer, encode_table
+    from ..extract.stage import DEFAULT_MAX_CHUNK_CHARS, DEFAULT_MAX_QUERY_CHARS
+
+    if config not in _HOSTS:
+        _HOSTS[config] = HighlighterTokenizer(config)
+    t0 = time.perf_counter()
+    out = encode_table(_HOSTS[config], batch.select(PAIR_INPUT.names), max_chunk_chars or DEFAULT_MAX_CHUNK_CHARS,
+                       DEFAULT_MAX_QUERY_CHARS)
+    return with_counts(out, {"time_ms.tokenize": round(1000 * (time.perf_counter() - t0))})
+
+
+class HighlightForwardActor:
+    """The model stage of the split highlighter: one model per actor (per GPU), the forward pass alone."""
+
+    def __init__(self, config, threads: int | None = None, retries: int = 2) -> None:
+        from ..extract.highlighter import Highlighter
+
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        self.highlighter = Highlighter(config)
+        self.retries = retries
+
+    def _forward(self, batch: pa.Table) -> pa.Table:
+        from ..extract.highlighter import forward_table
+
+        t0, before = time.perf_counter(), self.highlighter.stats["forward_s"]
+        out = forward_table(self.highlighter, batch)
+        forward = self.highlighter.stats["forward_s"] - before
+        return with_counts(out, {"time_ms.forward": round(1000 * forward),
+                                 "time_ms.model": round(1000 * (time.perf_counter() - t0))})
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        try:
+            return with_retries(self._forward, batch, self.retries, "extract")
+        except Exception as exc:  # noqa: BLE001 - retries spent: error rows (the span stage writes them)
+            from ..extract.highlighter import failed_forward_table
+
+            error = f"stage_failed: {type(exc).__name__}: {exc}"[:500]
+            return with_retry_count(failed_forward_table(batch, error), self.retries)
+
+
+def _highlight_spans(batch: pa.Table, config, run_id: str, info: dict[str, Any],
+                     max_chunk_chars: int | None) -> pa.Table:
+    """CPU stage: spans, the verbatim gate and the packed rows (``highlighter.spans_table``)."""
+    from ..extract.highlighter import HighlighterRows, spans_table
+    from ..extract.stage import DEFAULT_MAX_CHUNK_CHARS, PairExtractor, pack
+
+    batch, carried = strip_internal(batch)  # counts and retries of the earlier stages ride on to the sink
+    stage = PairExtractor(HighlighterRows(info), run_id, max_chunk_chars or DEFAULT_MAX_CHUNK_CHARS)
+    t0 = time.perf_counter()
+    failed = [e if e and e.startswith("stage_failed:") else None for e in batch["_hl_error"].to_pylist()]
+    if any(failed):  # the forward stage gave up on these rows: error rows, whatever else they had
+        invalid = [f or i for f, i in zip(failed, batch["_hl_invalid"].to_pylist(), strict=True)]
+        batch = batch.set_column(batch.schema.get_field_index("_hl_invalid"), "_hl_invalid",
+                                 pa.array(invalid, pa.string()))
+    try:
+        out = pack(spans_table(batch, stage, config))
+    except Exception as exc:  # noqa: BLE001 - error rows, the job goes on
+        error = f"stage_failed: {type(exc).__name__}: {exc}"[:500]
+        rows = batch.select(PAIR_INPUT.names).to_pylist()
+        out = pack(stage.tables(rows, {}, [error] * len(rows), None))
+    retries = carried.pop("stage_retries", 0)
+    carried["time_ms.gate"] += round(1000 * (time.perf_counter() - t0))
+    return with_retry_count(with_counts(out, dict(carried)), retries)
+
+
+def _highlighter_stages(job: ExtractJob, blocks: list[pa.Table], run_id: str) -> ray.data.Dataset:
+    """Tokenize (CPU tasks) -> forward pass (one model actor per GPU, else CPU actors) -> spans and the verbatim
+    gate (CPU tasks), as ``ray.data.llm`` splits its stages: the model's process does nothing but the model."""
+    from ..extract.highlighter import host_describe
+
+    cfg = job.extractor
+    ds = ray.data.from_arrow(blocks).map_batches(
+        _highlight_tokenize, batch_format="pyarrow", batch_size=None,
+        fn_kwargs={"config": cfg, "max_chunk_chars": job.max_chunk_chars})
+    ds = ds.map_batches(HighlightForwardActor, batch_format="pyarrow",
+                        **model_actor_args(job.concurrency, job.batch_rows),
+                        fn_constructor_kwargs={"config": cfg, "threads": cpu_threads(job.threads),
+                                               "retries": job.batch_retries})
+    return ds.map_batches(_highlight_spans, batch_format="pyarrow", batch_size=None,
+                          fn_kwargs={"config": cfg, "run_id": run_id, "info": host_describe(cfg),
+                                     "max_chunk_chars": job.max_chunk_chars})
+
+
 def _model_actors(job: ExtractJob, pairs: pa.Table, run_id: str) -> ray.data.Dataset:
-    """One extractor (model) per GPU, else CPU actors."""
+    """One extractor (model) per GPU, else CPU actors; the highlighter's host work runs in CPU stages around its
+    model actors (``_highlighter_stages``)."""
+    from ..extract.highlighter import HighlighterConfig
+
     blocks = [pairs.slice(i, job.batch_rows) for i in range(0, max(1, pairs.num_rows), job.batch_rows)]
+    if isinstance(job.extractor, HighlighterConfig):
+        return _highlighter_stages(job, blocks, run_id)
     kwargs = {"config": job.extractor, "run_id": run_id, "max_chunk_chars": job.max_chunk_chars,
               "retries": job.batch_retries, "threads": cpu_threads(job.threads)}
     return ray.data.from_arrow(blocks).map_batches(ExtractActor, batch_format="pyarrow",
@@ -176,15 +274,18 @@ def _io_actors(job: ExtractJob, pairs: pa.Table, run_id: str) -> ray.data.Datase
 
 
 def _vllm(job: ExtractJob, pairs: pa.Table, run_id: str) -> ray.data.Dataset:
-    """In-cluster vLLM engines through ``ray.data.llm``."""
+    """In-cluster vLLM engines through ``ray.data.llm``; the interpretation actors take only the CPUs the
+    engines leave (``extract.vllm.helper_cpus``), block by block (engine output blocks mix success and error
+    rows, whose columns differ)."""
     from ..extract.stage import DEFAULT_MAX_CHUNK_CHARS
-    from ..extract.vllm import LLMInterpret, vllm_dataset, vllm_requests
+    from ..extract.vllm import LLMInterpret, helper_cpus, vllm_dataset, vllm_requests
 
     cfg = job.extractor
     requests, bad = vllm_requests(pairs, cfg, run_id, job.max_chunk_chars or DEFAULT_MAX_CHUNK_CHARS)
     ds = vllm_dataset(requests, cfg).map_batches(
         LLMInterpret, fn_constructor_kwargs={"config": cfg, "run_id": run_id}, batch_format="pyarrow",
-        concurrency=job.concurrency or 1, num_cpus=1)
+        batch_size=None, concurrency=job.concurrency or 1,
+        num_cpus=helper_cpus(cfg, ray.cluster_resources().get("CPU", 1.0)))
     return ds.union(ray.data.from_arrow(bad)) if bad is not None else ds
 
 
