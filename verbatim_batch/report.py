@@ -719,7 +719,8 @@ def write_evaluation_report(folder: str, result: dict[str, Any], rows: list[dict
         head = "".join(f"<th>{html.escape(label)}</th>" for _, label in SWEEP_COLUMNS)
         lines = []
         for r in table:
-            cells = "".join(f"<td>{html.escape(_cell(r[k]))}</td>" for k, _ in SWEEP_COLUMNS)
+            cells = "".join(f"<td>{html.escape(f'{r[k]:g}' if k == 'threshold' else _cell(r[k]))}</td>"
+                            for k, _ in SWEEP_COLUMNS)
             lines.append(f'<tr{" class=best" if r is best else ""}>{cells}</tr>')
         iou_at, cov_at = table[0].get("iou_at"), table[0].get("coverage_at")
         body.append(f'<table class="sweep"><tr>{head}</tr>{"".join(lines)}</table>'
@@ -762,6 +763,4 @@ def write_evaluation_report(folder: str, result: dict[str, Any], rows: list[dict
 def _cell(value: Any) -> str:
     if value is None:
         return "n/a"
-    if isinstance(value, float):
-        return f"{value:.3f}" if not value.is_integer() or value < 1 else f"{value:g}"
-    return str(value)
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
