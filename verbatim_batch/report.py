@@ -643,6 +643,8 @@ def render_html(report: dict[str, Any], sections: Sequence[str] = ()) -> str:
 def write_report(run_dir: str, manifest: dict[str, Any] | None = None, n_samples: int = 12) -> dict[str, Any]:
     """Write ``report.json`` and ``report.html`` into the run folder; returns the report. ``n_samples``: pairs
     with spans shown per query (extract runs)."""
+    from .abstention import abstention_section
+
     if manifest is None:
         manifest = read_manifest(run_dir)
     report = build_report(run_dir, manifest)
@@ -660,6 +662,9 @@ def write_report(run_dir: str, manifest: dict[str, Any] | None = None, n_samples
             figures, section = extract_section(where, m, per_query=n_samples)
             report["extract"] = figures
             sections.append(section)
+            if (abstain := abstention_section(where, m)) is not None:  # the input pairs file is a gold file
+                report["abstention"], section = abstain
+                sections.append(section)
     storage.write_text(storage.join(run_dir, REPORT_JSON), json.dumps(report, indent=2, sort_keys=True, default=str))
     storage.write_text(storage.join(run_dir, REPORT_HTML), render_html(report, sections))
     return report
