@@ -290,16 +290,20 @@ def synth(out: Path, n: int, seed: int) -> dict:
 
 
 def tenfold(src: Path, out: Path) -> dict:
-    """The 10% corpus ten times: hard links in ten subfolders, ``-cK`` on every stem; metadata rewritten."""
+    """The 10% corpus ten times: hard links in ten subfolders, ``-cK`` on every stem; metadata rewritten.
+    Papers an append night added (``-new``) are left out: the 100% corpus is ten times the full run's."""
     if not (out / "_done.json").exists():
         shutil.rmtree(out, ignore_errors=True)
-        meta = [json.loads(line) for line in (src / "metadata.jsonl").read_text(encoding="utf-8").splitlines()]
+        meta = [m for m in map(json.loads, (src / "metadata.jsonl").read_text(encoding="utf-8").splitlines())
+                if not m["paper_id"].endswith("-new")]
         out.mkdir(parents=True)
         with open(out / "metadata.jsonl", "w", encoding="utf-8") as f:
             for k in range(10):
                 sub = out / f"copy{k}"
                 sub.mkdir()
                 for p in src.glob("*.md"):
+                    if p.stem.endswith("-new"):
+                        continue
                     os.link(p, sub / f"{p.stem}-c{k}.md")
                 for m in meta:
                     f.write(json.dumps(m | {"paper_id": f"{m['paper_id']}-c{k}"}, ensure_ascii=False) + "\n")
@@ -318,6 +322,23 @@ def edit(corpus: Path, fraction: float, seed: int) -> int:
         p.write_text(text[:cut] + f"\n\nA sentence added by the benchmark's nightly edit {seed}.\n\n" + text[cut:],
                      encoding="utf-8")
     return len(edited)
+
+
+def add_papers(corpus: Path, fraction: float, seed: int, work: Path) -> int:
+    """Add ``fraction`` new papers (another seed, ``-new`` on every stem) and their metadata rows."""
+    n = max(1, round(fraction * len(list(corpus.glob("*.md")))))
+    new = work / "corpus-new"
+    shutil.rmtree(new, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "verbatim_synth", "--out", str(new), "--n", str(n), "--seed", str(seed),
+                    "--format", "md"], check=True, capture_output=True, cwd=REPO)
+    with open(corpus / "metadata.jsonl", "a", encoding="utf-8") as f:
+        for line in (new / "metadata.jsonl").read_text(encoding="utf-8").splitlines():
+            m = json.loads(line)
+            f.write(json.dumps(m | {"paper_id": f"{m['paper_id']}-new"}, ensure_ascii=False) + "\n")
+    for p in new.glob("*.md"):
+        shutil.move(p, corpus / f"{p.stem}-new.md")
+    shutil.rmtree(new)
+    return n
 
 
 def check_against_corpus(run: Path, corpus: Path) -> dict:
@@ -390,6 +411,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="1,10,100", help="percent of ACL size: 1, 10 and/or 100 (100 = 10 x 10%%)")
     ap.add_argument("--nights", type=int, default=3, help="nights at 10%% (0: none)")
     ap.add_argument("--changed", type=float, default=0.01, help="fraction of papers edited each night")
+    ap.add_argument("--append", action="store_true", help="after the nights, one that only adds --changed papers")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--num-cpus", type=int, default=2)
     ap.add_argument("--paper-mb", default="0.5,2,8", help="single-paper check sizes (MB)")
@@ -461,14 +483,26 @@ def main() -> None:
             res["nights"].append({"night": k, "papers_edited": n_edit, **m, **run_facts(run)})
             save()
             prev = run
-        res["night_last_check"] = {**check_against_corpus(prev, c10), "verify": verify(prev, logs, env)}
-        du = subprocess.run(["du", "-sm", str(base), *[str(work / f"night-{k}") for k in range(1, args.nights + 1)]],
+        if args.append:  # a night that only adds papers (the usual ACL night): every previous file is unchanged
+            n_new = add_papers(c10, args.changed, args.seed + 1, work)
+            run = work / "night-append"
+            shutil.rmtree(run, ignore_errors=True)
+            m = run_cli(["chunk", "--input", str(c10), "--metadata", str(c10 / "metadata.jsonl"), "--output",
+                         str(run), "--previous", str(prev), *ray], logs / "night-append.log", env)
+            res["night_append"] = {"papers_added": n_new, "previous": prev.name, **m, **run_facts(run)}
+            save()
+            prev = run
+        res["night_last_check"] = {"run": prev.name, **check_against_corpus(prev, c10),
+                                   "verify": verify(prev, logs, env)}
+        nights = [work / f"night-{k}" for k in range(1, args.nights + 1)]
+        nights += [work / "night-append"] if args.append else []
+        du = subprocess.run(["du", "-sm", str(base), *map(str, nights)],
                             capture_output=True, text=True).stdout
         res["disk_mb_full_run_and_nights_hard_links_once"] = {Path(line.split()[1]).name: int(line.split()[0])
                                                              for line in du.splitlines()}
         save()
-        for k in range(1, args.nights + 1):
-            shutil.rmtree(work / f"night-{k}", ignore_errors=True)
+        for run in nights:
+            shutil.rmtree(run, ignore_errors=True)
     if args.paper_mb:
         res["single_paper"] = single_papers([float(x) for x in args.paper_mb.split(",")], args.seed, work)
         save()
@@ -527,6 +561,8 @@ def headline(res: dict) -> dict:
         h["full_driver_cpu_s"] = full10["driver_cpu_s"]
         h["files_per_table"] = {"full": full10["files_per_table"],
                                 **{f"night{n['night']}": n["files_per_table"] for n in res["nights"]}}
+        if "night_append" in res:
+            h["night_append_over_full_tree_cpu"] = round(res["night_append"]["tree_cpu_s"] / full10["tree_cpu_s"], 2)
         if "night_unchanged" in res:
             h["night_unchanged_over_full_tree_cpu"] = round(res["night_unchanged"]["tree_cpu_s"] /
                                                             full10["tree_cpu_s"], 2)
