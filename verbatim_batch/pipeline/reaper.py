@@ -22,7 +22,8 @@ import time
 
 import psutil
 
-INTERVAL_S = 0.5
+INTERVAL_S = 0.5  # how often the driver's liveness is checked (cheap)
+REFRESH_S = 5.0  # how often its process tree is walked (reads /proc: costs CPU in proportion to wall time)
 
 
 def start(driver_pid: int | None = None, timeout_s: float = 30.0) -> subprocess.Popen:
@@ -56,6 +57,7 @@ def watch(driver_pid: int) -> int:
         return 0
     seen: dict[int, float] = _descendants(driver)
     print("watching", flush=True)
+    walked = time.monotonic()
     while True:
         try:
             alive = driver.is_running() and driver.create_time() == started and driver.status() != "zombie"
@@ -63,9 +65,18 @@ def watch(driver_pid: int) -> int:
             alive = False
         if not alive:
             break
-        seen.update(_descendants(driver))
-        seen = {pid: t for pid, t in seen.items() if psutil.pid_exists(pid)}
+        if time.monotonic() - walked >= REFRESH_S:
+            seen.update(_descendants(driver))
+            seen = {pid: t for pid, t in seen.items() if psutil.pid_exists(pid)}
+            walked = time.monotonic()
         time.sleep(INTERVAL_S)
+    for pid, created in list(seen.items()):  # what the driver's children started since the last walk
+        try:
+            proc = psutil.Process(pid)
+            if proc.create_time() == created:
+                seen.update(_descendants(proc))
+        except psutil.Error:
+            pass
     killed = 0
     for pid, created in seen.items():
         try:
