@@ -202,10 +202,20 @@ def write_parquet_digest(table: pa.Table, loc: str) -> dict[str, int | str]:
     """Write ``table`` as one Parquet file (whole or not at all) and return its ``{"bytes", "digest"}``: the
     digest is of the bytes written, so a later reader can tell the file is the one that was committed."""
     sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="zstd")
+    pq.write_table(table, sink, compression="zstd", row_group_size=row_group_rows(table))
     data = sink.getvalue().to_pybytes()
     write_bytes(loc, data)
     return {"bytes": len(data), "digest": bytes_digest(data)}
+
+
+ROW_GROUP_BYTES = 32 << 20  # in memory: a reader (verify, a night's carry) holds a few row groups, never a file
+
+
+def row_group_rows(table: pa.Table) -> int:
+    """Rows per Parquet row group so that a group is about ``ROW_GROUP_BYTES`` in memory."""
+    if not table.num_rows:
+        return 1
+    return max(1, int(table.num_rows * ROW_GROUP_BYTES / max(1, table.nbytes)))
 
 
 def bytes_digest(data: bytes) -> str:

@@ -81,45 +81,62 @@ def check_folder(root: str, manifest: dict, errors: list[str]) -> dict[str, int]
     return rows
 
 
+def _row_groups(path: str) -> int:
+    return storage.parquet_file(path).num_row_groups
+
+
+def _read_group(path: str, group: int, columns: list[str]) -> pa.Table:
+    return storage.parquet_file(path).read_row_group(group, columns=columns)
+
+
 def iter_paper_checks(root: str) -> Iterator[tuple[str, list[str], bool, int]]:
     """``(paper_id, problems, checked_against_text, n_chunks)`` for every paper row of a chunk run folder,
     plus ``("", [problem], False, 0)`` for chunk-level problems that belong to no paper (duplicate chunk
-    ids, chunks without a paper)."""
+    ids, chunks without a paper).
+
+    Memory stays bounded by a few row groups, whatever the files' sizes: chunk files are first indexed by
+    row group (ids only), then papers are checked one row group at a time against the chunk row groups that
+    hold their chunks (written in paper order, so a papers row group needs a few neighbouring ones).
+    """
     papers_dir, chunks_dir = storage.join(root, "papers"), storage.join(root, "chunks")
-    chunk_files: dict[str, set[str]] = defaultdict(set)  # paper_id -> chunk files holding its chunks
+    chunk_groups: dict[str, set[tuple[str, int]]] = defaultdict(set)  # paper_id -> (file, row group)
     seen_chunks: set[str] = set()
     for name in _parquet_files(chunks_dir):
-        t = storage.read_parquet(storage.join(chunks_dir, name), columns=["chunk_id", "paper_id"])
-        for cid, pid in zip(t["chunk_id"].to_pylist(), t["paper_id"].to_pylist(), strict=True):
-            if cid in seen_chunks:
-                yield "", [f"chunk id {cid} appears twice"], False, 0
-            seen_chunks.add(cid)
-            chunk_files[pid].add(name)
+        path = storage.join(chunks_dir, name)
+        for group in range(_row_groups(path)):
+            t = _read_group(path, group, ["chunk_id", "paper_id"])
+            for cid, pid in zip(t["chunk_id"].to_pylist(), t["paper_id"].to_pylist(), strict=True):
+                if cid in seen_chunks:
+                    yield "", [f"chunk id {cid} appears twice"], False, 0
+                seen_chunks.add(cid)
+                chunk_groups[pid].add((name, group))
     del seen_chunks
     seen_papers: set[str] = set()
     for name in _parquet_files(papers_dir):
-        papers = storage.read_parquet(storage.join(papers_dir, name), columns=PAPER_COLUMNS)
-        if not papers.num_rows:
-            continue
-        ids = papers["paper_id"].to_pylist()
-        wanted = sorted({f for pid in ids for f in chunk_files.get(pid, ())})
-        by_paper: dict[str, list[dict]] = defaultdict(list)
-        value_set = pa.array(sorted(set(ids)), pa.string())
-        for f in wanted:
-            t = storage.read_parquet(storage.join(chunks_dir, f), columns=CHUNK_COLUMNS)
-            for row in t.filter(pc.is_in(t["paper_id"], value_set=value_set)).to_pylist():
-                by_paper[row["paper_id"]].append(row)
-        for paper in papers.to_pylist():
-            pid = paper["paper_id"]
-            if pid in seen_papers:
-                yield pid, [f"paper id {pid} appears twice"], False, 0
+        path = storage.join(papers_dir, name)
+        for group in range(_row_groups(path)):
+            papers = _read_group(path, group, PAPER_COLUMNS)
+            if not papers.num_rows:
                 continue
-            seen_papers.add(pid)
-            rows = sorted(by_paper.pop(pid, []), key=lambda r: r["chunk_index"])
-            chunk_files.pop(pid, None)
-            problems = check_paper(paper, rows)
-            yield pid, problems, paper["markdown"] is not None, len(rows)
-    for pid in chunk_files:
+            ids = papers["paper_id"].to_pylist()
+            wanted = sorted({g for pid in ids for g in chunk_groups.get(pid, ())})
+            by_paper: dict[str, list[dict]] = defaultdict(list)
+            value_set = pa.array(sorted(set(ids)), pa.string())
+            for f, g in wanted:
+                t = _read_group(storage.join(chunks_dir, f), g, CHUNK_COLUMNS)
+                for row in t.filter(pc.is_in(t["paper_id"], value_set=value_set)).to_pylist():
+                    by_paper[row["paper_id"]].append(row)
+            for paper in papers.to_pylist():
+                pid = paper["paper_id"]
+                if pid in seen_papers:
+                    yield pid, [f"paper id {pid} appears twice"], False, 0
+                    continue
+                seen_papers.add(pid)
+                rows = sorted(by_paper.pop(pid, []), key=lambda r: r["chunk_index"])
+                chunk_groups.pop(pid, None)
+                problems = check_paper(paper, rows)
+                yield pid, problems, paper["markdown"] is not None, len(rows)
+    for pid in chunk_groups:
         yield "", [f"chunks of {pid} have no paper row"], False, 0
 
 
