@@ -324,8 +324,8 @@ def main(argv=None) -> int:
     # Host-side ceiling: the batched path with the model call replaced by stored random probabilities, so
     # only tokenisation, window bookkeeping and span post-processing remain (what a GPU cannot speed up).
     noise = np.random.default_rng(0).random(hl.max_length + 1).astype(np.float32)
-    real_forward = hl._forward
-    hl._forward = lambda windows: [noise[: len(w)] for w in windows]
+    hl.forward_probs = lambda ids, lengths: (np.concatenate([noise[:n] for n in lengths]) if len(lengths)
+                                             else np.zeros(0, np.float32))
     host_walls = []
     try:
         for _ in range(args.repeats):
@@ -334,7 +334,7 @@ def main(argv=None) -> int:
                 hl.extract(queries[s:e], chunks[s:e])
             host_walls.append(time.perf_counter() - t)
     finally:
-        hl._forward = real_forward
+        del hl.forward_probs  # the method again
     host_only = {"pairs": n, "walls_s": host_walls, "ms_per_pair": 1000 * statistics.median(host_walls) / n,
                  "best_ms_per_pair": 1000 * min(host_walls) / n,
                  "pairs_per_s_ceiling": n / statistics.median(host_walls), "best_pairs_per_s": n / min(host_walls)}
