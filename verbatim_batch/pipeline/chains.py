@@ -139,7 +139,7 @@ class ChainStage(CompositeStage):
             tables={f"{stage}/{name}": info for stage, m in manifests.items() for name, info in m["tables"].items()},
             counts={f"{stage}.{k}": int(v) for stage, m in manifests.items() for k, v in m["counts"].items()
                     if not k.startswith("time_ms.")},
-            timings_s=timings, manifest={"stages": {name: name for name in STAGES}})
+            timings_s=timings, manifest={"stages": {name: name for name in results}})
 
 
 def run_chain_job(job: ChainJob) -> tuple[str, dict[str, Any]]:
