@@ -34,7 +34,7 @@ from typing import Any
 from .. import storage
 from ..faults import fault_point
 from ..runs import RUNS_DIR, current_run, jsonable, new_run_id, publish, safe_run_id
-from .chains import STAGES, Chain, run_chain
+from .chains import Chain, run_chain
 from .runner import CompositeStage, Plan, RunOptions, StageContext, StageResult, run_stage
 
 
@@ -82,7 +82,7 @@ class NightlyStage(CompositeStage):
         return StageResult(
             tables={name: info for m in manifests.values() for name, info in m["tables"].items()},
             counts=stage_counts(manifests), timings_s=timings,
-            manifest={"stages": {name: name for name in STAGES},
+            manifest={"stages": {name: name for name in manifests},
                       "index_update": manifests["index"].get("update", {"action": "rebuilt"})})
 
     def on_committed(self, path: str, manifest: dict[str, Any]) -> dict[str, Any]:
