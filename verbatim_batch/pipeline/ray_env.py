@@ -92,12 +92,14 @@ def init_local(num_cpus: int | None = None, log_to_driver: bool = True) -> None:
         services.resolve_ip_for_localhost = lambda host: host
     try:
         for attempt in range(LOCAL_START_ATTEMPTS):
+            started = time.time()
             try:
                 ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=log_to_driver,
                          _node_ip_address="127.0.0.1")
                 break
             except Exception as exc:  # noqa: BLE001 - e.g. "node timed out during startup" on a loaded machine
                 ray.shutdown()
+                _end_children_since(started)
                 if attempt + 1 == LOCAL_START_ATTEMPTS:
                     raise ConnectionError(f"a local Ray did not start after {LOCAL_START_ATTEMPTS} attempts: "
                                           f"{str(exc).splitlines()[0][:200]}") from None
@@ -108,6 +110,23 @@ def init_local(num_cpus: int | None = None, log_to_driver: bool = True) -> None:
     from .reaper import start
 
     start()  # the local Ray's processes do not outlive this driver, even after kill -9
+
+
+def _end_children_since(started: float) -> None:
+    """End the processes a failed local start left behind (its GCS, raylet, agents): this driver's descendants
+    created since ``started``; never anything older, never anything else."""
+    import psutil
+
+    try:
+        children = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return
+    for proc in children:
+        try:
+            if proc.create_time() >= started - 1.0:
+                proc.kill()
+        except psutil.Error:
+            pass
 
 
 def gpus() -> int:
