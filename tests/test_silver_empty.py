@@ -21,6 +21,7 @@ from verbatim_batch.pipeline import ChunkJob, EmbedJob, IndexJob, SilverJob, run
 from verbatim_batch.runs import read_manifest, read_table
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+pytestmark = pytest.mark.slow  # about a minute: chunk, embed, index and the four silver steps on two papers
 CORPUS = Path(__file__).resolve().parents[1] / "verbatim_batch" / "examples" / "corpus"
 
 
