@@ -57,8 +57,10 @@ def built(ray_local, tmp_path_factory):
 def test_silver_job_end_to_end(served, built, tmp_path):
     chunks, index = built
     llm = LLMConfig(model=served.model, base_url=served.base_url, max_tokens=96, max_in_flight=2, timeout_s=300)
-    data, manifest = run_silver(SilverJob(chunks=chunks, index=index, output=str(tmp_path / "silver"), llm=llm,
-                                          n_papers=4, seed=1, tokenizer=DEFAULT_MODEL, max_length=128, stride=32))
+    job_dir, manifest = run_silver(SilverJob(chunks=chunks, index=index, output=str(tmp_path / "silver"), llm=llm,
+                                             n_papers=4, seed=1, tokenizer=DEFAULT_MODEL, max_length=128, stride=32))
+    assert manifest["command"] == "silver" and set(manifest["steps"]) == {"querygen", "retrieval", "teacher", "data"}
+    data = str(Path(job_dir) / "data")  # the job folder holds each step's run; the silver tables are in data/
     counts = manifest["counts"]
     # papers -> queries -> rows -> kept -> train/dev, as the paper reports them
     assert counts["papers"] == 4 and counts["queries"] == 12  # 3 question types per chunk
