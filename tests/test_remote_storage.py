@@ -134,7 +134,7 @@ def test_completed_writes_resume_and_stay_out_of_the_run(where):
         storage.write_parquet(pa.table({"k": ["c"]}), storage.join(run.staging, "t", "part-2.parquet"))  # no record
     with staged(out, run_id="r1", resume=True) as run:
         assert completed_keys(run.staging) == {"a", "b"}
-        assert storage.walk_files(run.staging) == ["_writes/part-1.json", "t/part-1.parquet"]
+        assert storage.walk_files(run.staging) == ["_run.json", "_writes/part-1.json", "t/part-1.parquet"]
         run.commit(_manifest("r1"), on_commit=write_report)  # as the runner commits: with the report
     assert storage.walk_files(out) == ["manifest.json", "report.html", "report.json", "t/part-1.parquet"]
     assert storage.listdir(where) == ["embeddings"]
@@ -198,7 +198,7 @@ def test_commit_to_s3_cut_short_is_not_a_run_and_resumes(s3, monkeypatch):
     monkeypatch.delenv("VERBATIM_BATCH_FAULT")
     assert storage.exists(out) and committed_run(out, "r1") is None  # some files copied, no manifest: not a run
     with staged(out, run_id="r1", resume=True) as run:  # the partial output goes, the staging folder stays
-        assert run.resumed and not storage.exists(out)
+        assert storage.isdir(run.staging) and not storage.exists(out)
         assert storage.read_parquet(storage.join(run.staging, "t"))["x"].to_pylist() == [1, 2, 3]
         run.commit(_manifest("r1"))  # a bare RunDir commit: tables and manifest only
     assert read_manifest(out)["run_id"] == "r1"

@@ -157,7 +157,7 @@ def test_runs_of_the_wrong_kind_are_one_line_and_exit_2(tmp_path, capsys):
     embed = str(fake_run(tmp_path / "embed", "e1", command="embed"))
     cases = [
         (["embed", "--chunks", index], "--chunks expects a committed chunk run"),
-        (["extract", "--retrieval", chunks], "--retrieval expects a committed retrieve run"),
+        (["extract", "--retrieval", chunks], "--retrieval expects a committed retrieve or rerank run"),
         (["retrieve", "--index", embed, "--queries", str(REPO / "verbatim_batch" / "examples" / "queries.jsonl")],
          "--index expects a committed index run"),
         (["index", "--embeddings", chunks, "--chunks", chunks], "--embeddings expects a committed embed run"),
