@@ -300,16 +300,21 @@ def extract_dataset(job: ExtractJob, pairs: pa.Table, run_id: str) -> ray.data.D
 
 
 def unchanged_pairs(previous: str, pairs: pa.Table, config: dict[str, Any]) -> set[str]:
-    """Pair ids whose result ``previous`` holds for the same input (query, chunk text, paper, offset) and the
-    same extractor (config hash and weights); failed pairs are extracted again."""
+    """Pair ids whose result ``previous`` holds for the same input (query, chunk text, paper, offset), the same
+    retrieval rank and the same extractor (config hash and weights); failed pairs are extracted again.
+
+    The rank is a column of the pair row: a pair the retrieval now ranks elsewhere (another paper added or
+    removed moves ranks) is done again, so a carried row never keeps a stale rank."""
     prev = manifest_config(previous)
     if prev.get("extractor_hash") != config["extractor_hash"] or (
             config.get("model_revision") and prev.get("model_revision") != config["model_revision"]):
         return set()
-    wanted = dict(zip(pairs["pair_id"].to_pylist(), _input_hashes(pairs), strict=True))
-    old = storage.read_parquet(committed_table_dir(previous, "pairs"), columns=["pair_id", "input_hash", "error"])
-    return {pid for pid, h, err in zip(*old.to_pydict().values(), strict=True)
-            if err is None and h is not None and wanted.get(pid) == h}
+    wanted = dict(zip(pairs["pair_id"].to_pylist(), zip(_input_hashes(pairs), pairs["rank"].to_pylist()),
+                      strict=True))
+    old = storage.read_parquet(committed_table_dir(previous, "pairs"),
+                               columns=["pair_id", "input_hash", "rank", "error"])
+    return {pid for pid, h, rank, err in zip(*old.to_pydict().values(), strict=True)
+            if err is None and h is not None and wanted.get(pid) == (h, rank)}
 
 
 def _input_hashes(pairs: pa.Table) -> list[str]:
