@@ -1,7 +1,8 @@
 """Fault injection for crash tests: kill a process at a named point of a run.
 
 Off unless ``VERBATIM_BATCH_FAULT`` is set, so production pays one dict lookup per
-point. The value is ``POINT[#N][@MARKER]`` with optional ``;target=driver``:
+point. The value is ``POINT[#N][@MARKER]`` with optional ``;target=driver``, or several such faults
+joined by ``|`` (each fires on its own):
 
 - ``POINT``: where to fire (``chunk.read``, ``embed.batch``, ``extract.batch``,
   ``sink.write``, ``commit``, ``stage.done:<name>`` ...; see ``fault_point`` calls);
@@ -52,12 +53,17 @@ def _parse(spec: str) -> tuple[str, int, str | None, dict[str, str]]:
 
 def fault_point(name: str) -> None:
     """SIGKILL here when ``VERBATIM_BATCH_FAULT`` names this point (see the module doc)."""
-    spec = os.environ.get(ENV)
-    if not spec:
+    specs = os.environ.get(ENV)
+    if not specs:
         return
-    point, nth, marker, options = _parse(spec)
-    if point != name:
-        return
+    for spec in specs.split("|"):
+        point, nth, marker, options = _parse(spec)
+        if point == name:
+            _fire(name, nth, marker, options)
+            return
+
+
+def _fire(name: str, nth: int, marker: str | None, options: dict[str, str]) -> None:
     _hits[name] += 1
     if _hits[name] < nth:
         return

@@ -117,7 +117,8 @@ class IngestStage:
             paper_flags = sorted({f for c in paper_chunks for f in c.flags if f in ("unclosed_fence",)}
                                  | ({"crlf"} if "\r\n" in text else set()))
             for key, value in (
-                ("paper_id", pid), ("source", source), ("sha256", sha), ("n_bytes", len(encoded)),
+                ("paper_id", pid), ("source", source), ("source_sha256", hashlib.sha256(raw).hexdigest()),
+                ("sha256", sha), ("n_bytes", len(encoded)),
                 ("n_chars", len(text)), ("n_chunks", len(paper_chunks)), ("title", title),
                 ("authors", authors), ("year", year), ("venue", venue), ("url", url),
                 ("language", language), ("normalization", label), ("flags", paper_flags),

@@ -261,6 +261,12 @@ def link_file(src: str, dst: str) -> str:
     return "copy"
 
 
+def read_parquet_schema(loc: str) -> pa.Schema:
+    """The schema of one Parquet file (its footer only)."""
+    fs, path = resolve(loc)
+    return pq.read_schema(path, filesystem=fs)
+
+
 def read_parquet(loc: str, columns: list[str] | None = None, filter=None) -> pa.Table:
     """A Parquet file or a folder of them."""
     fs, path = resolve(loc)

@@ -41,6 +41,9 @@ PAPERS = _schema(
     [
         pa.field("paper_id", pa.string(), nullable=False),
         pa.field("source", pa.string(), nullable=False),
+        # sha256 of the source record's bytes as read (an md file's bytes): a later run tells an unchanged
+        # source by these bytes alone, without decoding it (null in runs written before this column)
+        pa.field("source_sha256", pa.string()),
         pa.field("sha256", pa.string(), nullable=False),  # of the text below, UTF-8
         pa.field("n_bytes", pa.int64(), nullable=False),
         pa.field("n_chars", pa.int64(), nullable=False),

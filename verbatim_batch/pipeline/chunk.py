@@ -7,6 +7,7 @@ metadata are unchanged are not chunked: their rows are carried from that run.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +24,7 @@ from ..verify import iter_paper_checks
 from .ray_env import cpus
 from .runner import Outcome, Plan, RunOptions, StageContext, StageResult, TableStage, Work, run_stage
 from .sink import changed_files
-from .source import CorpusDatasource, find_duplicates, read_corpus
+from .source import CorpusDatasource, file_digests, find_duplicates, read_corpus
 
 INGEST_TABLES = {"papers": PAPERS, "chunks": CHUNKS, "quarantine": QUARANTINE}
 
@@ -52,12 +53,24 @@ class ChunkJob(RunOptions):
         }
 
 
-def unchanged_map(job: ChunkJob) -> tuple[dict[str, str], int]:
-    """``({paper_id: fingerprint}, n_rejected)`` for the papers of ``job.previous`` whose rows may be carried.
+@dataclass(frozen=True)
+class PreviousPaper:
+    """What a night needs to know of a previous paper: its fingerprint (text and metadata), and where its
+    text came from (source path and the sha256 of the source's bytes, when that run recorded them)."""
 
-    Empty when the chunker or ``store_text`` changed, and when the previous run stored no text. Carried rows
-    are trusted only when they verify. Every chunk was checked against its paper's text when it was written,
-    so when every papers and chunks file of the previous run is byte for byte what it committed (digests in
+    fingerprint: str
+    sha256: str
+    source: str
+    source_sha256: str | None
+
+
+def unchanged_map(job: ChunkJob) -> tuple[dict[str, PreviousPaper], int]:
+    """``({paper_id: PreviousPaper}, n_rejected)`` for the papers of ``job.previous`` whose rows may be carried.
+
+    Empty when the chunker or ``store_text`` changed, when the previous run stored no text, and when its
+    papers table has other columns than this version writes (its files could not sit beside new ones).
+    Carried rows are trusted only when they verify. Every chunk was checked against its paper's text when it
+    was written, so when every papers and chunks file of the previous run is byte for byte what it committed (digests in
     its ``files.json``: bytes hashed, nothing decoded, in Ray tasks) its papers are trusted as they are.
     Otherwise (a file damaged or edited, or a run from before ``files.json``) each paper is checked
     (``verify.iter_paper_checks``: the stored text hashes to the paper's sha256, every chunk is that text at
@@ -70,17 +83,54 @@ def unchanged_map(job: ChunkJob) -> tuple[dict[str, str], int]:
     if (prev.get("chunker_config_hash") != job.chunker.hash or prev.get("store_text") != job.store_text
             or not job.store_text):
         return {}, 0
-    papers = storage.read_parquet(committed_table_dir(job.previous, "papers"),
-                                  columns=["paper_id", "sha256", *METADATA_FIELDS]).to_pydict()
+    papers_dir = committed_table_dir(job.previous, "papers")
+    if set(_table_columns(papers_dir)) != set(PAPERS.names):
+        return {}, 0
+    papers = storage.read_parquet(papers_dir, columns=["paper_id", "sha256", "source", "source_sha256",
+                                                       *METADATA_FIELDS]).to_pydict()
     if changed_files(job.previous, ("papers", "chunks")) == []:
         rejected: set[str] = set()
     else:
         rejected = {pid for pid, problems, with_text, _ in iter_paper_checks(storage.normalize(job.previous))
                     if pid and (problems or not with_text)}
-    fingerprints = {pid: paper_fingerprint(sha, tuple(papers[f][i] for f in METADATA_FIELDS))
-                    for i, (pid, sha) in enumerate(zip(papers["paper_id"], papers["sha256"], strict=True))
-                    if pid not in rejected}
-    return fingerprints, len(rejected)
+    previous = {pid: PreviousPaper(paper_fingerprint(sha, tuple(papers[f][i] for f in METADATA_FIELDS)), sha,
+                                   papers["source"][i], papers["source_sha256"][i])
+                for i, (pid, sha) in enumerate(zip(papers["paper_id"], papers["sha256"], strict=True))
+                if pid not in rejected}
+    return previous, len(rejected)
+
+
+def _table_columns(table_dir: str) -> list[str]:
+    """Column names of a committed table (its first file's schema)."""
+    files = sorted(f for f in storage.listdir(table_dir) if f.endswith(".parquet"))
+    return storage.read_parquet_schema(storage.join(table_dir, files[0])).names if files else []
+
+
+def unchanged_sources(fs, files: list[corpus.SourceFile], duplicates: dict[str, str],
+                      previous: dict[str, PreviousPaper], metadata: dict[str, tuple],
+                      max_paper_bytes: int) -> dict[str, str]:
+    """``{path: paper_id}`` of the md files a night need not read: the source of a previous paper at the same
+    path, whose bytes hash to the sha256 that run recorded, with the same metadata. Equal bytes decode and
+    normalise to the same text (the chunker is unchanged, ``unchanged_map`` checked), so the paper's rows are
+    carried without the file being decoded. Files are hashed in Ray tasks when Ray is up (a cluster), else in
+    this process's threads (``source.file_digests``). A paper whose title comes from its text (no title in
+    the metadata) is left to the ingest, which reads the text."""
+    wanted: dict[str, tuple[str, str]] = {}
+    for f in files:
+        if f.problem or f.size > max_paper_bytes:
+            continue
+        pid = corpus.md_paper_id(f.path).strip()
+        prev = previous.get(pid)
+        if prev is None or prev.source != f.path or not prev.source_sha256 or duplicates.get(pid, f.path) != f.path:
+            continue
+        meta = metadata.get(pid)
+        if not meta or not meta[0] or paper_fingerprint(prev.sha256, meta) != prev.fingerprint:
+            continue
+        wanted[f.path] = (pid, prev.source_sha256)
+    if not wanted:
+        return {}
+    digests = file_digests(fs, [f for f in files if f.path in wanted])
+    return {path: wanted[path][0] for path, digest in digests.items() if digest == wanted[path][1]}
 
 
 def chunk_table_counts(name: str, table: pa.Table) -> dict[str, int]:
@@ -102,10 +152,11 @@ def chunk_table_counts(name: str, table: pa.Table) -> dict[str, int]:
 @dataclass(frozen=True)
 class ChunkWork:
     fs: Any
-    files: list
+    files: list  # the files to read (all of them, less the unchanged sources)
     duplicates: dict[str, str]
     unchanged: dict[str, str]  # paper_id -> fingerprint of the previous run's papers that may be carried
     rejected: int  # previous papers that did not verify (chunked again)
+    same_sources: frozenset = frozenset()  # paper ids whose source bytes are unchanged (never read this run)
 
 
 def _ids(staging: str, table: str) -> set[str]:
@@ -138,16 +189,24 @@ class ChunkStage(TableStage):
     def work(self, plan: Plan, ctx: StageContext) -> Work:
         job: ChunkJob = self.job
         fmt = plan.facts
-        ctx.ray()  # reading ids of Parquet/JSONL corpora for duplicates is a Ray read
+        if fmt != "md" or job.address or os.environ.get("RAY_ADDRESS"):
+            ctx.ray()  # duplicates of Parquet/JSONL corpora are a Ray read; on a cluster, checks are Ray tasks
         fs, files = corpus.list_sources(job.input, fmt)
         if job.metadata:  # a metadata file inside the input folder is not a paper
             meta_path = corpus.resolve(job.metadata)[1]
             files = [f for f in files if f.path != meta_path]
         duplicates, n_records = find_duplicates(fs, files, fmt, job.max_paper_bytes)
         t_scan = ctx.elapsed()
-        unchanged, rejected = unchanged_map(job)
-        return Work(keys=None, n_in=n_records, data=ChunkWork(fs, files, duplicates, unchanged, rejected),
-                    timings_s={"scan": t_scan})
+        previous, rejected = unchanged_map(job)
+        same: dict[str, str] = {}
+        if previous and fmt == "md":
+            metadata = corpus.load_metadata(job.metadata) if job.metadata else {}
+            same = unchanged_sources(fs, files, duplicates, previous, metadata, job.max_paper_bytes)
+            files = [f for f in files if f.path not in same]
+        unchanged = {pid: p.fingerprint for pid, p in previous.items() if pid not in same.values()}
+        return Work(keys=None, n_in=n_records, n_todo=n_records - len(same),
+                    data=ChunkWork(fs, files, duplicates, unchanged, rejected, frozenset(same.values())),
+                    timings_s={"scan": t_scan, "previous": ctx.elapsed() - t_scan})
 
     def writer(self, plan: Plan, work: Work) -> IngestStage:
         job: ChunkJob = self.job
@@ -157,6 +216,8 @@ class ChunkStage(TableStage):
     def dataset(self, plan: Plan, work: Work, skip, ctx: StageContext):
         job: ChunkJob = self.job
         w: ChunkWork = work.data
+        if not w.files:
+            return []
         return read_corpus(CorpusDatasource(w.fs, w.files, plan.facts, job.max_paper_bytes,
                                             parallelism=max(200, 4 * cpus())))
 
@@ -164,19 +225,23 @@ class ChunkStage(TableStage):
         return self.job.concurrency
 
     def unchanged(self, plan: Plan, work: Work, previous: str, staging: str) -> set[str]:
-        return _ids(staging, "unchanged") if work.data.unchanged else set()
+        scratch = storage.join(staging, "unchanged")
+        read = _ids(staging, "unchanged") if work.data.unchanged and storage.exists(scratch) else set()
+        return read | work.data.same_sources
 
     def counts(self, plan: Plan, work: Work, outcome: Outcome) -> StageResult:
         w: ChunkWork = work.data
         rows = outcome.result.rows
         incremental: dict[str, int] = {}
-        if self.job.previous and w.unchanged:
+        if self.job.previous and (w.unchanged or w.same_sources):
             same = set(outcome.carried)
+            known = w.unchanged.keys() | w.same_sources
             new_ids = _ids(outcome.staging, "papers") - same
             present = new_ids | same | _ids(outcome.staging, "quarantine")
             incremental = {
-                "papers_unchanged": len(same), "papers_changed": len(new_ids & w.unchanged.keys()),
-                "papers_added": len(new_ids - w.unchanged.keys()), "papers_removed": len(w.unchanged.keys() - present),
+                "papers_unchanged": len(same), "papers_changed": len(new_ids & known),
+                "papers_added": len(new_ids - known), "papers_removed": len(known - present),
+                "papers_unread": len(w.same_sources),
                 "previous_papers_rejected": w.rejected,
             }
         counts = {"records_in": work.n_in, "papers": rows["papers"], "chunks": rows["chunks"],

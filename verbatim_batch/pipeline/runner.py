@@ -90,6 +90,7 @@ class Work:
     data: Any = None  # what the stage's dataset needs (e.g. the pairs table)
     timings_s: Mapping[str, float] = field(default_factory=dict)
 
+    n_todo: int | None = None  # with ``keys`` None: the records left to read (the stage set some aside itself)
 
 @dataclass(frozen=True)
 class Outcome:
@@ -303,7 +304,10 @@ def _run_table_stage(stage: TableStage, plan: Plan, ctx: StageContext) -> StageR
     if job.previous and not stage.carry_after_write:
         carry()
     skip = pa.array(sorted(done | carried), pa.string())
-    todo = work.n_in if work.keys is None else len(work.keys) - len(set(work.keys.to_pylist()) & (done | carried))
+    if work.keys is None:
+        todo = work.n_in if work.n_todo is None else work.n_todo
+    else:
+        todo = len(work.keys) - len(set(work.keys.to_pylist()) & (done | carried))
     timings: dict[str, float] = dict(work.timings_s)
     if todo:  # nothing is loaded when every row is carried or already done
         t = time.perf_counter()

@@ -3,6 +3,7 @@ read tasks, and the duplicate-id scan that runs before the chunk stage."""
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from collections.abc import Iterable
 
@@ -124,3 +125,39 @@ def duplicate_winners(pairs: Iterable[tuple[str | None, str]]) -> tuple[dict[str
             seen[pid.strip()].append(src)
     dups = {pid: min(srcs, key=corpus.source_order) for pid, srcs in seen.items() if len(srcs) > 1}
     return dups, n
+
+
+DIGEST_GROUP_BYTES = 64 * 1024 * 1024
+
+
+def _digests(fs: pafs.FileSystem, paths: list[str]) -> list[str | None]:
+    """sha256 of each file's bytes (None for one that cannot be read: the ingest will say why)."""
+    import hashlib
+
+    out: list[str | None] = []
+    for path in paths:
+        try:
+            with fs.open_input_stream(path) as stream:
+                out.append(hashlib.sha256(stream.read()).hexdigest())
+        except OSError:
+            out.append(None)
+    return out
+
+
+def file_digests(fs: pafs.FileSystem, files: list[corpus.SourceFile]) -> dict[str, str | None]:
+    """``{path: sha256 of its bytes}``: as Ray tasks over groups of files when Ray is up (every node reads
+    its share), else in this process's threads (hashlib and the reads release the GIL), so a local night
+    that finds nothing changed never starts Ray."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .sink import in_tasks
+
+    groups = [[f.path for f in g] for g in balanced_groups(files, max(1, 4 * (os.cpu_count() or 1)),
+                                                              DIGEST_GROUP_BYTES) if g]
+    calls = [(fs, g) for g in groups]
+    if ray.is_initialized():
+        results = in_tasks(_digests, calls)
+    else:
+        with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+            results = list(pool.map(lambda call: _digests(*call), calls))
+    return {path: d for group, got in zip(groups, results, strict=True) for path, d in zip(group, got, strict=True)}
