@@ -157,6 +157,7 @@ class ChunkWork:
     unchanged: dict[str, str]  # paper_id -> fingerprint of the previous run's papers that may be carried
     rejected: int  # previous papers that did not verify (chunked again)
     same_sources: frozenset = frozenset()  # paper ids whose source bytes are unchanged (never read this run)
+    previous_ids: frozenset = frozenset()  # the previous run's papers that could be carried
 
 
 def _ids(staging: str, table: str) -> set[str]:
@@ -203,9 +204,13 @@ class ChunkStage(TableStage):
             metadata = corpus.load_metadata(job.metadata) if job.metadata else {}
             same = unchanged_sources(fs, files, duplicates, previous, metadata, job.max_paper_bytes)
             files = [f for f in files if f.path not in same]
-        unchanged = {pid: p.fingerprint for pid, p in previous.items() if pid not in same.values()}
+        paths = {f.path for f in files} if fmt == "md" else None
+        # a paper whose file moved is chunked again, so its row names the path it now comes from
+        unchanged = {pid: p.fingerprint for pid, p in previous.items()
+                     if pid not in same.values() and (paths is None or p.source in paths)}
         return Work(keys=None, n_in=n_records, n_todo=n_records - len(same),
-                    data=ChunkWork(fs, files, duplicates, unchanged, rejected, frozenset(same.values())),
+                    data=ChunkWork(fs, files, duplicates, unchanged, rejected, frozenset(same.values()),
+                                   frozenset(previous)),
                     timings_s={"scan": t_scan, "previous": ctx.elapsed() - t_scan})
 
     def writer(self, plan: Plan, work: Work) -> IngestStage:
@@ -233,9 +238,9 @@ class ChunkStage(TableStage):
         w: ChunkWork = work.data
         rows = outcome.result.rows
         incremental: dict[str, int] = {}
-        if self.job.previous and (w.unchanged or w.same_sources):
+        if self.job.previous and w.previous_ids:
             same = set(outcome.carried)
-            known = w.unchanged.keys() | w.same_sources
+            known = w.previous_ids
             new_ids = _ids(outcome.staging, "papers") - same
             present = new_ids | same | _ids(outcome.staging, "quarantine")
             incremental = {
