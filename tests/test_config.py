@@ -107,3 +107,21 @@ def test_required_options_may_come_from_the_file_and_are_checked_after_it(tmp_pa
     with pytest.raises(SystemExit) as exc:
         parse_args(["chunk", "--output", "o"])
     assert exc.value.code == 2 and "--input" in capsys.readouterr().err
+
+
+def test_what_a_command_does_not_use_is_named_in_one_line_and_every_section_is_checked(tmp_path, capsys):
+    """Other commands' sections and keys are ignored the same way everywhere, and said so in one line; a typo
+    in another command's section fails every command (the file is checked whole)."""
+    conf = _write(tmp_path, "threshold: 0.4\nnum-cpus: 2\nextract:\n  top_k: 3\nembed:\n  batch_rows: 8\n")
+    args = parse_args(["chunk", "--config", conf, "--input", "in", "--output", "out"])
+    assert args.num_cpus == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "not used by chunk" in err
+    assert "section 'extract'" in err and "section 'embed'" in err and "key 'threshold'" in err
+    parse_args(["extract", "--config", conf, "--pairs", "p", "--output", "o"])
+    err = capsys.readouterr().err
+    assert "section 'embed'" in err and "section 'extract'" not in err and "threshold" not in err
+    bad = _write(tmp_path, "extract:\n  treshold: 0.2\n")
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["chunk", "--config", bad, "--input", "in", "--output", "out"])
+    assert exc.value.code == 2 and "extract: unknown key 'treshold'" in capsys.readouterr().err

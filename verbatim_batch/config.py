@@ -113,10 +113,15 @@ def _convert(path: str, where: str, dest: str, flag: str, spec: dict[str, Any], 
     return value
 
 
-def load_config(path: str, command: str) -> dict[str, Any]:
+def load_config(path: str, command: str, ignored: list[str] | None = None) -> dict[str, Any]:
     """The option values a YAML config gives ``command`` (``{dest: value}``, checked and converted as the
     flags would be): its top-level keys the command takes, then its own section. Usable from Python: the
-    CLI's job builders (``cli.commands.build_job``) take these values by name."""
+    CLI's job builders (``cli.commands.build_job``) take these values by name.
+
+    One file may hold several commands' sections. Every section is checked, whichever command runs (a typo
+    in another command's section is an error here too); what ``command`` does not use (other commands'
+    sections, top-level keys only other commands take) is named in ``ignored`` when a list is given (the
+    CLI prints it as one line)."""
     from .cli.options import COMMANDS, EXTRA_COMMANDS, command_options
 
     data = load(path)
@@ -130,25 +135,40 @@ def load_config(path: str, command: str) -> dict[str, Any]:
         if not isinstance(name, str):
             raise ConfigError(f"{path}: option names are strings, got {name!r}")
         if name in names:
+            if name != command:
+                _check_section(path, name, value, command_options(name))
+                if ignored is not None:
+                    ignored.append(f"section {name!r}")
             continue
         key = _key(name)
         if key not in every:
             raise ConfigError(f"{path}: unknown key {name!r} (not an option of any command)")
         if key in options:
             values[key] = _convert(path, "", key, *options[key], value)
+        elif ignored is not None:
+            ignored.append(f"key {name!r}")
     section = data.get(command)
     if section is not None:
-        if not isinstance(section, dict):
-            raise ConfigError(f"{path}: section {command!r} must be a mapping")
-        for name, value in section.items():
-            if not isinstance(name, str):
-                raise ConfigError(f"{path}: {command}: option names are strings, got {name!r}")
-            key = _key(name)
-            if key not in options:
-                known = ", ".join(sorted(options))
-                raise ConfigError(f"{path}: {command}: unknown key {name!r}; {command} takes: {known}")
+        for key, value in _check_section(path, command, section, options).items():
             values[key] = _convert(path, f"{command}.", key, *options[key], value)
     return values
+
+
+def _check_section(path: str, command: str, section: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """``{dest: raw value}`` of a command's section, once every key is one of its options."""
+    options = {k: v for k, v in options.items() if k != "config"}
+    if not isinstance(section, dict):
+        raise ConfigError(f"{path}: section {command!r} must be a mapping")
+    out: dict[str, Any] = {}
+    for name, value in section.items():
+        if not isinstance(name, str):
+            raise ConfigError(f"{path}: {command}: option names are strings, got {name!r}")
+        key = _key(name)
+        if key not in options:
+            known = ", ".join(sorted(options))
+            raise ConfigError(f"{path}: {command}: unknown key {name!r}; {command} takes: {known}")
+        out[key] = value
+    return out
 
 
 def apply(parser: argparse.ArgumentParser, command: str, path: str) -> dict[str, Any]:

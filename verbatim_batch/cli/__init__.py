@@ -47,10 +47,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     known, _ = pre.parse_known_args(argv)
     command = argv[0] if argv and not argv[0].startswith("-") else None
     if known.config and command in parser.commands:
+        ignored: list[str] = []
         try:
-            parser.commands[command].set_defaults(**config.load_config(known.config, command))
+            parser.commands[command].set_defaults(**config.load_config(known.config, command, ignored))
         except config.ConfigError as exc:
             parser.exit(2, f"verbatim-batch {command}: config error: {exc}\n")
+        if ignored:
+            print(f"verbatim-batch {command}: {known.config}: not used by {command} (for other commands): "
+                  f"{', '.join(ignored)}", file=sys.stderr)
     args = parser.parse_args(argv)
     missing = [d for d in sorted(parser.required.get(args.command, ())) if getattr(args, d, None) is None]
     if missing:
