@@ -557,11 +557,22 @@ def load_metadata(uri: str) -> dict[str, tuple]:
     wrong type (``authors`` as a number, ``title`` as a list) is ignored (null) for that row, and a row
     whose id is missing or not a string/integer is skipped.
     """
-    return dict(_load_metadata_cached(uri))
+    return dict(_load_metadata_cached(uri, _stamp(uri)))
+
+
+def _stamp(uri: str) -> tuple:
+    """Size and modification time of a file (empty when unknown): the cache below rereads an edited file (a
+    long-lived process, e.g. a Python session or a chain of runs, sees tonight's metadata, not last night's)."""
+    try:
+        fs, path = resolve(uri)
+        info = fs.get_file_info(path)
+        return (info.size, info.mtime_ns)
+    except (OSError, ValueError):
+        return ()
 
 
 @lru_cache(maxsize=4)
-def _load_metadata_cached(uri: str) -> tuple[tuple[str, tuple], ...]:
+def _load_metadata_cached(uri: str, stamp: tuple) -> tuple[tuple[str, tuple], ...]:
     fs, path = resolve(uri)
     lower = path.lower()
     if not lower.endswith((".parquet", ".jsonl", ".json", ".ndjson", ".csv")):
