@@ -46,6 +46,7 @@ class SourceFile:
     # "reason: detail" for an input path that must not be opened (a FIFO, a device, a dangling symlink,
     # a symlinked folder already read); readers turn it into one error record, never read it
     problem: str | None = None
+    mtime: float | None = None  # seconds since the epoch, when the listing knows it
 
 
 resolve = storage.resolve  # (file system, path) for a local path or a URI
@@ -89,7 +90,7 @@ def list_sources(uri: str, fmt: str) -> tuple[pafs.FileSystem, list[SourceFile]]
         infos = [info] if info.type == pafs.FileType.File else fs.get_file_info(
             pafs.FileSelector(path, recursive=True))
         files = [
-            SourceFile(f.path, f.size or 0)
+            SourceFile(f.path, f.size or 0, mtime=f.mtime.timestamp() if f.mtime else None)
             for f in infos
             if f.type == pafs.FileType.File and f.path.lower().endswith(_EXTENSIONS[fmt])
         ]
@@ -143,7 +144,7 @@ def _walk_local(root: str, extensions: tuple[str, ...] | None) -> list[SourceFil
         raise
     if not stat.S_ISDIR(st.st_mode):
         if stat.S_ISREG(st.st_mode):
-            return [SourceFile(root, st.st_size)]
+            return [SourceFile(root, st.st_size, mtime=st.st_mtime)]
         return [SourceFile(root, 0, f"{QuarantineReason.NOT_A_REGULAR_FILE}: {_kind(st.st_mode)}, not read")]
     real_root = os.path.realpath(root)
     walked = {real_root}
@@ -206,7 +207,7 @@ def _walk_local(root: str, extensions: tuple[str, ...] | None) -> list[SourceFil
                 if not wanted(e.name):
                     continue
                 if stat.S_ISREG(st.st_mode):
-                    out.append(SourceFile(path, st.st_size))
+                    out.append(SourceFile(path, st.st_size, mtime=st.st_mtime))
                 else:
                     out.append(SourceFile(path, 0, f"{QuarantineReason.NOT_A_REGULAR_FILE}: "
                                                    f"{_kind(st.st_mode)}, not read"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
@@ -18,7 +19,7 @@ import pyarrow.compute as pc
 from .. import corpus, storage
 from ..chunking import FORCED_SPLIT, OVERSIZED_BLOCK, UNDERSIZED, ChunkerConfig
 from ..ingest import DEFAULT_MAX_PAPER_BYTES, METADATA_FIELDS, UNCHANGED, IngestStage, paper_fingerprint
-from ..runs import committed_table_dir, manifest_config
+from ..runs import committed_table_dir, manifest_config, read_manifest
 from ..tables import CHUNKS, PAPERS, QUARANTINE
 from ..verify import iter_paper_checks
 from .ray_env import cpus
@@ -98,6 +99,19 @@ def unchanged_map(job: ChunkJob) -> tuple[dict[str, PreviousPaper], int]:
                 for i, (pid, sha) in enumerate(zip(papers["paper_id"], papers["sha256"], strict=True))
                 if pid not in rejected}
     return previous, len(rejected)
+
+def _looks_changed(job: ChunkJob, files: list[corpus.SourceFile]) -> bool:
+    """Whether the listing alone shows work for a run: no previous run, or a file modified (or added) since
+    the previous run was committed. It only picks where the checks run; what changed is decided by content
+    (a file touched with the same bytes is still unchanged)."""
+    if not job.previous:
+        return True
+    try:
+        committed = datetime.fromisoformat(read_manifest(job.previous)["created_at"]).timestamp()
+    except (KeyError, ValueError, OSError):
+        return True
+    return any(f.mtime is None or f.mtime >= committed for f in files if not f.problem)
+
 
 
 def _table_columns(table_dir: str) -> list[str]:
@@ -190,11 +204,14 @@ class ChunkStage(TableStage):
     def work(self, plan: Plan, ctx: StageContext) -> Work:
         job: ChunkJob = self.job
         fmt = plan.facts
-        if fmt != "md" or job.address or os.environ.get("RAY_ADDRESS"):
-            ctx.ray()  # duplicates of Parquet/JSONL corpora are a Ray read; on a cluster, checks are Ray tasks
         fs, files = corpus.list_sources(job.input, fmt)
         if job.metadata:  # a metadata file inside the input folder is not a paper
             meta_path = corpus.resolve(job.metadata)[1]
+        if fmt != "md" or job.address or os.environ.get("RAY_ADDRESS") or _looks_changed(job, files):
+            # Ray first: duplicates of Parquet/JSONL corpora are a Ray read; on a cluster, or when the listing
+            # already shows work, the checks below run as Ray tasks. Else they run here, and a night that
+            # finds nothing changed never starts Ray.
+            ctx.ray()
             files = [f for f in files if f.path != meta_path]
         duplicates, n_records = find_duplicates(fs, files, fmt, job.max_paper_bytes)
         t_scan = ctx.elapsed()
