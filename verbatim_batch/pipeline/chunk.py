@@ -207,12 +207,12 @@ class ChunkStage(TableStage):
         fs, files = corpus.list_sources(job.input, fmt)
         if job.metadata:  # a metadata file inside the input folder is not a paper
             meta_path = corpus.resolve(job.metadata)[1]
+            files = [f for f in files if f.path != meta_path]
         if fmt != "md" or job.address or os.environ.get("RAY_ADDRESS") or _looks_changed(job, files):
             # Ray first: duplicates of Parquet/JSONL corpora are a Ray read; on a cluster, or when the listing
             # already shows work, the checks below run as Ray tasks. Else they run here, and a night that
             # finds nothing changed never starts Ray.
             ctx.ray()
-            files = [f for f in files if f.path != meta_path]
         duplicates, n_records = find_duplicates(fs, files, fmt, job.max_paper_bytes)
         t_scan = ctx.elapsed()
         previous, rejected = unchanged_map(job)
