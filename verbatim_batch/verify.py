@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from collections import Counter, defaultdict
-from collections.abc import Iterator
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from . import storage
@@ -89,55 +91,173 @@ def _read_group(path: str, group: int, columns: list[str]) -> pa.Table:
     return storage.parquet_file(path).read_row_group(group, columns=columns)
 
 
-def iter_paper_checks(root: str) -> Iterator[tuple[str, list[str], bool, int]]:
-    """``(paper_id, problems, checked_against_text, n_chunks)`` for every paper row of a chunk run folder,
-    plus ``("", [problem], False, 0)`` for chunk-level problems that belong to no paper (duplicate chunk
-    ids, chunks without a paper).
+def _first_occurrences(values: pa.Array) -> pa.Array:
+    """Indices of ``values`` that are not the value's first occurrence, ascending."""
+    idx = pa.array(np.arange(len(values), dtype=np.int64))
+    firsts = pa.table({"v": values, "i": idx}).group_by("v", use_threads=False).aggregate([("i", "min")])
+    if firsts.num_rows == len(values):
+        return pa.array([], pa.int64())
+    return idx.filter(pc.invert(pc.is_in(idx, value_set=firsts["i_min"].combine_chunks())))
 
-    Memory stays bounded by a few row groups, whatever the files' sizes: chunk files are first indexed by
-    row group (ids only), then papers are checked one row group at a time against the chunk row groups that
-    hold their chunks (written in paper order, so a papers row group needs a few neighbouring ones).
-    """
+
+def check_units(root: str) -> tuple[list[str], list[tuple], list[str]]:
+    """``(problems before, units, problems after)`` of a chunk run folder's papers check, planned from ids alone.
+
+    Each unit is one papers row group: ``(papers file name, row group, [(chunks file name, row group)] that
+    hold its papers' chunks, its rows that repeat an earlier paper id)``, what ``check_unit`` takes. Chunk
+    files are indexed by row group from their ``chunk_id`` and ``paper_id`` columns, in Arrow (no Python
+    object per row): chunk ids seen twice come first (in file order, like every report), chunks whose paper
+    has no row last."""
     papers_dir, chunks_dir = storage.join(root, "papers"), storage.join(root, "chunks")
-    chunk_groups: dict[str, set[tuple[str, int]]] = defaultdict(set)  # paper_id -> (file, row group)
-    seen_chunks: set[str] = set()
+    groups: list[tuple[str, int]] = []
+    cids, cpids, cgs = [], [], []
     for name in _parquet_files(chunks_dir):
         path = storage.join(chunks_dir, name)
         for group in range(_row_groups(path)):
             t = _read_group(path, group, ["chunk_id", "paper_id"])
-            for cid, pid in zip(t["chunk_id"].to_pylist(), t["paper_id"].to_pylist(), strict=True):
-                if cid in seen_chunks:
-                    yield "", [f"chunk id {cid} appears twice"], False, 0
-                seen_chunks.add(cid)
-                chunk_groups[pid].add((name, group))
-    del seen_chunks
-    seen_papers: set[str] = set()
+            cids.append(t["chunk_id"].combine_chunks().cast(pa.string()))
+            cpids.append(t["paper_id"].combine_chunks().cast(pa.string()))
+            cgs.append(pa.repeat(pa.scalar(len(groups), pa.int32()), t.num_rows))
+            groups.append((name, group))
+    chunk_ids = pa.concat_arrays(cids) if cids else pa.array([], pa.string())
+    chunk_pids = pa.concat_arrays(cpids) if cpids else pa.array([], pa.string())
+    before = [f"chunk id {cid} appears twice" for cid in chunk_ids.take(_first_occurrences(chunk_ids)).to_pylist()]
+    del chunk_ids, cids
+    chunk_groups = pa.table({"paper_id": chunk_pids, "cg": pa.concat_arrays(cgs) if cgs else pa.array([], pa.int32())}
+                            ).group_by(["paper_id", "cg"], use_threads=False).aggregate([])
+    units: list[tuple] = []
+    ppids, pus = [], []
     for name in _parquet_files(papers_dir):
         path = storage.join(papers_dir, name)
         for group in range(_row_groups(path)):
-            papers = _read_group(path, group, PAPER_COLUMNS)
-            if not papers.num_rows:
+            ids = _read_group(path, group, ["paper_id"])["paper_id"].combine_chunks().cast(pa.string())
+            if not len(ids):
                 continue
-            ids = papers["paper_id"].to_pylist()
-            wanted = sorted({g for pid in ids for g in chunk_groups.get(pid, ())})
-            by_paper: dict[str, list[dict]] = defaultdict(list)
-            value_set = pa.array(sorted(set(ids)), pa.string())
-            for f, g in wanted:
-                t = _read_group(storage.join(chunks_dir, f), g, CHUNK_COLUMNS)
-                for row in t.filter(pc.is_in(t["paper_id"], value_set=value_set)).to_pylist():
-                    by_paper[row["paper_id"]].append(row)
-            for paper in papers.to_pylist():
-                pid = paper["paper_id"]
-                if pid in seen_papers:
-                    yield pid, [f"paper id {pid} appears twice"], False, 0
-                    continue
-                seen_papers.add(pid)
-                rows = sorted(by_paper.pop(pid, []), key=lambda r: r["chunk_index"])
-                chunk_groups.pop(pid, None)
-                problems = check_paper(paper, rows)
-                yield pid, problems, paper["markdown"] is not None, len(rows)
-    for pid in chunk_groups:
-        yield "", [f"chunks of {pid} have no paper row"], False, 0
+            ppids.append(ids)
+            pus.append(pa.repeat(pa.scalar(len(units), pa.int32()), len(ids)))
+            units.append((name, group))
+    paper_ids = pa.concat_arrays(ppids) if ppids else pa.array([], pa.string())
+    unit_of = pa.concat_arrays(pus) if pus else pa.array([], pa.int32())
+    offsets = [0]
+    for ids in ppids:
+        offsets.append(offsets[-1] + len(ids))
+    repeats: dict[int, list[int]] = defaultdict(list)
+    for i in _first_occurrences(paper_ids).to_pylist():  # rows that repeat a paper id: few, if any
+        u = unit_of[i].as_py()
+        repeats[u].append(i - offsets[u])
+    wanted: dict[int, list[tuple[str, int]]] = defaultdict(list)
+    pairs = pa.table({"paper_id": paper_ids, "pu": unit_of}).join(chunk_groups, "paper_id", join_type="inner",
+                                                                  use_threads=False)
+    pairs = pairs.group_by(["pu", "cg"], use_threads=False).aggregate([])
+    for u, g in zip(pairs["pu"].to_pylist(), pairs["cg"].to_pylist(), strict=True):  # units x groups: small
+        wanted[u].append(groups[g])
+    orphans = pa.table({"paper_id": chunk_pids, "i": pa.array(np.arange(len(chunk_pids), dtype=np.int64))})
+    orphans = orphans.filter(pc.invert(pc.is_in(orphans["paper_id"], value_set=paper_ids)))
+    orphans = orphans.group_by("paper_id", use_threads=False).aggregate([("i", "min")]).sort_by("i_min")
+    after = [f"chunks of {pid} have no paper row" for pid in orphans["paper_id"].to_pylist()]
+    return before, [(name, group, sorted(wanted[u]), repeats[u]) for u, (name, group) in enumerate(units)], after
+
+
+def check_unit(fs: pafs.FileSystem, papers_file: str, group: int, chunk_groups: list[tuple[str, int]],
+               repeats: list[int], max_errors: int, want_rejected: bool) -> dict:
+    """One papers row group checked against the chunk row groups that hold its papers' chunks (a Ray task when
+    Ray is up; paths are in ``fs``, which travels with the task, credentials included): ``{"counts",
+    "n_errors", "errors" (the first max_errors), "rejected"}``, where ``rejected`` lists (when asked) the papers
+    that did not verify or could not be (no stored text). Small whatever the rows."""
+
+    def read(path: str, g: int, columns: list[str]) -> pa.Table:
+        return pq.ParquetFile(fs.open_input_file(path)).read_row_group(g, columns=columns)
+
+    papers = read(papers_file, group, PAPER_COLUMNS)
+    value_set = pa.array(sorted(set(papers["paper_id"].to_pylist())), pa.string())
+    by_paper: dict[str, list[dict]] = defaultdict(list)
+    for f, g in chunk_groups:
+        t = read(f, g, CHUNK_COLUMNS)
+        for row in t.filter(pc.is_in(t["paper_id"], value_set=value_set)).to_pylist():
+            by_paper[row["paper_id"]].append(row)
+    counts: Counter = Counter()
+    errors: list[str] = []
+    rejected: list[str] = []
+    n_errors = 0
+    skip = set(repeats)
+    for i, paper in enumerate(papers.to_pylist()):
+        pid = paper["paper_id"]
+        if i in skip:
+            problems, with_text, n_chunks = [f"paper id {pid} appears twice"], False, 0
+        else:
+            rows = sorted(by_paper.pop(pid, []), key=lambda r: r["chunk_index"])
+            problems, with_text, n_chunks = check_paper(paper, rows), paper["markdown"] is not None, len(rows)
+        counts["papers"] += 1
+        counts["chunks"] += n_chunks
+        counts["papers_with_text" if with_text else "papers_without_text"] += 1
+        counts["chunks_with_text" if with_text else "chunks_without_text"] += n_chunks
+        n_errors += len(problems)
+        errors.extend(problems[: max(0, max_errors - len(errors))])
+        if want_rejected and (problems or not with_text):
+            rejected.append(pid)
+    return {"counts": dict(counts), "n_errors": n_errors, "errors": errors, "rejected": rejected}
+
+
+def _in_tasks(fn, calls: list[tuple]) -> list:
+    """``fn(*call)`` for each call: Ray tasks when this process has Ray up (``pipeline.sink.in_tasks``), else
+    here, without importing Ray."""
+    if "ray" in sys.modules:
+        import ray
+
+        if ray.is_initialized():
+            from .pipeline.sink import in_tasks
+
+            return in_tasks(fn, calls)
+    return [fn(*call) for call in calls]
+
+
+def check_papers(root: str, max_errors: int = 20, want_rejected: bool = False) -> dict:
+    """Every paper and chunk row of a chunk run folder checked (``check_paper``) and the ids across files:
+    ``{"counts", "n_errors", "errors" (the first max_errors), "rejected"}``.
+
+    The work runs in units of one papers row group (``check_units``, ``check_unit``): as Ray tasks when Ray
+    is up (a cluster, or a local Ray the caller started), else one after the other in this process. Either
+    way the caller gets the same result, errors in the same order, and collects only each unit's counts and
+    first errors, never rows. Memory per unit is a papers row group and the few chunk row groups (written in
+    paper order) that hold its chunks.
+    """
+    before, units, after = check_units(root)
+    fs = storage.resolve(root)[0]
+
+    def where(table: str, name: str) -> str:
+        return storage.resolve(storage.join(root, table, name))[1]
+
+    calls = [(fs, where("papers", name), group, [(where("chunks", f), g) for f, g in chunk_groups], repeats,
+              max_errors, want_rejected) for name, group, chunk_groups, repeats in units]
+    # an fsspec memory:// store lives in this process only: its checks cannot leave it
+    results = [check_unit(*c) for c in calls] if root.startswith("memory://") else _in_tasks(check_unit, calls)
+    counts: Counter = Counter()
+    errors = before[:max_errors]
+    n_errors = len(before)
+    rejected: set[str] = set()
+    for r in results:
+        counts.update(r["counts"])
+        n_errors += r["n_errors"]
+        errors.extend(r["errors"][: max(0, max_errors - len(errors))])
+        rejected.update(r["rejected"])
+    n_errors += len(after)
+    errors.extend(after[: max(0, max_errors - len(errors))])
+    return {"counts": counts, "n_errors": n_errors, "errors": errors, "rejected": rejected, "units": len(units)}
+
+
+def paper_units(run_dir: str) -> int:
+    """Row groups of a chunk run's papers table (the units ``check_papers`` runs), from file footers; 0 for
+    anything else."""
+    papers_dir = storage.join(storage.normalize(run_dir), "papers")
+    if not storage.isdir(papers_dir):
+        return 0
+    n = 0
+    for name in _parquet_files(papers_dir):
+        try:
+            n += _row_groups(storage.join(papers_dir, name))
+        except (OSError, pa.ArrowException):  # verify_run reports it
+            continue
+    return n
 
 
 def check_paper(paper: dict, rows: list[dict]) -> list[str]:
@@ -194,16 +314,10 @@ def verify_run(run_dir: str, max_errors: int = 20) -> dict:
                     "n_errors": 1, "checked": {}, "unchecked": {}}
     errors: list[str] = []
     rows = check_folder(root, manifest, errors)
-    n_errors = len(errors)
-    counts: Counter = Counter()
-    for pid, problems, with_text, n_chunks in iter_paper_checks(root):
-        if pid:
-            counts["papers"] += 1
-            counts["chunks"] += n_chunks
-            counts["papers_with_text" if with_text else "papers_without_text"] += 1
-            counts["chunks_with_text" if with_text else "chunks_without_text"] += n_chunks
-        n_errors += len(problems)
-        errors.extend(problems[: max(0, max_errors - len(errors))])
+    checked = check_papers(root, max_errors=max(0, max_errors - len(errors)))
+    counts = checked["counts"]
+    n_errors = len(errors) + checked["n_errors"]
+    errors.extend(checked["errors"])
     return {
         "papers": counts["papers"],
         "chunks": counts["chunks"],

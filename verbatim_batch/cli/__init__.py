@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = parser.commands["verify"] = sub.add_parser("verify", help="re-check a chunk run: offsets exact, coverage "
                                                    "complete")
     p.add_argument("run_dir")
+    parser.required["verify"] = add_options(p, "verify")
     sub.add_parser("synth", help="write a synthetic corpus: verbatim-batch synth --out DIR --n 100 "
                    "(see python -m verbatim_synth --help)", add_help=False)
     return parser

@@ -345,7 +345,12 @@ COMMANDS: dict[str, tuple[str, list[Use]]] = {
 }
 
 
-EXTRA_COMMANDS: dict[str, list[Use]] = {"report": [_u("samples")]}  # commands with positional arguments too
+EXTRA_COMMANDS: dict[str, list[Use]] = {  # commands with positional arguments too
+    "report": [_u("samples")],
+    "verify": [_u("ray", only=("config", "address")), _u("num_cpus", help=(
+        "CPUs for a local Ray whose tasks run the checks, one per papers row group (1: in this process; default: "
+        "a local Ray with all CPUs only for a chunk run of more than 32 papers row groups, else in this process)"))],
+}
 
 
 def _resolve(name: str, use: Use) -> tuple[str, str, dict[str, Any]]:

@@ -21,7 +21,7 @@ from ..chunking import FORCED_SPLIT, OVERSIZED_BLOCK, UNDERSIZED, ChunkerConfig
 from ..ingest import DEFAULT_MAX_PAPER_BYTES, METADATA_FIELDS, UNCHANGED, IngestStage, paper_fingerprint
 from ..runs import committed_table_dir, manifest_config, read_manifest
 from ..tables import CHUNKS, PAPERS, QUARANTINE
-from ..verify import iter_paper_checks
+from ..verify import check_papers
 from .ray_env import cpus
 from .runner import Outcome, Plan, RunOptions, StageContext, StageResult, TableStage, Work, run_stage
 from .sink import changed_files
@@ -74,9 +74,9 @@ def unchanged_map(job: ChunkJob) -> tuple[dict[str, PreviousPaper], int]:
     was written, so when every papers and chunks file of the previous run is byte for byte what it committed (digests in
     its ``files.json``: bytes hashed, nothing decoded, in Ray tasks) its papers are trusted as they are.
     Otherwise (a file damaged or edited, or a run from before ``files.json``) each paper is checked
-    (``verify.iter_paper_checks``: the stored text hashes to the paper's sha256, every chunk is that text at
-    its offsets); a paper that does not verify is not carried but chunked again from the source, and
-    ``n_rejected`` counts them.
+    (``verify.check_papers``: the stored text hashes to the paper's sha256, every chunk is that text at
+    its offsets; one task per papers row group when Ray is up, as on a cluster, else in this process); a
+    paper that does not verify is not carried but chunked again from the source, and ``n_rejected`` counts them.
     """
     if not job.previous:
         return {}, 0
@@ -92,13 +92,13 @@ def unchanged_map(job: ChunkJob) -> tuple[dict[str, PreviousPaper], int]:
     if changed_files(job.previous, ("papers", "chunks")) == []:
         rejected: set[str] = set()
     else:
-        rejected = {pid for pid, problems, with_text, _ in iter_paper_checks(storage.normalize(job.previous))
-                    if pid and (problems or not with_text)}
+        rejected = check_papers(storage.normalize(job.previous), max_errors=0, want_rejected=True)["rejected"]
     previous = {pid: PreviousPaper(paper_fingerprint(sha, tuple(papers[f][i] for f in METADATA_FIELDS)), sha,
                                    papers["source"][i], papers["source_sha256"][i])
                 for i, (pid, sha) in enumerate(zip(papers["paper_id"], papers["sha256"], strict=True))
                 if pid not in rejected}
     return previous, len(rejected)
+
 
 def _looks_changed(job: ChunkJob, files: list[corpus.SourceFile]) -> bool:
     """Whether the listing alone shows work for a run: no previous run, or a file modified (or added) since
@@ -111,7 +111,6 @@ def _looks_changed(job: ChunkJob, files: list[corpus.SourceFile]) -> bool:
     except (KeyError, ValueError, OSError):
         return True
     return any(f.mtime is None or f.mtime >= committed for f in files if not f.problem)
-
 
 
 def _table_columns(table_dir: str) -> list[str]:
