@@ -1,10 +1,11 @@
 """The extract stage: (query, chunk) pairs -> spans, pairs and rejects tables.
 
-Pairs come from a pairs file or a retrieval run (``extract.pairs``). Model extractors (highlighter,
-semantic) run as one actor per GPU (else CPU actors), the HTTP LLM backend as I/O-bound actors, the vLLM
-backend through ``ray.data.llm`` (``extract.vllm``). With ``previous``, pairs whose input and extractor are
-unchanged keep that run's rows; with a ``run_id``, a rerun after a crash extracts only the pairs no
-completed write covers.
+Pairs come from a pairs file (``extract.pairs``, read on the driver: a file the user wrote) or a retrieval run
+(``pipeline.pair_plan``: joined with the queries and chunks in Ray tasks, so the driver holds only the pair
+ids, whatever the number of pairs). Model extractors (highlighter, semantic) run as one actor per GPU (else
+CPU actors), the HTTP LLM backend as I/O-bound actors, the vLLM backend through ``ray.data.llm``
+(``extract.vllm``). With ``previous``, pairs whose input and extractor are unchanged keep that run's rows;
+with a ``run_id``, a rerun after a crash extracts only the pairs no completed write covers.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class ExtractActor:
     """One extractor (one model) per actor; batches of pairs in, packed pairs+spans out."""
 
     def __init__(self, config, run_id: str, threads: int | None = None, max_chunk_chars: int | None = None,
-                 retries: int = 2) -> None:
+                 retries: int = 2, query_block_rows: int | None = None) -> None:
         from ..extract.registry import build_extractor
         from ..extract.stage import DEFAULT_MAX_CHUNK_CHARS, PairExtractor
 
@@ -43,6 +44,7 @@ class ExtractActor:
             torch.set_num_threads(threads)
         self.stage = PairExtractor(build_extractor(config), run_id, max_chunk_chars or DEFAULT_MAX_CHUNK_CHARS)
         self.retries = retries
+        self.query_block_rows = query_block_rows  # an I/O extractor's batch: split into query blocks of this size
 
     def _packed(self, batch: pa.Table) -> pa.Table:
         from ..extract.stage import pack
@@ -55,6 +57,15 @@ class ExtractActor:
         return with_counts(packed, {f"time_ms.{part}": v for part, v in ms.items()})
 
     def __call__(self, batch: pa.Table) -> pa.Table:
+        """Pairs -> packed rows. With ``query_block_rows``, a block of the planner (whole queries, larger than a
+        batch: ``pair_plan``) is done as the ``query_blocks`` it holds, each with its own retries and error
+        rows, as if each had come as a block of its own."""
+        blocks = query_blocks(batch, self.query_block_rows) if self.query_block_rows else [batch]
+        if len(blocks) == 1:
+            return self._call(batch)
+        return pa.concat_tables([self._call(b) for b in blocks], promote_options="default")
+
+    def _call(self, batch: pa.Table) -> pa.Table:
         from ..extract.stage import pack
 
         try:
@@ -111,7 +122,8 @@ def pair_method(job: ExtractJob) -> str:
 
 
 def build_pairs(job: ExtractJob, sources: dict[str, Any] | None = None) -> pa.Table:
-    """The job's ``PAIR_INPUT`` table."""
+    """The job's ``PAIR_INPUT`` table, built on the driver (the extract stage plans a retrieval run's pairs in
+    Ray tasks instead: ``pair_planner``; this is the reference it is tested against)."""
     from ..extract.pairs import chunk_lookup, pairs_from_records, pairs_from_retrieval, read_pair_records
 
     sources = sources or pair_sources(job)
@@ -127,6 +139,17 @@ def build_pairs(job: ExtractJob, sources: dict[str, Any] | None = None) -> pa.Ta
     ids = retrieval.filter(pc.equal(retrieval["method"], method))["chunk_id"].to_pylist()
     chunks = chunk_lookup(committed_table_dir(sources["chunks"], "chunks"), ids)
     return pairs_from_retrieval(retrieval, qmap, chunks, method, job.top_k)
+
+
+def pair_planner(job: ExtractJob, sources: dict[str, Any], start_ray) -> Any:
+    """The pairs of ``job``: a ``PAIR_INPUT`` table for a pairs file (read here), else a ``PairPlanner`` over
+    the retrieval run (planned in Ray tasks; ``start_ray`` is called when the run is too large to plan here)."""
+    if job.pairs is not None:
+        return build_pairs(job, sources)
+    from .pair_plan import PairPlanner
+
+    return PairPlanner(committed_table_dir(job.retrieval, "retrieval"), sources["queries"],
+                       committed_table_dir(sources["chunks"], "chunks"), pair_method(job), job.top_k, start_ray)
 
 
 def extract_counts(pairs: pa.Table, spans_rows: int) -> dict[str, int]:
@@ -231,13 +254,13 @@ def _highlight_spans(batch: pa.Table, config, run_id: str, info: dict[str, Any],
     return with_retry_count(with_counts(out, dict(carried)), retries)
 
 
-def _highlighter_stages(job: ExtractJob, blocks: list[pa.Table], run_id: str) -> ray.data.Dataset:
+def _highlighter_stages(job: ExtractJob, pairs: ray.data.Dataset, run_id: str) -> ray.data.Dataset:
     """Tokenize (CPU tasks) -> forward pass (one model actor per GPU, else CPU actors) -> spans and the verbatim
     gate (CPU tasks), as ``ray.data.llm`` splits its stages: the model's process does nothing but the model."""
     from ..extract.highlighter import host_describe
 
     cfg = job.extractor
-    ds = ray.data.from_arrow(blocks).map_batches(
+    ds = pairs.map_batches(
         _highlight_tokenize, batch_format="pyarrow", batch_size=None,
         fn_kwargs={"config": cfg, "max_chunk_chars": job.max_chunk_chars})
     ds = ds.map_batches(HighlightForwardActor, batch_format="pyarrow",
@@ -249,26 +272,35 @@ def _highlighter_stages(job: ExtractJob, blocks: list[pa.Table], run_id: str) ->
                                      "max_chunk_chars": job.max_chunk_chars})
 
 
-def _model_actors(job: ExtractJob, pairs: pa.Table, run_id: str) -> ray.data.Dataset:
+def pairs_dataset(pairs: pa.Table | ray.data.Dataset, batch_rows: int, query_grouped: bool) -> ray.data.Dataset:
+    """The pairs as the extractor's blocks: a dataset the planner built (``pair_plan``) as it is, a table as
+    blocks of ``batch_rows`` pairs, or of whole queries (``query_blocks``) for an extractor that groups them."""
+    if isinstance(pairs, ray.data.Dataset):
+        return pairs
+    if query_grouped:
+        return ray.data.from_arrow(query_blocks(pairs, batch_rows))
+    return ray.data.from_arrow([pairs.slice(i, batch_rows) for i in range(0, max(1, pairs.num_rows), batch_rows)])
+
+
+def _model_actors(job: ExtractJob, pairs: pa.Table | ray.data.Dataset, run_id: str) -> ray.data.Dataset:
     """One extractor (model) per GPU, else CPU actors; the highlighter's host work runs in CPU stages around its
     model actors (``_highlighter_stages``)."""
     from ..extract.highlighter import HighlighterConfig
 
-    blocks = [pairs.slice(i, job.batch_rows) for i in range(0, max(1, pairs.num_rows), job.batch_rows)]
+    ds = pairs_dataset(pairs, job.batch_rows, query_grouped=False)
     if isinstance(job.extractor, HighlighterConfig):
-        return _highlighter_stages(job, blocks, run_id)
+        return _highlighter_stages(job, ds, run_id)
     kwargs = {"config": job.extractor, "run_id": run_id, "max_chunk_chars": job.max_chunk_chars,
               "retries": job.batch_retries, "threads": cpu_threads(job.threads)}
-    return ray.data.from_arrow(blocks).map_batches(ExtractActor, batch_format="pyarrow",
-                                                   **model_actor_args(job.concurrency, job.batch_rows),
-                                                   fn_constructor_kwargs=kwargs)
+    return ds.map_batches(ExtractActor, batch_format="pyarrow", **model_actor_args(job.concurrency, job.batch_rows),
+                          fn_constructor_kwargs=kwargs)
 
 
-def _io_actors(job: ExtractJob, pairs: pa.Table, run_id: str) -> ray.data.Dataset:
+def _io_actors(job: ExtractJob, pairs: pa.Table | ray.data.Dataset, run_id: str) -> ray.data.Dataset:
     """I/O-bound actors, no GPU (an HTTP endpoint); blocks keep a query's pairs together for its requests."""
     kwargs = {"config": job.extractor, "run_id": run_id, "max_chunk_chars": job.max_chunk_chars,
-              "retries": job.batch_retries}
-    return ray.data.from_arrow(query_blocks(pairs, job.batch_rows)).map_batches(
+              "retries": job.batch_retries, "query_block_rows": job.batch_rows}
+    return pairs_dataset(pairs, job.batch_rows, query_grouped=True).map_batches(
         ExtractActor, batch_format="pyarrow", batch_size=None, **cpu_actor_args(job.concurrency or 2, 0.5),
         fn_constructor_kwargs=kwargs)
 
@@ -292,11 +324,19 @@ def _vllm(job: ExtractJob, pairs: pa.Table, run_id: str) -> ray.data.Dataset:
 PLACEMENTS = {"model": _model_actors, "io": _io_actors, "vllm": _vllm}  # extract.registry.PLACEMENTS
 
 
-def extract_dataset(job: ExtractJob, pairs: pa.Table, run_id: str) -> ray.data.Dataset:
-    """Packed pairs+spans+rejects blocks for the job's extractor, run the way its registration says."""
+def extract_dataset(job: ExtractJob, pairs: pa.Table | ray.data.Dataset, run_id: str) -> ray.data.Dataset:
+    """Packed pairs+spans+rejects blocks for the job's extractor, run the way its registration says. ``pairs``:
+    a table, or (model and I/O placements) the planner's dataset of blocks (``pairs_dataset``)."""
     from ..extract import registry
 
     return PLACEMENTS[registry.placement(job.extractor)](job, pairs, run_id)
+
+
+def same_extractor(previous: str, config: dict[str, Any]) -> bool:
+    """Whether ``previous`` ran the extractor of ``config`` (config hash and weights): else nothing carries."""
+    prev = manifest_config(previous)
+    return prev.get("extractor_hash") == config["extractor_hash"] and not (
+        config.get("model_revision") and prev.get("model_revision") != config["model_revision"])
 
 
 def unchanged_pairs(previous: str, pairs: pa.Table, config: dict[str, Any]) -> set[str]:
@@ -305,12 +345,10 @@ def unchanged_pairs(previous: str, pairs: pa.Table, config: dict[str, Any]) -> s
 
     The rank is a column of the pair row: a pair the retrieval now ranks elsewhere (another paper added or
     removed moves ranks) is done again, so a carried row never keeps a stale rank."""
-    prev = manifest_config(previous)
-    if prev.get("extractor_hash") != config["extractor_hash"] or (
-            config.get("model_revision") and prev.get("model_revision") != config["model_revision"]):
+    if not same_extractor(previous, config):
         return set()
-    wanted = dict(zip(pairs["pair_id"].to_pylist(), zip(_input_hashes(pairs), pairs["rank"].to_pylist()),
-                      strict=True))
+    wanted = dict(zip(pairs["pair_id"].to_pylist(),
+                      zip(_input_hashes(pairs), pairs["rank"].to_pylist(), strict=True), strict=True))
     old = storage.read_parquet(committed_table_dir(previous, "pairs"),
                                columns=["pair_id", "input_hash", "rank", "error"])
     return {pid for pid, h, rank, err in zip(*old.to_pydict().values(), strict=True)
@@ -318,11 +356,9 @@ def unchanged_pairs(previous: str, pairs: pa.Table, config: dict[str, Any]) -> s
 
 
 def _input_hashes(pairs: pa.Table) -> list[str]:
-    from ..tables import pair_input_hash
+    from .pair_plan import input_hashes
 
-    return [pair_input_hash(q, c, p, s) for q, c, p, s in zip(
-        pairs["query"].to_pylist(), pairs["chunk"].to_pylist(), pairs["paper_id"].to_pylist(),
-        pairs["chunk_start"].to_pylist(), strict=True)]
+    return input_hashes(pairs).to_pylist()
 
 
 def extract_table_counts(name: str, table: pa.Table) -> dict[str, int]:
@@ -353,21 +389,37 @@ class ExtractStage(TableStage):
         return Plan(config=config, inputs=tuple(v for v in sources.values() if v), facts=sources)
 
     def work(self, plan: Plan, ctx: StageContext) -> Work:
+        """A pairs file's pairs (a table), or a retrieval run's planned in Ray tasks (``pair_plan``): then the
+        work holds the pair ids (an Arrow array) and object refs, no text."""
         t0 = time.perf_counter()
-        pairs = build_pairs(self.job, plan.facts)
-        return Work(keys=pairs["pair_id"], n_in=pairs.num_rows, data=pairs,
-                    timings_s={"pairs": time.perf_counter() - t0})
+        data = pair_planner(self.job, plan.facts, ctx.ray)
+        if isinstance(data, pa.Table):
+            return Work(keys=data["pair_id"], n_in=data.num_rows, data=data,
+                        timings_s={"pairs": time.perf_counter() - t0})
+        return Work(keys=data.keys, n_in=data.n, data=data, timings_s={"pairs": time.perf_counter() - t0})
 
-    def unchanged(self, plan: Plan, work: Work, previous: str, staging: str) -> set[str]:
-        return unchanged_pairs(previous, work.data, plan.config)
+    def unchanged(self, plan: Plan, work: Work, previous: str, staging: str) -> set[str] | pa.Array:
+        if isinstance(work.data, pa.Table):
+            return unchanged_pairs(previous, work.data, plan.config)
+        if not same_extractor(previous, plan.config):
+            return set()
+        return work.data.unchanged(committed_table_dir(previous, "pairs"))
 
     def writer(self, plan: Plan, work: Work):
         return _unpack
 
     def dataset(self, plan: Plan, work: Work, skip: pa.Array, ctx: StageContext) -> ray.data.Dataset:
-        pairs: pa.Table = work.data
-        todo = pairs.filter(pc.invert(pc.is_in(pairs["pair_id"], value_set=skip)))
-        return extract_dataset(self.job, todo, ctx.run_id)
+        from ..extract import registry
+
+        if isinstance(work.data, pa.Table):
+            pairs: pa.Table = work.data
+            return extract_dataset(self.job, pairs.filter(pc.invert(pc.is_in(pairs["pair_id"], value_set=skip))),
+                                   ctx.run_id)
+        placement = registry.placement(self.job.extractor)
+        if placement == "vllm":  # vllm_requests groups a table's pairs into requests on the driver
+            return extract_dataset(self.job, work.data.table(skip), ctx.run_id)
+        return extract_dataset(self.job, work.data.dataset(skip, placement == "io", self.job.batch_rows),
+                               ctx.run_id)
 
     def counts(self, plan: Plan, work: Work, outcome: Outcome) -> StageResult:
         written = storage.read_parquet(storage.join(outcome.staging, "pairs"),

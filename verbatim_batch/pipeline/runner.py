@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .. import storage
 from ..runs import (
@@ -85,7 +86,7 @@ class Plan:
 class Work:
     """The rows a keyed stage has to produce."""
 
-    keys: pa.Array | None  # every input key; None when known only once read (then ``n_in`` counts them)
+    keys: pa.Array | pa.ChunkedArray | None  # every input key; None when known only once read (``n_in`` counts)
     n_in: int
     data: Any = None  # what the stage's dataset needs (e.g. the pairs table)
     timings_s: Mapping[str, float] = field(default_factory=dict)
@@ -171,8 +172,9 @@ class TableStage(Stage):
     def work(self, plan: Plan, ctx: StageContext) -> Work:
         raise NotImplementedError
 
-    def unchanged(self, plan: Plan, work: Work, previous: str, staging: str) -> Iterable[str]:
-        """Keys whose rows ``previous`` holds for the same input and settings (carried, not redone)."""
+    def unchanged(self, plan: Plan, work: Work, previous: str, staging: str) -> Iterable[str] | pa.Array:
+        """Keys whose rows ``previous`` holds for the same input and settings (carried, not redone): strings,
+        or an Arrow array of them (many keys: no Python set is built of them)."""
         return ()
 
     def schemas(self, plan: Plan) -> Mapping[str, pa.Schema]:
@@ -279,6 +281,13 @@ def _manifest(stage: Stage, run_id: str, config: dict[str, Any], inputs: list[st
     return manifest
 
 
+def _unique_in(keys: pa.Array | pa.ChunkedArray, value_set: pa.Array) -> int:
+    """How many distinct ``keys`` are in ``value_set`` (Arrow compute: no Python set of the keys)."""
+    if not len(value_set) or not len(keys):
+        return 0
+    return len(pc.unique(keys.filter(pc.is_in(keys, value_set=value_set))))
+
+
 def _run_table_stage(stage: TableStage, plan: Plan, ctx: StageContext) -> StageResult:
     """The loop every keyed stage shares: carry, skip, Ray, sink, row check, standard counts."""
     job = ctx.job
@@ -307,7 +316,7 @@ def _run_table_stage(stage: TableStage, plan: Plan, ctx: StageContext) -> StageR
     if work.keys is None:
         todo = work.n_in if work.n_todo is None else work.n_todo
     else:
-        todo = len(work.keys) - len(set(work.keys.to_pylist()) & (done | carried))
+        todo = len(work.keys) - _unique_in(work.keys, skip)
     timings: dict[str, float] = dict(work.timings_s)
     if todo:  # nothing is loaded when every row is carried or already done
         t = time.perf_counter()
@@ -335,11 +344,12 @@ def _run_table_stage(stage: TableStage, plan: Plan, ctx: StageContext) -> StageR
             raise RuntimeError(f"{stage.command}: {work.n_in} rows in but {out} accounted for "
                                f"({', '.join(stage.key_tables)}): rows were lost")
     else:
-        wanted = set(work.keys.to_pylist())
-        missing = wanted - result.keys
-        if missing or len(wanted) != work.n_in:
+        wanted = pc.unique(work.keys)  # Arrow, not a Python set: a stage's keys can be millions
+        missing = wanted.filter(pc.invert(pc.is_in(wanted, value_set=pa.array(result.keys, pa.string()))))
+        if len(missing) or len(wanted) != work.n_in:
             raise RuntimeError(f"{stage.command}: {work.n_in} rows in but {len(wanted) - len(missing)} written, "
-                               f"carried or resumed (e.g. {sorted(missing)[:3]} missing): rows were lost")
+                               f"carried or resumed (e.g. {sorted(missing.to_pylist())[:3]} missing): rows were "
+                               "lost")
     for name in stage.scratch_tables:
         storage.rmtree(storage.join(ctx.staging, name))
     write_files_index(ctx.staging, result, published)

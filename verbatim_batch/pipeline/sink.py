@@ -200,7 +200,11 @@ def carry_rows(previous: str, tables: dict[str, pa.Schema], key_column: str, key
     keys), so ``finish`` counts carried rows like written ones and a resumed run does not carry a file
     twice. Returns the keys found and, per table, rows carried now and files linked or rewritten.
     """
-    value_set = pa.array(sorted(set(keys)), pa.string())
+    if isinstance(keys, (pa.Array, pa.ChunkedArray)):  # many keys: kept in Arrow, no Python set of them
+        value_set = pc.unique(keys.cast(pa.string()))
+        value_set = value_set.combine_chunks() if isinstance(value_set, pa.ChunkedArray) else value_set
+    else:
+        value_set = pa.array(sorted(set(keys)), pa.string())
     if not len(value_set):
         return set(), Counter()
     index = files_index(previous)
