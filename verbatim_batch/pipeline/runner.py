@@ -90,8 +90,8 @@ class Work:
     n_in: int
     data: Any = None  # what the stage's dataset needs (e.g. the pairs table)
     timings_s: Mapping[str, float] = field(default_factory=dict)
-
     n_todo: int | None = None  # with ``keys`` None: the records left to read (the stage set some aside itself)
+
 
 @dataclass(frozen=True)
 class Outcome:
