@@ -297,3 +297,33 @@ def test_evaluate_reads_gold_and_a_span_run_from_any_store(where, tmp_path):
     want = evaluate_files(str(tmp_path / "local-copy" / "gold.jsonl"), str(tmp_path / "local-copy" / "run"))
     got = evaluate_files(storage.join(where, "gold.jsonl"), storage.join(where, "run"))
     assert got == want and want["diagnostics"]["gold_rows"] == 3
+
+
+def test_two_writers_starting_together_on_any_store_one_wins(where):
+    """Eight writers race for one output's lock (threads: one pid, so none is taken for a dead holder): on a
+    local disk the create is atomic; on an object store each writer reads its lock back after a settle time,
+    and only the token found then wins. Exactly one takes it; the others get OutputBusyError."""
+    import threading
+
+    from verbatim_batch.runs.folder import OutputBusyError, acquire_lock, release_lock
+
+    out = storage.join(where, "contended")
+    barrier = threading.Barrier(8)
+    won: list[str] = []
+    busy: list[str] = []
+
+    def writer(k: int) -> None:
+        barrier.wait()
+        try:
+            won.append(acquire_lock(out, f"w{k}"))
+        except OutputBusyError as exc:
+            busy.append(str(exc))
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert len(won) == 1 and len(busy) == 7, (won, busy)
+    release_lock(won[0])
+    release_lock(acquire_lock(out, "after"))  # free again once released

@@ -59,11 +59,17 @@ def _alive(pid: int) -> bool:
     return True
 
 
+LOCK_SETTLE_S = 0.5  # object stores: how long a writer waits before reading its lock back
+
+
 def acquire_lock(output: str, run_id: str | None) -> str:
     """Take the one-writer lock of ``output`` (``.<name>.lock`` beside it, created atomically, holding the
     writer's pid, host and run id). A lock whose holder is gone (same host, no such process) is taken over;
-    one held by a live process, or by another host, stops this run with ``OutputBusyError``. On an object
-    store the create is not atomic: two writers starting within the same second can both pass."""
+    one held by a live process, or by another host, stops this run with ``OutputBusyError``. An object store
+    has no atomic create: there a writer writes its token, waits ``LOCK_SETTLE_S`` and reads the lock back;
+    the token found then wins (the store is read-after-write consistent, so of two writers that both wrote,
+    both read the later token), and the other stops. Two writers still both pass if one's check-then-write
+    takes longer than the settle time, which a stalled process can do."""
     path = _lock_path(output)
     me = {"pid": os.getpid(), "host": socket.gethostname(), "run_id": run_id, "since": round(time.time()),
           "token": uuid.uuid4().hex}
@@ -71,7 +77,12 @@ def acquire_lock(output: str, run_id: str | None) -> str:
         if storage.is_remote(path):
             if not storage.exists(path):
                 storage.write_text(path, json.dumps(me))
-                return f"{path}#{me['token']}"
+                time.sleep(LOCK_SETTLE_S)
+                try:
+                    if json.loads(storage.read_text(path)).get("token") == me["token"]:
+                        return f"{path}#{me['token']}"
+                except (OSError, ValueError):
+                    pass
         else:
             storage.makedirs(os.path.dirname(path))
             try:
