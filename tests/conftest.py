@@ -12,14 +12,27 @@ os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 os.environ.setdefault("RAY_gcs_rpc_server_reconnect_timeout_s", "600")
 
 
-@pytest.fixture(scope="session")
-def ray_local():
-    """A real local Ray (2 CPUs, like CI), shared by all pipeline tests."""
+def _ensure_local_ray():
     import ray
 
     from verbatim_batch.pipeline.ray_env import init_local
 
-    os.environ.pop("RAY_ADDRESS", None)
-    init_local(num_cpus=2, log_to_driver=False)  # retried with backoff when a loaded machine is slow to start it
-    yield ray
+    if not ray.is_initialized():
+        os.environ.pop("RAY_ADDRESS", None)
+        init_local(num_cpus=2, log_to_driver=False)  # retried with backoff when a loaded machine is slow to start it
+    return ray
+
+
+@pytest.fixture(scope="session")
+def _ray_session():
+    """A real local Ray (2 CPUs, like CI), shared by all pipeline tests, shut down at the end."""
+    ray = _ensure_local_ray()
+    yield
     ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_local(_ray_session):
+    """The session's local Ray, started again if a module before this one shut it down (the multi-node tests
+    stop it so that their clusters get the CPUs), so no module depends on the order the modules run in."""
+    return _ensure_local_ray()

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import sys
 from collections import Counter, defaultdict
 
@@ -41,6 +42,8 @@ import pyarrow.parquet as pq
 from . import storage
 from .chunking import Chunk, ChunkInvariantError, verify_chunks
 from .runs import read_manifest
+
+log = logging.getLogger(__name__)
 
 PAPER_COLUMNS = ["paper_id", "sha256", "n_chars", "n_chunks", "markdown"]
 CHUNK_COLUMNS = ["chunk_id", "paper_id", "chunk_index", "start", "end", "byte_start", "byte_end", "text",
@@ -211,6 +214,19 @@ def _in_tasks(fn, calls: list[tuple]) -> list:
     return [fn(*call) for call in calls]
 
 
+def _units_in_tasks(calls: list[tuple], root: str) -> list:
+    """The units as Ray tasks; if the cluster's workers cannot read the run (an object store whose credentials
+    this process has and its workers do not), they are checked here instead, with one warning."""
+    try:
+        return _in_tasks(check_unit, calls)
+    except Exception as exc:  # noqa: BLE001 - RayTaskError wraps the worker's OSError
+        if not isinstance(exc, OSError) and not isinstance(getattr(exc, "cause", None), OSError):
+            raise
+        log.warning("the Ray workers could not read %s (%s): checking it in this process",
+                    root, str(exc).splitlines()[-1][:200])
+        return [check_unit(*c) for c in calls]
+
+
 def check_papers(root: str, max_errors: int = 20, want_rejected: bool = False) -> dict:
     """Every paper and chunk row of a chunk run folder checked (``check_paper``) and the ids across files:
     ``{"counts", "n_errors", "errors" (the first max_errors), "rejected"}``.
@@ -230,7 +246,7 @@ def check_papers(root: str, max_errors: int = 20, want_rejected: bool = False) -
     calls = [(fs, where("papers", name), group, [(where("chunks", f), g) for f, g in chunk_groups], repeats,
               max_errors, want_rejected) for name, group, chunk_groups, repeats in units]
     # an fsspec memory:// store lives in this process only: its checks cannot leave it
-    results = [check_unit(*c) for c in calls] if root.startswith("memory://") else _in_tasks(check_unit, calls)
+    results = [check_unit(*c) for c in calls] if root.startswith("memory://") else _units_in_tasks(calls, root)
     counts: Counter = Counter()
     errors = before[:max_errors]
     n_errors = len(before)
