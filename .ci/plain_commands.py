@@ -38,6 +38,7 @@ ANSWERS = [  # (marker in the prompt, answer), as in tests/test_silver_e2e.py
     ("Write one question of type", "What is the method used for training?"),
     ("Write the short search query", "training method dataset"),
 ]
+RAY_RELAYED = re.compile(r"^(\x1b\[[0-9;]*m)?\((\w+ )?pid=")  # a log line Ray relays from one of its processes
 DOC = re.compile(r"<(doc_\d+)>\n(.*?)\n</\1>", re.S)
 TIMES: list[tuple[str, float]] = []
 FAILURES: list[str] = []
@@ -128,7 +129,8 @@ def run(name: str, argv: list[str], expect: int = 0, stderr_has: str | None = No
     if rc != expect:
         FAILURES.append(f"{name}: exit {rc}, expected {expect}")
     elif stderr_has is not None:
-        lines = [ln for ln in text.splitlines() if ln.strip()]
+        # Ray's own log lines relayed from its processes ("(pid=gcs_server) ...", colored) are not the command's
+        lines = [ln for ln in text.splitlines() if ln.strip() and not RAY_RELAYED.match(ln)]
         if len(lines) != 1 or stderr_has not in lines[0]:
             FAILURES.append(f"{name}: expected one line naming {stderr_has!r} on stderr, got {text!r}")
     return text
