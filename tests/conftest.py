@@ -36,3 +36,17 @@ def ray_local(_ray_session):
     """The session's local Ray, started again if a module before this one shut it down (the multi-node tests
     stop it so that their clusters get the CPUs), so no module depends on the order the modules run in."""
     return _ensure_local_ray()
+
+
+@pytest.fixture(scope="session")
+def nightly_baseline(tmp_path_factory):
+    """One uninterrupted `verbatim-batch nightly` (run id r1) over six bundled papers and four queries, made
+    once per session: the reference that killed, resumed, cluster and object-store runs of the same night
+    must equal. Tests that change the corpus copy it first (``corpus`` is shared)."""
+    from test_nightly import PAPERS, make_corpus, nightly
+
+    tmp = tmp_path_factory.mktemp("baseline")
+    corpus = make_corpus(tmp / "corpus", PAPERS[:6])
+    root = tmp / "baseline"
+    nightly(root, corpus, "r1")
+    return {"tmp": tmp, "corpus": corpus, "root": root}

@@ -166,6 +166,10 @@ def test_changed_papers_are_the_only_ones_touched(nights):
     assert len(fresh) == counts["spans.rows_new"] < pairs.num_rows
     assert all(p["paper_id"] in (edited, added) or old_rank.get(p["pair_id"]) != p["rank"] for p in fresh)
     assert "index added" in nights["stdout"]
+    # The summary line says the same as the manifest (it once read every count as 0).
+    assert "8 unchanged, 1 changed, 1 added, 1 removed" in nights["stdout"], nights["stdout"]
+    assert (f"pairs extracted {counts['spans.rows_new']}, carried {counts['spans.rows_carried']}; "
+            f"{counts['spans.spans']} spans") in nights["stdout"]
 
 
 def test_incremental_run_equals_a_run_from_scratch(nights):

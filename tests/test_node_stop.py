@@ -7,7 +7,8 @@ actor is alive, the worker that hosts the actor is SIGKILLed with all its proces
 lost. Ray may then finish the run inside the job on the other worker (lost tasks retried, the actor
 restarted, lost objects rebuilt), or the job fails or stalls and is stopped; either way the same nightly
 is submitted again with the same run id, which skips what is committed and finishes the rest. Its tables
-must equal those of an uninterrupted run (made meanwhile in a local Ray): no row lost, none written twice.
+must equal those of an uninterrupted run (made once per session in a local Ray, tests/conftest.py): no row
+lost, none written twice.
 """
 
 from __future__ import annotations
@@ -15,12 +16,10 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from raycluster import LocalRayCluster, ray_cli
-from test_nightly import PAPERS, make_corpus, nightly
 from test_resume import assert_same_run
 
 pytestmark = pytest.mark.slow
@@ -30,20 +29,6 @@ RUN = "r1"
 WORKERS = ("worker-1", "worker-2")
 MODEL_ACTORS = ("EmbedActor", "RetrieveActor", "ExtractActor")
 RECOVERY_S = 240  # the interrupted job gets this long after the node is stopped to end by itself
-
-
-@pytest.fixture()
-def baseline(tmp_path):
-    """The uninterrupted run, in its own local Ray, going on in the background while the test runs."""
-    corpus = make_corpus(tmp_path / "corpus", PAPERS[:6])
-
-    def run() -> float:
-        t = time.monotonic()
-        nightly(tmp_path / "baseline", corpus, RUN)
-        return time.monotonic() - t
-
-    with ThreadPoolExecutor(1) as pool:  # on failure, teardown waits for it (nightly() times out at 600 s)
-        yield {"corpus": corpus, "root": tmp_path / "baseline", "run": pool.submit(run)}
 
 
 @pytest.fixture()
@@ -86,7 +71,8 @@ def _tail(log: Path, n: int = 6000) -> str:
     return log.read_text(errors="replace")[-n:] if log.exists() else ""
 
 
-def test_node_lost_mid_run_resumes_to_identical_tables(baseline, cluster, tmp_path):
+def test_node_lost_mid_run_resumes_to_identical_tables(nightly_baseline, cluster, tmp_path):
+    baseline = nightly_baseline  # the uninterrupted run (conftest), made before the cluster starts
     corpus = baseline["corpus"]
     t0 = time.monotonic()
     times: dict[str, float] = {}
@@ -131,9 +117,8 @@ def test_node_lost_mid_run_resumes_to_identical_tables(baseline, cluster, tmp_pa
     assert f"nightly run {RUN} committed" in again.stdout, again.stdout[-3000:]
     mark("rerun ended")
 
-    baseline_s = baseline["run"].result()
     assert_same_run(root, baseline["root"], RUN)
     assert not list(run_dir.glob(".*.staging-*")), "staging folders left behind"
     counts = json.loads((run_dir / "manifest.json").read_text())["counts"]
     print(f"\n{lost} stopped with {actor['class_name']} alive on it, run folder {stopped_at}; first job {first}; "
-          f"counts {counts}; cluster run {times}; baseline {baseline_s:.0f}s")
+          f"counts {counts}; cluster run {times}")

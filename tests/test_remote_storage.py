@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from s3server import environment, s3_server
-from test_nightly import EXAMPLES, PAPERS, assert_tables_match, make_corpus, nightly
+from test_nightly import EXAMPLES, PAPERS, assert_tables_match, nightly
 
 from verbatim_batch import faults, storage
 from verbatim_batch.faults import InjectedFault
@@ -133,7 +133,7 @@ def test_completed_writes_resume_and_stay_out_of_the_run(where):
         record_write(run.staging, "part-1", {"rows": {"t": 2}, "files": {"t": "t/part-1.parquet"}, "keys": ["a", "b"]})
         storage.write_parquet(pa.table({"k": ["c"]}), storage.join(run.staging, "t", "part-2.parquet"))  # no record
     with staged(out, run_id="r1", resume=True) as run:
-        assert completed_keys(run.staging) == {"a", "b"}
+        assert sorted(completed_keys(run.staging).to_pylist()) == ["a", "b"]
         assert storage.walk_files(run.staging) == ["_run.json", "_writes/part-1.json", "t/part-1.parquet"]
         run.commit(_manifest("r1"), on_commit=write_report)  # as the runner commits: with the report
     assert storage.walk_files(out) == ["manifest.json", "report.html", "report.json", "t/part-1.parquet"]
@@ -226,7 +226,7 @@ TABLES = [("chunks", "papers"), ("chunks", "chunks"), ("chunks", "quarantine"), 
           ("spans", "rejects")]
 
 
-def assert_same_tables(root: str, base: str, run_id: str) -> None:
+def assert_same_tables(root: str, base: str, run_id: str, drop: frozenset[str] = frozenset()) -> None:
     for stage, table in TABLES:
         got = storage.read_parquet(storage.join(root, RUNS_DIR, run_id, stage, table))
         want = storage.read_parquet(storage.join(base, RUNS_DIR, run_id, stage, table))
@@ -235,32 +235,34 @@ def assert_same_tables(root: str, base: str, run_id: str) -> None:
             np.testing.assert_allclose(np.stack(got["vector"].to_numpy(zero_copy_only=False)),
                                        np.stack(want["vector"].to_numpy(zero_copy_only=False)), atol=1e-5)
             got, want = got.drop_columns(["vector"]), want.drop_columns(["vector"])
-        assert_tables_match(got, want, f"{stage}/{table}")
+        assert_tables_match(got, want, f"{stage}/{table}", drop=drop)
 
 
 @pytest.mark.slow
-def test_nightly_on_s3(s3, tmp_path):
+def test_nightly_on_s3(s3, nightly_baseline, tmp_path):
     """Night 1 on s3:// killed (SIGKILL) while committing a stage and resumed equals the same night on a
-    local disk; the next night, after an edit, updates the index it downloads from S3 (an unchanged night is
-    tested on a local disk, tests/test_nightly.py). Readers load the current spans through CURRENT."""
-    corpus = make_corpus(tmp_path / "corpus", PAPERS[:4], n_queries=3)
-    local = tmp_path / "local"
-    nightly(local, corpus, "s1")
+    local disk (the session's baseline, tests/conftest.py); the next night, after an edit, updates the index
+    it downloads from S3 (an unchanged night is tested on a local disk, tests/test_nightly.py). Readers load
+    the current spans through CURRENT."""
+    corpus = tmp_path / "corpus"  # a copy: this test edits it
+    shutil.copytree(nightly_baseline["corpus"], corpus)
+    shutil.copy(nightly_baseline["corpus"].parent / "queries.jsonl", tmp_path / "queries.jsonl")
+    local, first = nightly_baseline["root"], "r1"
     root = f"s3://{BUCKET}/nightly"
 
     # Killed while a stage's commit copies its files into place (the driver's 9th copied file).
     fault = f"storage.copy#9@{tmp_path / 'fired'};target=driver"
-    killed = nightly(root, corpus, "s1", env=s3 | {"VERBATIM_BATCH_FAULT": fault}, check=False)
+    killed = nightly(root, corpus, first, env=s3 | {"VERBATIM_BATCH_FAULT": fault}, check=False)
     assert killed.returncode == -signal.SIGKILL, (killed.stdout + killed.stderr)[-3000:]
-    run_dir = storage.join(root, RUNS_DIR, "s1")
+    run_dir = storage.join(root, RUNS_DIR, first)
     half = [s for s in storage.listdir(run_dir) if not s.startswith(".") and storage.isdir(storage.join(run_dir, s))
             and not storage.exists(storage.join(run_dir, s, "manifest.json"))]
     assert len(half) == 1, f"expected one stage cut short in its commit, found {half}"
     assert current_run(root) is None and not storage.exists(storage.join(run_dir, "manifest.json"))
-    resumed = nightly(root, corpus, "s1", env=s3)
+    resumed = nightly(root, corpus, first, env=s3)
     assert "committed" in resumed.stdout
-    assert_same_tables(root, str(local), "s1")
-    assert current_run(root) == "s1"
+    assert_same_tables(root, str(local), first, drop=frozenset({"source"}))  # the corpus copy's own path
+    assert current_run(root) == first
     assert [n for n in storage.listdir(run_dir) if n.startswith(".")] == [], "staging folders left behind"
     assert '<div class="pair"' in storage.read_text(storage.join(run_dir, "report.html"))
 
@@ -277,9 +279,9 @@ def test_nightly_on_s3(s3, tmp_path):
     assert spans.num_rows > 0
     for row in spans.to_pylist():
         assert papers[row["paper_id"]][row["paper_start"]:row["paper_end"]] == row["text"]
-    assert json.loads(manifest["config"])["base"] == "s1"
+    assert json.loads(manifest["config"])["base"] == first
     checked = verify_run(storage.join(root, RUNS_DIR, "s2", "chunks"))
-    assert checked["errors"] == [] and checked["papers"] == 5
+    assert checked["errors"] == [] and checked["papers"] == 7
 
 
 def test_evaluate_reads_gold_and_a_span_run_from_any_store(where, tmp_path):

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from test_nightly import PAPERS, assert_tables_match, make_corpus, nightly
+from test_nightly import assert_tables_match, nightly
 
 from verbatim_batch.runs import read_manifest
 
@@ -26,12 +26,9 @@ TABLES = [("chunks", "papers"), ("chunks", "chunks"), ("chunks", "quarantine"), 
 
 
 @pytest.fixture(scope="module")
-def baseline(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("resume")
-    corpus = make_corpus(tmp / "corpus", PAPERS[:6])
-    root = tmp / "baseline"
-    nightly(root, corpus, "r1")
-    return {"tmp": tmp, "corpus": corpus, "root": root}
+def baseline(nightly_baseline, tmp_path_factory):
+    """The session's uninterrupted night (conftest), and a folder of this module's own for the runs it kills."""
+    return nightly_baseline | {"tmp": tmp_path_factory.mktemp("resume")}
 
 
 def assert_same_run(root: Path, base: Path, run_id: str = "r1") -> None:

@@ -294,13 +294,15 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     path, manifest = run_nightly(nightly_job(args))
     counts = manifest["counts"]
     print(f"nightly run {manifest['run_id']} committed to {path}; current -> {manifest['run_id']}")
-    print("  papers: " + ", ".join(f"{counts.get('chunks.papers_' + k, 0)} {k}"
-                                   for k in ("unchanged", "changed", "added", "removed")))
-    c = {k.split(".", 1)[1]: v for k, v in counts.items() if k.startswith(("embeddings.", "spans."))}
-    print(f"  chunks embedded {c.get('embeddings.rows_new', 0)}, carried {c.get('embeddings.rows_carried', 0)}; "
-          f"index {manifest.get('index_update', {}).get('action')}")
-    print(f"  pairs extracted {c.get('spans.rows_new', 0)}, carried {c.get('spans.rows_carried', 0)}; "
-          f"{c.get('spans', 0)} spans")
+    first = "chunks.papers_unchanged" not in counts  # a first night: every paper is new
+    papers = {k: counts.get(f"chunks.papers_{k}", 0) for k in ("unchanged", "changed", "added", "removed")}
+    if first:
+        papers["added"] = counts.get("chunks.papers", 0)
+    print("  papers: " + ", ".join(f"{n} {k}" for k, n in papers.items()))
+    print(f"  chunks embedded {counts.get('embeddings.rows_new', 0)}, "
+          f"carried {counts.get('embeddings.rows_carried', 0)}; index {manifest.get('index_update', {}).get('action')}")
+    print(f"  pairs extracted {counts.get('spans.rows_new', 0)}, carried {counts.get('spans.rows_carried', 0)}; "
+          f"{counts.get('spans.spans', 0)} spans")
     if storage.is_remote(args.root):  # object stores have no `current` symlink: CURRENT names the run
         print(f"  load the current span table: verbatim_batch.runs.current_table('{args.root}', 'spans')")
     else:
