@@ -255,7 +255,7 @@ class ChunkStage(TableStage):
         rows = outcome.result.rows
         incremental: dict[str, int] = {}
         if self.job.previous and w.previous_ids:
-            same = set(outcome.carried)
+            same = set(outcome.carried.to_pylist())  # papers: thousands, not millions
             known = w.previous_ids
             new_ids = _ids(outcome.staging, "papers") - same
             present = new_ids | same | _ids(outcome.staging, "quarantine")

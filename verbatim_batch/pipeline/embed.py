@@ -131,11 +131,11 @@ class EmbedStage(TableStage):
         ids = storage.read_parquet(plan.facts.chunks_dir, columns=["chunk_id"])["chunk_id"]
         return Work(keys=ids, n_in=len(ids))
 
-    def unchanged(self, plan: Plan, work: Work, previous: str, staging: str) -> list[str]:
+    def unchanged(self, plan: Plan, work: Work, previous: str, staging: str) -> pa.Array:
         same, why_not = unchanged_chunks(previous, plan.facts.chunks_dir, plan.config)
         if why_not:
             log.info("embed: nothing carried from %s: %s", previous, why_not)
-        return same.to_pylist()
+        return same
 
     def dataset(self, plan: Plan, work: Work, skip: pa.Array, ctx: StageContext) -> ray.data.Dataset:
         job: EmbedJob = self.job

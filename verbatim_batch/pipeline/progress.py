@@ -91,11 +91,15 @@ class Progress:
             if not name.endswith(".json") or name in self.seen:
                 continue
             try:
-                keys = json.loads(storage.read_text(storage.join(self.folder, name))).get("keys", [])
+                record = json.loads(storage.read_text(storage.join(self.folder, name)))
+                keys = record.get("keys", [])
+                n = len(set(keys)) if self.unique else len(keys)
+                if record.get("keys_file"):  # a carried file's keys, beside the record (only their number)
+                    n += storage.parquet_file(storage.join(self.folder, record["keys_file"])).metadata.num_rows
             except (OSError, ValueError):
                 continue  # gone or not readable yet: next poll
             self.seen.add(name)
-            self.done += len(set(keys)) if self.unique else len(keys)
+            self.done += n
         return self.done
 
     def start(self) -> Progress:

@@ -103,7 +103,7 @@ class RerankStage(TableStage):
 
     def unchanged(self, plan: Plan, work: Work, previous: str, staging: str) -> list[str]:
         """Every query when the input run, settings and weights are those of ``previous``."""
-        return work.keys.to_pylist() if manifest_config(previous).get("key") == plan.config["key"] else []
+        return work.keys if manifest_config(previous).get("key") == plan.config["key"] else []
 
     def dataset(self, plan: Plan, work: Work, skip: pa.Array, ctx: StageContext) -> ray.data.Dataset:
         from .extract import query_blocks

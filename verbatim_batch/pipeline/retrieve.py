@@ -105,7 +105,7 @@ class RetrieveStage(TableStage):
 
     def unchanged(self, plan: Plan, work: Work, previous: str, staging: str) -> list[str]:
         """Every query when index, queries and settings are those of ``previous`` (its table is the answer)."""
-        return work.keys.to_pylist() if manifest_config(previous).get("key") == plan.config["key"] else []
+        return work.keys if manifest_config(previous).get("key") == plan.config["key"] else []
 
     def dataset(self, plan: Plan, work: Work, skip: pa.Array, ctx: StageContext) -> ray.data.Dataset:
         job: RetrieveJob = self.job
@@ -119,7 +119,7 @@ class RetrieveStage(TableStage):
 
     def counts(self, plan: Plan, work: Work, outcome: Outcome) -> dict[str, int]:
         return {"queries": work.n_in, "rejected_empty_query": plan.facts.rejected,
-                "reused": int(bool(outcome.carried) and len(outcome.carried) == work.n_in)}
+                "reused": int(len(outcome.carried) > 0 and len(outcome.carried) == work.n_in)}
 
 
 def run_retrieve(job: RetrieveJob) -> tuple[str, dict[str, Any]]:

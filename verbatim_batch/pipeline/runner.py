@@ -98,7 +98,7 @@ class Outcome:
     """What the runner did for a keyed stage, handed to the stage's ``counts``."""
 
     result: TableSinkResult  # every completed write, carried files included
-    carried: frozenset[str]  # keys carried from previous
+    carried: pa.Array  # distinct keys carried from previous
     carried_rows: Mapping[str, int]  # rows carried per table, this run
     resumed: int  # keys a killed run with this id had completed
     new: int  # keys processed by this run
@@ -291,28 +291,29 @@ def _unique_in(keys: pa.Array | pa.ChunkedArray, value_set: pa.Array) -> int:
 def _run_table_stage(stage: TableStage, plan: Plan, ctx: StageContext) -> StageResult:
     """The loop every keyed stage shares: carry, skip, Ray, sink, row check, standard counts."""
     job = ctx.job
-    done = completed_keys(ctx.staging) if stage.resumable else set()
+    none = pa.array([], pa.string())
+    done = completed_keys(ctx.staging) if stage.resumable else none  # distinct keys, Arrow
     work = stage.work(plan, ctx)
     schemas = dict(stage.schemas(plan))
     sink = StageTableSink(stage.writer(plan, work), ctx.staging, schemas,
                           key_columns=stage.record_keys(), table_counts=stage.table_counts)
-    carried: set[str] = set()
+    carried = none
     carried_rows: dict[str, int] = {}
     carried_files: dict[str, int] = {}
 
     def carry() -> None:
         keys = stage.unchanged(plan, work, job.previous, ctx.staging)
         tables = {k: v for k, v in schemas.items() if k not in stage.scratch_tables}
-        found, rows = carry_rows(job.previous, tables, stage.key_column, keys, ctx.staging,
+        nonlocal carried
+        carried, rows = carry_rows(job.previous, tables, stage.key_column, keys, ctx.staging,
                                  record_keys=stage.key_column, table_counts=stage.table_counts,
                                  rows_verified=stage.unchanged_verified)
-        carried.update(found)
         carried_rows.update({k: v for k, v in rows.items() if not k.startswith("files_")})
         carried_files.update({f"carried_files.{k[6:]}": v for k, v in rows.items() if k.startswith("files_")})
 
     if job.previous and not stage.carry_after_write:
         carry()
-    skip = pa.array(sorted(done | carried), pa.string())
+    skip = pc.unique(pa.chunked_array([done, carried], pa.string()))
     if work.keys is None:
         todo = work.n_in if work.n_todo is None else work.n_todo
     else:
@@ -337,7 +338,7 @@ def _run_table_stage(stage: TableStage, plan: Plan, ctx: StageContext) -> StageR
     published = {n: s for n, s in schemas.items() if n not in stage.scratch_tables}
     merged = compact(ctx.staging, published, int(job.target_file_mb * 2**20), job.max_small_files)
     result = sink.finish()
-    resumed = len(done - carried)
+    resumed = len(done) - _unique_in(done, carried)
     if work.keys is None:  # one row per input record in the key tables
         out = sum(result.rows[t] for t in stage.key_tables or tuple(stage.tables)[:1])
         if out != work.n_in:
@@ -345,7 +346,7 @@ def _run_table_stage(stage: TableStage, plan: Plan, ctx: StageContext) -> StageR
                                f"({', '.join(stage.key_tables)}): rows were lost")
     else:
         wanted = pc.unique(work.keys)  # Arrow, not a Python set: a stage's keys can be millions
-        missing = wanted.filter(pc.invert(pc.is_in(wanted, value_set=pa.array(result.keys, pa.string()))))
+        missing = wanted.filter(pc.invert(pc.is_in(wanted, value_set=result.keys)))
         if len(missing) or len(wanted) != work.n_in:
             raise RuntimeError(f"{stage.command}: {work.n_in} rows in but {len(wanted) - len(missing)} written, "
                                f"carried or resumed (e.g. {sorted(missing.to_pylist())[:3]} missing): rows were "
@@ -354,7 +355,7 @@ def _run_table_stage(stage: TableStage, plan: Plan, ctx: StageContext) -> StageR
         storage.rmtree(storage.join(ctx.staging, name))
     write_files_index(ctx.staging, result, published)
     n_carried = len(carried) if work.keys is not None else sum(carried_rows.get(t, 0) for t in stage.key_tables)
-    outcome = Outcome(result=result, carried=frozenset(carried), carried_rows=carried_rows, resumed=resumed,
+    outcome = Outcome(result=result, carried=carried, carried_rows=carried_rows, resumed=resumed,
                       new=work.n_in - n_carried - resumed, staging=ctx.staging)
     own = stage.counts(plan, work, outcome)
     own = own if isinstance(own, StageResult) else StageResult(tables={}, counts=own)

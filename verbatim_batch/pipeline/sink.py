@@ -22,7 +22,15 @@ from ray.data.block import BlockAccessor
 
 from .. import storage
 from ..faults import fault_point
-from ..runs import CARRIED_PREFIX, WRITES_DIR, committed_table_dir, live_files, read_writes, record_write
+from ..runs import (
+    CARRIED_PREFIX,
+    WRITES_DIR,
+    committed_table_dir,
+    live_files,
+    read_writes,
+    record_keys,
+    record_write,
+)
 from ..tables import stable_hash
 from .batches import strip_internal
 
@@ -42,7 +50,7 @@ class TableSinkResult:
     rows: Counter = field(default_factory=Counter)
     files: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     counts: Counter = field(default_factory=Counter)
-    keys: set[str] = field(default_factory=set)
+    keys: pa.Array = field(default_factory=lambda: pa.array([], pa.string()))  # distinct, Arrow (can be millions)
     stats: dict[str, dict[str, Any]] = field(default_factory=dict)  # relpath -> table, rows, bytes, digest, counts
 
 
@@ -134,7 +142,7 @@ def sum_live_files(staging: str, schemas: dict[str, pa.Schema]) -> TableSinkResu
     result = TableSinkResult()
     for rec in records:
         result.counts.update(rec.get("counts", {}))  # per batch (retries, time); the files' own come below
-        result.keys.update(rec.get("keys", []))
+    result.keys = record_keys(staging, records)
     for path, stats in sorted(live_files(records).items()):
         result.rows[stats["table"]] += stats["rows"]
         result.files[stats["table"]].append(path)
@@ -150,7 +158,7 @@ def sum_live_files(staging: str, schemas: dict[str, pa.Schema]) -> TableSinkResu
 
 def _carry_file(previous: str, prev_dir: str, name: str, f: str, schema: pa.Schema, key_column: str,
                 value_set: pa.Array, staging: str, record_keys: str | None, table_counts: TableCounter,
-                known: dict[str, Any] | None, rows_verified: bool) -> tuple[list[str], int, str] | None:
+                known: dict[str, Any] | None, rows_verified: bool) -> tuple[pa.Array, int, str] | None:
     """Carry one previous file's rows of ``value_set`` into ``staging``: the whole file by reference when
     every row is wanted and its bytes match the digest in the previous run's ``files.json``, else its wanted
     rows rewritten. A file that does not match its digest is not carried (None), unless the stage verified
@@ -162,14 +170,14 @@ def _carry_file(previous: str, prev_dir: str, name: str, f: str, schema: pa.Sche
     path = f"{name}/{part}.parquet"
     columns = [key_column] + ([record_keys] if record_keys and record_keys != key_column else [])
     ids = storage.read_parquet(src, columns=columns)
-    mask = pc.is_in(ids[key_column], value_set=value_set)
+    mask = _wanted(ids[key_column].combine_chunks(), value_set)
     n = pc.sum(mask).as_py() or 0
     if not n:
         return None
     found = ids.filter(mask)
-    keys = [str(k) for k in found[record_keys].to_pylist()] if record_keys in found.column_names else []
+    keys = found[record_keys].combine_chunks() if record_keys in found.column_names else pa.array([], pa.string())
     if storage.exists(storage.join(staging, WRITES_DIR, f"{record}.json")):
-        return found[key_column].to_pylist(), 0, "resumed"  # carried already by the run being resumed
+        return found[key_column].combine_chunks(), 0, "resumed"  # carried already by the run being resumed
     intact = known is not None and storage.file_digest(src) == known.get("digest")
     if known is not None and not intact:
         log.warning("%s: its bytes differ from what %s committed (damaged or edited): %s", src, previous,
@@ -183,14 +191,23 @@ def _carry_file(previous: str, prev_dir: str, name: str, f: str, schema: pa.Sche
         table = storage.read_parquet(src).filter(mask)
         path, stats = write_table_file(staging, name, part, table, schema, table_counts)
         how = "rewritten"
-    record_write(staging, record, {"rows": {name: n}, "files": {name: path}, "counts": {}, "keys": keys,
-                                   "stats": {path: stats}})
-    return found[key_column].to_pylist(), n, how
+    record_write(staging, record, {"rows": {name: n}, "files": {name: path}, "counts": {}, "stats": {path: stats}},
+                 keys=keys)
+    return found[key_column].combine_chunks(), n, how
+
+
+def _wanted(keys: pa.Array, value_set: pa.Array) -> pa.Array:
+    """``pc.is_in(keys, value_set)``, hashing the smaller side: a file's keys are probed by the wanted set
+    (thousands to millions) without building a hash table of the whole set for every file."""
+    if len(value_set) <= 4 * len(keys):
+        return pc.is_in(keys, value_set=value_set)
+    here = value_set.filter(pc.is_in(value_set, value_set=keys))
+    return pc.is_in(keys, value_set=here)
 
 
 def carry_rows(previous: str, tables: dict[str, pa.Schema], key_column: str, keys: Iterable[str], staging: str,
                record_keys: str | None = None, table_counts: TableCounter = no_counts,
-               rows_verified: bool = False) -> tuple[set[str], Counter]:
+               rows_verified: bool = False) -> tuple[pa.Array, Counter]:
     """Carry the rows of ``previous``'s ``tables`` whose ``key_column`` is in ``keys`` into ``staging``.
 
     A previous file whose rows are all wanted is carried by reference (``storage.link_file``: a hard link,
@@ -198,7 +215,8 @@ def carry_rows(previous: str, tables: dict[str, pa.Schema], key_column: str, key
     wanted rows has those rewritten; a file that does not match its digest is not carried (its rows are
     done again). Each carried file is one recorded write (its ``record_keys`` column gives the write's row
     keys), so ``finish`` counts carried rows like written ones and a resumed run does not carry a file
-    twice. Returns the keys found and, per table, rows carried now and files linked or rewritten.
+    twice. Returns the distinct keys found (Arrow: the driver holds no Python object per key) and, per table,
+    rows carried now and files linked or rewritten.
     """
     if isinstance(keys, (pa.Array, pa.ChunkedArray)):  # many keys: kept in Arrow, no Python set of them
         value_set = pc.unique(keys.cast(pa.string()))
@@ -206,9 +224,9 @@ def carry_rows(previous: str, tables: dict[str, pa.Schema], key_column: str, key
     else:
         value_set = pa.array(sorted(set(keys)), pa.string())
     if not len(value_set):
-        return set(), Counter()
+        return pa.array([], pa.string()), Counter()
     index = files_index(previous)
-    found: set[str] = set()
+    found: list[pa.Array] = []
     rows: Counter = Counter()
     calls = []
     for name, schema in tables.items():
@@ -225,10 +243,10 @@ def carry_rows(previous: str, tables: dict[str, pa.Schema], key_column: str, key
     for (name, _), got in zip(calls, in_tasks(_carry_file, [args for _, args in calls]), strict=True):
         if got is None:
             continue
-        found.update(got[0])
+        found.append(got[0].cast(pa.string()))
         rows[name] += got[1]
         rows[f"files_{got[2]}"] += 1
-    return found, rows
+    return pc.unique(pa.chunked_array(found, pa.string())), rows
 
 
 def in_tasks(fn: Callable, calls: list[tuple]) -> list:

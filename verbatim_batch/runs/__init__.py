@@ -26,6 +26,7 @@ from .folder import (
     file_stats,
     live_files,
     read_writes,
+    record_keys,
     record_write,
     release_lock,
     safe_run_id,
@@ -52,6 +53,6 @@ __all__ = [
     "OutputBusyError", "OutputExistsError", "RunDir", "SettingsChangedError", "acquire_lock", "build_manifest",
     "claim_composite", "committed_run", "committed_table_dir", "completed_keys", "current_run", "current_table",
     "expect_run", "file_stats", "jsonable", "live_files", "load_manifests", "manifest_config", "new_run_id",
-    "prune_runs", "publish", "read_manifest", "read_table", "read_writes", "record_write", "release_lock",
-    "safe_run_id", "set_current", "staged", "validate_manifest", "versions", "write_manifest",
+    "prune_runs", "publish", "read_manifest", "read_table", "read_writes", "record_keys", "record_write",
+    "release_lock", "safe_run_id", "set_current", "staged", "validate_manifest", "versions", "write_manifest",
 ]

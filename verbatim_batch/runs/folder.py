@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+import pyarrow as pa
+
 from .. import storage
 from ..faults import fault_point
 from .manifest import MANIFEST_FILE, read_manifest, validate_manifest
@@ -259,10 +261,15 @@ def replaceable(path: str) -> bool:
                                               for k in ("run_id", "command", "schema_version"))
 
 
-def record_write(staging: str, name: str, record: dict[str, Any]) -> None:
-    """Mark one write as complete (its table files must already be in place)."""
+def record_write(staging: str, name: str, record: dict[str, Any], keys: pa.Array | None = None) -> None:
+    """Mark one write as complete (its table files must already be in place). The row keys it covers are
+    the record's ``keys`` list, or, when ``keys`` is given (a carried file: up to millions), a Parquet file
+    beside the record, written first, so no process ever holds them as Python objects."""
     folder = storage.join(staging, WRITES_DIR)
     storage.makedirs(folder)
+    if keys is not None:
+        record = record | {"keys_file": f"{name}.keys.parquet"}
+        storage.write_parquet(pa.table({"key": keys.cast(pa.string())}), storage.join(folder, record["keys_file"]))
     storage.write_text(storage.join(folder, f"{name}.json"), json.dumps(record, sort_keys=True))
 
 
@@ -293,15 +300,29 @@ def live_files(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {p: s for p, s in files.items() if p not in replaced}
 
 
-def completed_keys(staging: str) -> set[str]:
-    """Row keys covered by completed writes; files of writes that never completed (and files a completed
-    compaction replaced) are removed."""
+def completed_keys(staging: str) -> pa.Array:
+    """Row keys covered by completed writes (distinct, an Arrow array: a run's keys can be millions); files
+    of writes that never completed (and files a completed compaction replaced) are removed."""
     records = read_writes(staging)
     keep = set(live_files(records))
     for rel in storage.walk_files(staging):
         if rel.split("/", 1)[0] != WRITES_DIR and rel != BINDING_FILE and rel not in keep:  # a write cut short
             storage.remove(storage.join(staging, rel))
-    return {k for rec in records for k in rec.get("keys", [])}
+    return record_keys(staging, records)
+
+
+def record_keys(staging: str, records: list[dict[str, Any]]) -> pa.Array:
+    """The distinct row keys of write records, as one Arrow array: a block's list lives only while it is
+    converted, a carried file's keys are read from their Parquet file, so the driver never holds a Python
+    object per key."""
+    import pyarrow.compute as pc
+
+    chunks = [pa.array(rec["keys"], pa.string()) for rec in records if rec.get("keys")]
+    chunks += [storage.read_parquet(storage.join(staging, WRITES_DIR, rec["keys_file"]))["key"].combine_chunks()
+               for rec in records if rec.get("keys_file")]
+    if not chunks:
+        return pa.array([], pa.string())
+    return pc.unique(pa.chunked_array(chunks, pa.string()))
 
 
 def committed_run(output: str, run_id: str | None) -> dict[str, Any] | None:
