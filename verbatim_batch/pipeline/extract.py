@@ -305,20 +305,24 @@ def _io_actors(job: ExtractJob, pairs: pa.Table | ray.data.Dataset, run_id: str)
         fn_constructor_kwargs=kwargs)
 
 
-def _vllm(job: ExtractJob, pairs: pa.Table, run_id: str) -> ray.data.Dataset:
+def _vllm(job: ExtractJob, pairs: pa.Table | ray.data.Dataset, run_id: str) -> ray.data.Dataset:
     """In-cluster vLLM engines through ``ray.data.llm``; the interpretation actors take only the CPUs the
     engines leave (``extract.vllm.helper_cpus``), block by block (engine output blocks mix success and error
-    rows, whose columns differ)."""
+    rows, whose columns differ). Requests are formed block by block in tasks, from blocks that hold whole
+    queries (the planner's, or a table's ``query_blocks``): no pair passes through the driver."""
     from ..extract.stage import DEFAULT_MAX_CHUNK_CHARS
-    from ..extract.vllm import LLMInterpret, helper_cpus, vllm_dataset, vllm_requests
+    from ..extract.vllm import LLMInterpret, helper_cpus, invalid_pairs, request_rows, vllm_dataset
 
     cfg = job.extractor
-    requests, bad = vllm_requests(pairs, cfg, run_id, job.max_chunk_chars or DEFAULT_MAX_CHUNK_CHARS)
+    blocks = pairs_dataset(pairs, job.batch_rows, query_grouped=True)
+    args = {"config": cfg, "run_id": run_id, "max_chunk_chars": job.max_chunk_chars or DEFAULT_MAX_CHUNK_CHARS}
+    requests = blocks.map_batches(request_rows, fn_kwargs=args, batch_format="pyarrow", batch_size=None)
+    bad = blocks.map_batches(invalid_pairs, fn_kwargs=args, batch_format="pyarrow", batch_size=None)
     ds = vllm_dataset(requests, cfg).map_batches(
         LLMInterpret, fn_constructor_kwargs={"config": cfg, "run_id": run_id}, batch_format="pyarrow",
         batch_size=None, concurrency=job.concurrency or 1,
         num_cpus=helper_cpus(cfg, ray.cluster_resources().get("CPU", 1.0)))
-    return ds.union(ray.data.from_arrow(bad)) if bad is not None else ds
+    return ds.union(bad)
 
 
 PLACEMENTS = {"model": _model_actors, "io": _io_actors, "vllm": _vllm}  # extract.registry.PLACEMENTS
@@ -416,10 +420,8 @@ class ExtractStage(TableStage):
             return extract_dataset(self.job, pairs.filter(pc.invert(pc.is_in(pairs["pair_id"], value_set=skip))),
                                    ctx.run_id)
         placement = registry.placement(self.job.extractor)
-        if placement == "vllm":  # vllm_requests groups a table's pairs into requests on the driver
-            return extract_dataset(self.job, work.data.table(skip), ctx.run_id)
-        return extract_dataset(self.job, work.data.dataset(skip, placement == "io", self.job.batch_rows),
-                               ctx.run_id)
+        grouped = placement in ("io", "vllm")  # blocks of whole queries, for extractors that group them
+        return extract_dataset(self.job, work.data.dataset(skip, grouped, self.job.batch_rows), ctx.run_id)
 
     def counts(self, plan: Plan, work: Work, outcome: Outcome) -> StageResult:
         written = storage.read_parquet(storage.join(outcome.staging, "pairs"),
@@ -433,6 +435,8 @@ class ExtractStage(TableStage):
 def _unpack(packed: pa.Table) -> dict[str, pa.Table]:
     from ..extract.stage import unpack
 
+    if not packed.num_rows and "spans" not in packed.column_names:  # a block with nothing in it
+        return {}
     return unpack(packed)
 
 

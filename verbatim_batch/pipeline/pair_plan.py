@@ -287,7 +287,7 @@ class PairPlanner:
         return pa.chunked_array(got, pa.string()).combine_chunks() if got else pa.array([], pa.string())
 
     def table(self, skip: pa.Array | None = None) -> pa.Table:
-        """Every to-do pair as one table on the driver (small runs, the vLLM path and tests only)."""
+        """Every to-do pair as one table on the driver (for tests and inspection; runs use ``dataset``)."""
         chunks, queries = _get(self.chunks()), _get(self.queries)
         parts = [_attach(_get(piece), queries, chunks, skip) for piece in self.pieces]
         return pa.concat_tables(parts) if parts else PAIR_INPUT.empty_table()
