@@ -107,23 +107,33 @@ def vllm_requests(pairs: pa.Table, config, run_id: str,
     """Request rows for the vLLM stage, and the tables of pairs that never reach it (invalid input)."""
     from .llm import group_requests, request_id
 
-    rows = pairs.to_pylist()
-    errors = [validate_pair(r, max_chunk_chars, DEFAULT_MAX_QUERY_CHARS) for r in rows]
-    valid = [r for r, e in zip(rows, errors, strict=True) if e is None]
-    invalid = [(r, e) for r, e in zip(rows, errors, strict=True) if e is not None]
+    valid, invalid = _validated(pairs, max_chunk_chars)
     requests = []
     for group in group_requests([r["query_id"] for r in valid], config.docs_per_request):
         members = [valid[i] for i in group]
         chunks = [m["chunk"] for m in members]
         requests.append({ID_COLUMN: request_id(members[0]["query"], chunks), "query": members[0]["query"],
                          "chunks": chunks, "pairs_json": json.dumps(members)})
-    bad = None
-    if invalid:
-        stage = PairExtractor(VllmModelInfo(config), run_id, max_chunk_chars)
-        bad = pack(stage.tables([r for r, _ in invalid], {}, [e for _, e in invalid], None))
+    bad = _invalid_rows(invalid, config, run_id, max_chunk_chars)
     schema = pa.schema([(ID_COLUMN, pa.string()), ("query", pa.string()), ("chunks", pa.list_(pa.string())),
                         ("pairs_json", pa.string())])
     return pa.Table.from_pylist(requests, schema=schema), bad
+
+
+def _validated(pairs: pa.Table, max_chunk_chars: int) -> tuple[list[dict], list[tuple[dict, str]]]:
+    """The pairs that may go to an engine, and the others with why not."""
+    rows = pairs.to_pylist()
+    errors = [validate_pair(r, max_chunk_chars, DEFAULT_MAX_QUERY_CHARS) for r in rows]
+    return ([r for r, e in zip(rows, errors, strict=True) if e is None],
+            [(r, e) for r, e in zip(rows, errors, strict=True) if e is not None])
+
+
+def _invalid_rows(invalid: list[tuple[dict, str]], config, run_id: str, max_chunk_chars: int) -> pa.Table | None:
+    """Packed error rows of pairs that never reach an engine (None when there are none)."""
+    if not invalid:
+        return None
+    stage = PairExtractor(VllmModelInfo(config), run_id, max_chunk_chars)
+    return pack(stage.tables([r for r, _ in invalid], {}, [e for _, e in invalid], None))
 
 
 def request_rows(pairs: pa.Table, config, run_id: str, max_chunk_chars: int) -> pa.Table:
@@ -132,8 +142,9 @@ def request_rows(pairs: pa.Table, config, run_id: str, max_chunk_chars: int) -> 
 
 
 def invalid_pairs(pairs: pa.Table, config, run_id: str, max_chunk_chars: int) -> pa.Table:
-    """The packed rows of one block's pairs that never reach an engine (invalid input), or an empty table."""
-    bad = vllm_requests(pairs, config, run_id, max_chunk_chars)[1]
+    """The packed rows of one block's pairs that never reach an engine (invalid input), or an empty table:
+    validation only, no requests built."""
+    bad = _invalid_rows(_validated(pairs, max_chunk_chars)[1], config, run_id, max_chunk_chars)
     return bad if bad is not None else pa.table({})
 
 

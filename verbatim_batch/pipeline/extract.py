@@ -312,9 +312,10 @@ def _vllm(job: ExtractJob, pairs: pa.Table | ray.data.Dataset, run_id: str) -> r
     queries (the planner's, or a table's ``query_blocks``): no pair passes through the driver."""
     from ..extract.stage import DEFAULT_MAX_CHUNK_CHARS
     from ..extract.vllm import LLMInterpret, helper_cpus, invalid_pairs, request_rows, vllm_dataset
+    from .pair_plan import IO_BLOCK_PAIRS
 
     cfg = job.extractor
-    blocks = pairs_dataset(pairs, job.batch_rows, query_grouped=True)
+    blocks = pairs_dataset(pairs, max(job.batch_rows, IO_BLOCK_PAIRS), query_grouped=True)  # as the planner's
     args = {"config": cfg, "run_id": run_id, "max_chunk_chars": job.max_chunk_chars or DEFAULT_MAX_CHUNK_CHARS}
     requests = blocks.map_batches(request_rows, fn_kwargs=args, batch_format="pyarrow", batch_size=None)
     bad = blocks.map_batches(invalid_pairs, fn_kwargs=args, batch_format="pyarrow", batch_size=None)

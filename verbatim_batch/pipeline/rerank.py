@@ -101,7 +101,7 @@ class RerankStage(TableStage):
         ids = pa.array(sorted(set(cands["query_id"].to_pylist())), pa.string())
         return Work(keys=ids, n_in=len(ids), data=cands)
 
-    def unchanged(self, plan: Plan, work: Work, previous: str, staging: str) -> list[str]:
+    def unchanged(self, plan: Plan, work: Work, previous: str, staging: str) -> pa.Array | list[str]:
         """Every query when the input run, settings and weights are those of ``previous``."""
         return work.keys if manifest_config(previous).get("key") == plan.config["key"] else []
 

@@ -103,7 +103,7 @@ class RetrieveStage(TableStage):
         ids = plan.facts.queries["query_id"]
         return Work(keys=ids, n_in=len(ids))
 
-    def unchanged(self, plan: Plan, work: Work, previous: str, staging: str) -> list[str]:
+    def unchanged(self, plan: Plan, work: Work, previous: str, staging: str) -> pa.Array | list[str]:
         """Every query when index, queries and settings are those of ``previous`` (its table is the answer)."""
         return work.keys if manifest_config(previous).get("key") == plan.config["key"] else []
 

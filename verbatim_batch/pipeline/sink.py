@@ -28,9 +28,9 @@ from ..runs import (
     committed_table_dir,
     live_files,
     read_writes,
-    record_keys,
     record_write,
 )
+from ..runs import record_keys as keys_of_records
 from ..tables import stable_hash
 from .batches import strip_internal
 
@@ -142,7 +142,7 @@ def sum_live_files(staging: str, schemas: dict[str, pa.Schema]) -> TableSinkResu
     result = TableSinkResult()
     for rec in records:
         result.counts.update(rec.get("counts", {}))  # per batch (retries, time); the files' own come below
-    result.keys = record_keys(staging, records)
+    result.keys = keys_of_records(staging, records)
     for path, stats in sorted(live_files(records).items()):
         result.rows[stats["table"]] += stats["rows"]
         result.files[stats["table"]].append(path)
