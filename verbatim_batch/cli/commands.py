@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
+import tempfile
 from importlib import resources
 from typing import Any
 
@@ -294,11 +296,14 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     path, manifest = run_nightly(nightly_job(args))
     counts = manifest["counts"]
     print(f"nightly run {manifest['run_id']} committed to {path}; current -> {manifest['run_id']}")
-    first = "chunks.papers_unchanged" not in counts  # a first night: every paper is new
-    papers = {k: counts.get(f"chunks.papers_{k}", 0) for k in ("unchanged", "changed", "added", "removed")}
-    if first:
-        papers["added"] = counts.get("chunks.papers", 0)
-    print("  papers: " + ", ".join(f"{n} {k}" for k, n in papers.items()))
+    base = json.loads(manifest.get("config") or "{}").get("base")
+    if "chunks.papers_unchanged" in counts:
+        print("  papers: " + ", ".join(f"{counts.get('chunks.papers_' + k, 0)} {k}"
+                                       for k in ("unchanged", "changed", "added", "removed")))
+    elif base is None:  # a first night: every paper is new
+        print(f"  papers: {counts.get('chunks.papers', 0)} added (first night)")
+    else:
+        print(f"  papers: {counts.get('chunks.papers_chunked', 0)} chunked, none carried from {base}")
     print(f"  chunks embedded {counts.get('embeddings.rows_new', 0)}, "
           f"carried {counts.get('embeddings.rows_carried', 0)}; index {manifest.get('index_update', {}).get('action')}")
     print(f"  pairs extracted {counts.get('spans.rows_new', 0)}, carried {counts.get('spans.rows_carried', 0)}; "
@@ -336,25 +341,41 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def demo_chain():
-    """The demo's chain: the bundled example corpus and labelled queries, offline defaults."""
+def demo_chain(n_papers: int | None = None, scratch: str | None = None):
+    """The demo's chain: the bundled example corpus and labelled queries, offline defaults. With ``n_papers``,
+    the first N papers (by name) and the queries labelled with them, copied into ``scratch``."""
     from ..pipeline import Chain
 
-    corpus_dir = str(EXAMPLES / "corpus")
-    return Chain(input=corpus_dir, queries=str(EXAMPLES / "queries.jsonl"), format="md",
-                 metadata=os.path.join(corpus_dir, "metadata.jsonl"))
+    corpus_dir, queries = str(EXAMPLES / "corpus"), str(EXAMPLES / "queries.jsonl")
+    if n_papers is not None and scratch is not None:
+        names = sorted(p.name for p in (EXAMPLES / "corpus").glob("*.md"))[:n_papers]
+        ids = {n.removesuffix(".md") for n in names}
+        corpus_dir = os.path.join(scratch, "corpus")
+        os.makedirs(corpus_dir)
+        for name in names:
+            shutil.copyfile(EXAMPLES / "corpus" / name, os.path.join(corpus_dir, name))
+        for name, key in (("corpus/metadata.jsonl", "paper_id"), ("queries.jsonl", "paper_id")):
+            lines = (EXAMPLES / name).read_text(encoding="utf-8").splitlines()
+            kept = [line for line in lines if line.strip() and json.loads(line).get(key) in ids]
+            with open(os.path.join(scratch, name), "w", encoding="utf-8") as fh:
+                fh.write("".join(line + "\n" for line in kept))
+        queries = os.path.join(scratch, "queries.jsonl")
+    return Chain(input=corpus_dir, queries=queries, format="md", metadata=os.path.join(corpus_dir, "metadata.jsonl"))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """chunk -> embed -> index -> retrieve -> extract on the bundled corpus and queries, offline on CPU."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    out = storage.normalize(args.output)
+    with tempfile.TemporaryDirectory(prefix="verbatim-demo-") as scratch:
+        return _demo(args, out, demo_chain(args.n_papers, scratch))
+
+
+def _demo(args: argparse.Namespace, out: str, chain) -> int:
     from ..pipeline import run_chain
     from ..records import read_rows
     from ..retrieval import recall_at
     from ..runs import read_manifest, read_table
-
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    out = storage.normalize(args.output)
-    chain = demo_chain()
 
     def show(stage: str) -> None:
         path = os.path.join(out, stage)

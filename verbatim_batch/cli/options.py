@@ -341,7 +341,9 @@ COMMANDS: dict[str, tuple[str, list[Use]]] = {
         _u("num_workers"), _u("use_gpu"), _u("cpus_per_worker"), _u("keep_checkpoints"), _u("seed"),
         _u("run", only=("output", "overwrite", "run_id")), _u("ray")]),
     "demo": ("run the pipeline on the bundled example corpus (offline, CPU)", [
-        _u("output", default="verbatim-demo", help="folder for the demo's runs"), _u("ray")]),
+        _u("output", default="verbatim-demo", help="folder for the demo's runs"),
+        _u("n_papers", help="only the first N bundled papers and their queries (a quicker look; default: all)"),
+        _u("ray")]),
 }
 
 
