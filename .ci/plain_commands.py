@@ -5,8 +5,9 @@ Fails (exit 1) on an ImportError, on any command that does not exit 0, on failed
 command of the CLI that it does not run. The paths needing an extra that is not installed (`vllm`: vLLM;
 `gpu`: faiss-gpu-cu12) must stop with one line naming the extra, exit 2. Most commands run in this one
 process through ``verbatim_batch.cli.main``, so its Ray starts once (local, 2 CPUs) and its workers are
-reused; `demo` and `run` (whole chains) run alongside them through the installed console script, each in
-its own process with its own Ray, as do `report`, `verify` and `synth`. The LLM commands talk HTTP to a
+reused; `demo` (on six papers: the whole demo runs in the tests) and `run` (whole chains) run alongside
+them through the installed console script, each in its own process with its own Ray, as do `report`,
+`verify` and `synth`. The LLM commands talk HTTP to a
 scripted OpenAI-compatible server on loopback (standard library only, in a thread here): the client side
 under test is the package's own; the answers are fixed so that querygen and silver produce rows.
 
@@ -314,7 +315,7 @@ def main(work: Path) -> int:
     # at the same moment.
     lane_log = open(work / "lane.log", "w+")  # closed below
     second = threading.Thread(target=lane, args=([
-        ["demo", "--output", w["demo"]],
+        ["demo", "--n-papers", "6", "--output", w["demo"]],  # the whole demo runs in tests/test_multinode.py
         ["run", "--input", str(corpus), "--format", "md", "--queries", queries, "--top-k", "1", "--output", w["run"]],
     ], lane_log), daemon=True)
     try:
