@@ -354,9 +354,9 @@ def demo_chain(n_papers: int | None = None, scratch: str | None = None):
         os.makedirs(corpus_dir)
         for name in names:
             shutil.copyfile(EXAMPLES / "corpus" / name, os.path.join(corpus_dir, name))
-        for name, key in (("corpus/metadata.jsonl", "paper_id"), ("queries.jsonl", "paper_id")):
+        for name in ("corpus/metadata.jsonl", "queries.jsonl"):  # both keyed by paper_id
             lines = (EXAMPLES / name).read_text(encoding="utf-8").splitlines()
-            kept = [line for line in lines if line.strip() and json.loads(line).get(key) in ids]
+            kept = [line for line in lines if line.strip() and json.loads(line).get("paper_id") in ids]
             with open(os.path.join(scratch, name), "w", encoding="utf-8") as fh:
                 fh.write("".join(line + "\n" for line in kept))
         queries = os.path.join(scratch, "queries.jsonl")

@@ -306,8 +306,8 @@ def _run_table_stage(stage: TableStage, plan: Plan, ctx: StageContext) -> StageR
         tables = {k: v for k, v in schemas.items() if k not in stage.scratch_tables}
         nonlocal carried
         carried, rows = carry_rows(job.previous, tables, stage.key_column, keys, ctx.staging,
-                                 record_keys=stage.key_column, table_counts=stage.table_counts,
-                                 rows_verified=stage.unchanged_verified)
+                                   record_keys=stage.key_column, table_counts=stage.table_counts,
+                                   rows_verified=stage.unchanged_verified)
         carried_rows.update({k: v for k, v in rows.items() if not k.startswith("files_")})
         carried_files.update({f"carried_files.{k[6:]}": v for k, v in rows.items() if k.startswith("files_")})
 
