@@ -116,14 +116,11 @@ def test_run_folder_ranks_papers_gold_rows_and_missing_queries(tmp_path):
 
 def test_cli_defaults_are_the_retriever_defaults():
     """The hybrid defaults are declared once (retrieval.py) and the CLI's are the same."""
-    from verbatim_batch.cli.commands import JOBS
-    from verbatim_batch.cli.options import command_options
+    from verbatim_batch.cli import parse_args
+    from verbatim_batch.cli.commands import job_of
     from verbatim_batch.retrieval import DEFAULT_DEPTH, DEFAULT_RRF_K, DEFAULT_WEIGHTS, RetrieverConfig
 
-    specs = command_options("retrieve")
-    values = {d: kw.get("default", False if kw.get("action") == "store_true" else None) for d, (_, kw) in specs.items()}
-    job = JOBS["retrieve"](__import__("argparse").Namespace(**(values | {"index": "i", "queries": "q",
-                                                                         "output": "o"})))
-    default = RetrieverConfig(index_dir="i")
+    job = job_of(parse_args(["retrieve", "--index", "i", "--queries", "q", "--output", "o"]))
+    default = RetrieverConfig()
     assert job.retriever == default
     assert (default.weights, default.rrf_k, default.depth) == (DEFAULT_WEIGHTS, DEFAULT_RRF_K, DEFAULT_DEPTH)

@@ -19,7 +19,7 @@ import pytest
 
 from verbatim_batch import silver
 from verbatim_batch.cli import parse_args
-from verbatim_batch.cli.commands import train_job
+from verbatim_batch.cli.commands import job_of
 from verbatim_batch.embedding import DEFAULT_MODEL
 from verbatim_batch.runs import build_manifest, read_manifest, staged
 from verbatim_batch.train import TrainJob, run_train
@@ -144,7 +144,7 @@ def test_pack_batches_and_args():
     for ids in budget["input_ids"].to_pylist():
         assert len(ids) * max(len(x) for x in ids) <= 14 or len(ids) == 1
     assert sum(budget["n_tokens"].to_pylist()) == 26
-    job = train_job(parse_args(["train", "--train", "s", "--output", "o", "--batch-tokens", "4096", "--use-gpu",
+    job = job_of(parse_args(["train", "--train", "s", "--output", "o", "--batch-tokens", "4096", "--use-gpu",
                                 "--run-id", "r1", "--num-workers", "4"]))
     assert (job.batch_tokens, job.use_gpu, job.run_id, job.num_workers, job.lr, job.epochs) == \
         (4096, True, "r1", 4, 5e-5, 3)
@@ -242,5 +242,5 @@ def test_kill_and_resume(tiny, tmp_path):
     assert [e["epoch"] for e in t["epochs"]] == [1.0, 2.0, 3.0]  # the killed run's epochs are in the history
     assert (out / "model" / "model.safetensors").exists()
     # a rerun of a committed run id leaves it as it is (it returns before starting Ray)
-    path, again = run_train(train_job(parse_args(["train", *cmd[2:]])))
+    path, again = run_train(job_of(parse_args(["train", *cmd[2:]])))
     assert path == str(out) and again["created_at"] == manifest["created_at"] and again["run_id"] == "r1"

@@ -83,7 +83,7 @@ def test_structured_output_is_vllms_current_parameter_and_survives_batching():
 
 def test_cli_and_yaml_keys_reach_the_config(tmp_path):
     from verbatim_batch.cli import parse_args
-    from verbatim_batch.cli.commands import llm_config
+    from verbatim_batch.cli.commands import job_of
 
     config = tmp_path / "c.yaml"
     config.write_text("extract:\n  engine_gpus: 0\n  kv_cache_gb: 1.5\n  enforce_eager: true\n"
@@ -91,11 +91,12 @@ def test_cli_and_yaml_keys_reach_the_config(tmp_path):
     args = parse_args(["extract", "--config", str(config), "--pairs", "p.jsonl", "--extractor", "llm",
                        "--backend", "vllm", "--model", "m", "--max-model-len", "4096", "--engine-cpus", "2",
                        "--tensor-parallel-size", "2", "--engines", "3", "--output", "o"])
-    cfg = llm_config(args)
+    cfg = job_of(args).extractor
     assert (cfg.engine_gpus, cfg.engine_cpus, cfg.kv_cache_gb, cfg.enforce_eager, cfg.placement_strategy,
             cfg.gpu_memory_utilization, cfg.max_model_len, cfg.tensor_parallel_size, cfg.engines) == (
         0.0, 2.0, 1.5, True, "STRICT_PACK", 0.5, 4096, 2, 3)
-    assert llm_config(parse_args(["extract", "--pairs", "p", "--extractor", "llm", "--model", "m"])) == LLMConfig(
+    assert job_of(parse_args(["extract", "--pairs", "p", "--extractor", "llm", "--model", "m", "--output", "o"])
+                  ).extractor == LLMConfig(
         model="m")
 
 

@@ -31,9 +31,28 @@ from __future__ import annotations
 
 import bisect
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
+from .corpus import NORMALIZATIONS
+from .options import option
 from .tables import config_hash
+
+
+def parse_levels(value: str) -> tuple[int, ...]:
+    """``"1,2,3"`` -> ``(1, 2, 3)``."""
+    try:
+        return tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise ValueError(f"expected comma-separated levels like 1,2,3,4, got {value!r}") from None
+
+
+def parse_normalizations(value: str) -> tuple[str, ...]:
+    """``"crlf,nfc"`` -> ``("crlf", "nfc")`` (``none``: no normalisation)."""
+    ops = tuple(v.strip() for v in value.split(",") if v.strip() and v.strip() != "none")
+    bad = set(ops) - set(NORMALIZATIONS)
+    if bad:
+        raise ValueError(f"unknown normalization {sorted(bad)}; choose from {','.join(NORMALIZATIONS)}")
+    return ops
 
 CHUNKER_VERSION = "1"
 
@@ -63,11 +82,13 @@ BOM = "\ufeff"
 class ChunkerConfig:
     """Settings that change chunk boundaries; their hash goes into every chunk id."""
 
-    heading_levels: tuple[int, ...] = (1, 2, 3, 4)
-    min_chars: int = 500
-    max_chars: int = 5000
+    heading_levels: tuple[int, ...] = option((1, 2, 3, 4), "ATX heading levels that split", parse=parse_levels)
+    min_chars: int = option(500, "merge chunks shorter than this", low=0)
+    max_chars: int = option(5000, "split chunks longer than this", low=1)
     caption_pattern: str = r"[*_]*(?:table|tab\.)\s*[0-9IVXivx]+[a-z]?\s*[:.]"
-    normalization: tuple[str, ...] = field(default=())
+    normalization: tuple[str, ...] = option(
+        (), f"opt-in text normalisation, comma-separated from {','.join(NORMALIZATIONS)} (changes offsets; recorded "
+        "on every row)", name="normalize", parse=parse_normalizations, default_help="none")
 
     def __post_init__(self) -> None:
         levels = tuple(sorted(set(self.heading_levels)))

@@ -80,94 +80,88 @@ def _key(name: Any) -> str:
     return str(name).replace("-", "_")
 
 
-def _convert(path: str, where: str, dest: str, flag: str, spec: dict[str, Any], value: Any) -> Any:
-    """A YAML value checked and converted the way the command-line flag would be."""
-    label = f"{path}: {where}{dest}"
-    if value is None:  # `key:` with no value keeps the option's default
-        return spec.get("default", False if spec.get("action") == "store_true" else None)
-    if spec.get("action") in ("store_true", "store_false"):
-        if not isinstance(value, bool):
-            raise ConfigError(f"{label} must be true or false (like {flag}), got {value!r}")
-        return value if spec["action"] == "store_true" else not value
-    kind = spec.get("type")
-    base = getattr(kind, "kind", kind)  # a bounded number type (cli.options) checks its range after the type
-    if base in (int, float):
-        ok = isinstance(value, int) and not isinstance(value, bool) or (base is float and isinstance(value, float))
-        if not ok:
-            raise ConfigError(f"{label} must be {'an integer' if base is int else 'a number'}, got {value!r}")
-        try:
-            value = kind(str(value)) if kind is not base else base(value)
-        except (argparse.ArgumentTypeError, ValueError) as exc:
-            raise ConfigError(f"{label} {exc}") from None
-    elif kind is not None and kind is not str:  # custom parsers take the flag's text form
-        text = ",".join(str(v) for v in value) if isinstance(value, (list, tuple)) else str(value)
-        try:
-            value = kind(text)
-        except (argparse.ArgumentTypeError, ValueError) as exc:
-            raise ConfigError(f"{label}: {exc}") from exc
-    elif not isinstance(value, str):
-        raise ConfigError(f"{label} must be a string, got {value!r}")
-    choices = spec.get("choices")
-    if choices is not None and value not in choices:
-        raise ConfigError(f"{label} must be one of {', '.join(map(str, choices))}, got {value!r}")
-    return value
-
-
 def load_config(path: str, command: str, ignored: list[str] | None = None) -> dict[str, Any]:
-    """The option values a YAML config gives ``command`` (``{dest: value}``, checked and converted as the
-    flags would be): its top-level keys the command takes, then its own section. Usable from Python: the
-    CLI's job builders (``cli.commands.build_job``) take these values by name.
+    """The option values a YAML config gives ``command`` (``{key: value}``, checked and converted as the flags
+    would be): its top-level keys the command takes, then its own section; for a chain (``run``, ``nightly``)
+    also each stage's section, as ``<stage>.<option>`` keys. Usable from Python: ``cli.commands.build_job`` takes
+    these values by name.
 
-    One file may hold several commands' sections. Every section is checked, whichever command runs (a typo
-    in another command's section is an error here too); what ``command`` does not use (other commands'
-    sections, top-level keys only other commands take) is named in ``ignored`` when a list is given (the
-    CLI prints it as one line)."""
-    from .cli.options import COMMANDS, EXTRA_COMMANDS, command_options
+    One file may hold several commands' sections. Every section's every value is checked, whichever command
+    runs (a typo or a bad value in another command's section is an error here too); what ``command`` does not
+    use (other commands' sections, top-level keys only other commands take) is named in ``ignored`` when a list
+    is given (the CLI prints it as one line)."""
+    from .cli.options import COMMANDS, command_flags
+    from .options import OptionError
 
     data = load(path)
-    names = [*COMMANDS, *EXTRA_COMMANDS]
-    if command not in names:
+    if command not in COMMANDS:
         raise ConfigError(f"unknown command {command!r}")
-    options = {k: v for k, v in command_options(command).items() if k != "config"}
-    every = {dest for name in names for dest in command_options(name)}
+    flags = command_flags(command)
+    every: dict[str, Any] = {}
+    for name in COMMANDS:
+        for key, flag in command_flags(name).items():
+            if "." not in key:
+                every.setdefault(key, flag)
+
+    def convert(where: str, flag: Any, value: Any) -> Any:
+        if value is None:  # `key:` with no value keeps the option's default
+            return flag.default
+        try:
+            return _checked(flag, value)
+        except OptionError as exc:
+            raise ConfigError(f"{path}: {where} {exc}") from None
+
     values: dict[str, Any] = {}
     for name, value in data.items():
         if not isinstance(name, str):
             raise ConfigError(f"{path}: option names are strings, got {name!r}")
-        if name in names:
-            if name != command:
-                _check_section(path, name, value, command_options(name))
-                if ignored is not None:
-                    ignored.append(f"section {name!r}")
+        if name in COMMANDS:
+            section = _section(path, name, value)
+            own = command_flags(name)
+            for key, raw in section.items():
+                if key not in own or "." in key:
+                    known = ", ".join(sorted(k for k in own if "." not in k))
+                    raise ConfigError(f"{path}: {name}: unknown key {key!r}; {name} takes: {known}")
+                checked = convert(f"{name}.{key}", own[key], raw)
+                if f"{name}.{key}" in flags:  # a stage section of this chain
+                    values[f"{name}.{key}"] = checked
+                elif name != command and ignored is not None:
+                    ignored.append(f"{name}.{key}" if _is_stage(name, flags) else f"section {name!r}")
             continue
         key = _key(name)
         if key not in every:
             raise ConfigError(f"{path}: unknown key {name!r} (not an option of any command)")
-        if key in options:
-            values[key] = _convert(path, "", key, *options[key], value)
+        checked = convert(key, every[key], value)
+        if key in flags:
+            values.setdefault(key, checked)  # the command's own section wins
         elif ignored is not None:
             ignored.append(f"key {name!r}")
     section = data.get(command)
-    if section is not None:
-        for key, value in _check_section(path, command, section, options).items():
-            values[key] = _convert(path, f"{command}.", key, *options[key], value)
+    if isinstance(section, dict):  # the command's own section wins over top-level keys
+        for key, raw in _section(path, command, section).items():
+            values[key] = convert(f"{command}.{key}", flags[key], raw)
     return values
 
 
-def _check_section(path: str, command: str, section: Any, options: dict[str, Any]) -> dict[str, Any]:
-    """``{dest: raw value}`` of a command's section, once every key is one of its options."""
-    options = {k: v for k, v in options.items() if k != "config"}
+def _is_stage(name: str, flags: dict[str, Any]) -> bool:
+    return any(k.startswith(name + ".") for k in flags)
+
+
+def _checked(flag: Any, value: Any) -> Any:
+    from .cli.options import convert
+
+    return convert(flag, value)
+
+
+def _section(path: str, command: str, section: Any) -> dict[str, Any]:
+    """``{key: raw value}`` of a command's section."""
     if not isinstance(section, dict):
         raise ConfigError(f"{path}: section {command!r} must be a mapping")
     out: dict[str, Any] = {}
     for name, value in section.items():
         if not isinstance(name, str):
             raise ConfigError(f"{path}: {command}: option names are strings, got {name!r}")
-        key = _key(name)
-        if key not in options:
-            known = ", ".join(sorted(options))
-            raise ConfigError(f"{path}: {command}: unknown key {name!r}; {command} takes: {known}")
-        out[key] = value
+        out[_key(name)] = value
     return out
 
 

@@ -18,7 +18,8 @@ from . import corpus, tables
 from .chunking import ChunkerConfig, build_context, chunk_markdown, first_heading, verify_chunks
 from .tables import CHUNKS, PAPERS, QUARANTINE, QuarantineReason, chunk_id, stable_hash
 
-DEFAULT_MAX_PAPER_BYTES = 16 * 1024 * 1024
+DEFAULT_MAX_PAPER_MB = 16.0  # papers larger than this are quarantined (ChunkJob.max_paper_mb)
+DEFAULT_MAX_PAPER_BYTES = int(DEFAULT_MAX_PAPER_MB * 1024 * 1024)
 
 # Papers an incremental run found unchanged (internal: the chunk job replaces them with the earlier rows).
 UNCHANGED = tables.UNCHANGED_PAPERS

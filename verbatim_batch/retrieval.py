@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import storage
+from .options import option
 from .tables import RETRIEVAL, query_id_for
 
 METHODS = ("dense", "bm25", "hybrid")
@@ -35,16 +36,40 @@ DEFAULT_RRF_K = 5
 DEFAULT_DEPTH = 100
 
 
+def parse_methods(value: str) -> tuple[str, ...]:
+    """``"dense,bm25"`` -> ``("dense", "bm25")``."""
+    methods = tuple(m.strip() for m in value.split(",") if m.strip())
+    bad = sorted(set(methods) - set(METHODS))
+    if bad or not methods:
+        raise ValueError(f"expected any of {','.join(METHODS)}, got {value!r}")
+    return methods
+
+
+def parse_weights(value: str) -> dict[str, float]:
+    """``"dense=0.2,bm25=1"`` -> ``{"dense": 0.2, "bm25": 1.0}``."""
+    out = {}
+    for part in value.split(","):
+        name, _, weight = part.partition("=")
+        try:
+            out[name.strip()] = float(weight)
+        except ValueError:
+            raise ValueError(f"expected name=number pairs like dense=1,bm25=0.5, got {value!r}") from None
+    return out
+
+
 @dataclass(frozen=True)
 class RetrieverConfig:
-    index_dir: str
-    k: int = 10
-    methods: tuple[str, ...] = METHODS
-    weights: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_WEIGHTS))
-    rrf_k: int = DEFAULT_RRF_K
-    depth: int = DEFAULT_DEPTH  # candidates per method before fusion (at least k)
+    index_dir: str = ""  # the retrieve job sets it to its --index
+    k: int = option(10, "chunks retrieved per query and method", low=1)
+    methods: tuple[str, ...] = option(METHODS, f"any of {','.join(METHODS)}", parse=parse_methods)
+    weights: dict[str, float] = option(default_factory=lambda: dict(DEFAULT_WEIGHTS), help=(
+        "hybrid RRF weights (set on the seed papers with the bundled MiniLM; measure again with "
+        "evaluate-retrieval for another embedder)"), parse=parse_weights)
+    rrf_k: int = option(DEFAULT_RRF_K, "RRF constant", low=0)
+    depth: int = option(DEFAULT_DEPTH, "candidates each method ranks before hybrid fusion (at least --k): every "
+                        "method's top hits are ranked by the other one too", low=1)
     fill_missing: bool = True  # a candidate outside a method's pool counts at the rank just past it
-    nprobe: int | None = None
+    nprobe: int | None = option(None, "IVF lists to probe", low=1, default_help="the index's")
     device: str = "auto"
 
     def __post_init__(self) -> None:

@@ -268,10 +268,15 @@ def evaluate_retrieval(run_path: str, qrels_path: str, *, level: str = "chunk", 
     """Read a run and its qrels (finding the run's query file and chunk table through its manifests unless
     given) and score every method; what ``verbatim-batch evaluate-retrieval`` prints."""
     sources = run_sources(run_path)
+    for name, given in (("queries", queries), ("chunks", chunks)):
+        where = f"--{name}" if given else f"the manifest of {run_path}"
+        path = given or sources[name]
+        if path and not storage.exists(path):  # never a silent score of 0 from a path that resolves elsewhere
+            raise FileNotFoundError(f"{name} not found: {path} (from {where})")
     chunks = chunks or sources["chunks"]
     queries = queries or sources["queries"]
     query_ids = None
-    if queries and storage.exists(queries):
+    if queries:
         from .pipeline.retrieve import read_queries
 
         table, _ = read_queries(queries)
@@ -279,6 +284,10 @@ def evaluate_retrieval(run_path: str, qrels_path: str, *, level: str = "chunk", 
     chunk_keys = ChunkKeys(_chunks_table(chunks)) if chunks and level == "chunk" else None
     qrels, counts = read_qrels(qrels_path, level=level, chunks=chunk_keys, query_ids=query_ids)
     run = read_run(run_path, level)
+    labelled = {q for q, docs in qrels.items() if any(r > 0 for r in docs.values())}
+    if labelled and not any(labelled & set(lists) for lists in run.values()):
+        raise ValueError(f"none of the {len(labelled)} labelled queries of {qrels_path} is in the run {run_path} "
+                         "(their query ids differ: give the run's --queries file, or qrels keyed by its query ids)")
     methods = evaluate_run(run, qrels, recall_at, per_query=per_query)
     return {"run": run_path, "qrels": qrels_path, "level": level, "recall_at": sorted(set(recall_at)),
             "labelled_queries": sum(1 for d in qrels.values() if any(r > 0 for r in d.values())),

@@ -10,28 +10,20 @@ import argparse
 import sys
 
 from .commands import EXAMPLES, HANDLERS
-from .options import COMMANDS, add_options, command_options
+from .options import COMMANDS, Parser, add_options, flag_of
 
 __all__ = ["EXAMPLES", "build_parser", "main", "parse_args"]
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The CLI's parser; ``parser.commands`` maps each command to its sub-parser and ``parser.required`` each
-    command to its required option dests (checked by ``parse_args`` once a config file is applied)."""
-    parser = argparse.ArgumentParser(prog="verbatim-batch", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    command to its required option keys (checked by ``parse_args`` once a config file is applied)."""
+    parser = Parser(prog="verbatim-batch", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     parser.commands, parser.required = {}, {}
-    for name, (help_text, _) in COMMANDS.items():
-        parser.commands[name] = p = sub.add_parser(name, help=help_text, description=help_text)
+    for name, spec in COMMANDS.items():
+        parser.commands[name] = p = sub.add_parser(name, help=spec.help, description=spec.help)
         parser.required[name] = add_options(p, name)
-    p = parser.commands["report"] = sub.add_parser("report", help="(re)write report.json and report.html of a run "
-                                                   "folder")
-    p.add_argument("run_dir")
-    parser.required["report"] = add_options(p, "report")
-    p = parser.commands["verify"] = sub.add_parser("verify", help="re-check a chunk run: offsets exact, coverage "
-                                                   "complete")
-    p.add_argument("run_dir")
-    parser.required["verify"] = add_options(p, "verify")
     sub.add_parser("synth", help="write a synthetic corpus: verbatim-batch synth --out DIR --n 100 "
                    "(see python -m verbatim_synth --help)", add_help=False)
     return parser
@@ -55,11 +47,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.exit(2, f"verbatim-batch {command}: config error: {exc}\n")
         if ignored:
             print(f"verbatim-batch {command}: {known.config}: not used by {command} (for other commands): "
-                  f"{', '.join(ignored)}", file=sys.stderr)
-    args = parser.parse_args(argv)
-    missing = [d for d in sorted(parser.required.get(args.command, ())) if getattr(args, d, None) is None]
+                  f"{', '.join(dict.fromkeys(ignored))}", file=sys.stderr)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # the command's parser names the closest flag it takes
+        parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    missing = [k for k in sorted(parser.required.get(args.command, ())) if getattr(args, k, None) is None]
     if missing:
-        flags = ", ".join(command_options(args.command)[d][0] for d in missing)
+        flags = ", ".join(flag_of(args.command, k) for k in missing)
         parser.commands[args.command].error(f"the following arguments are required: {flags}")
     return args
 

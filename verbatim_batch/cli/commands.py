@@ -12,64 +12,31 @@ from importlib import resources
 from typing import Any
 
 from .. import storage
-from ..chunking import ChunkerConfig
 
 EXAMPLES = resources.files("verbatim_batch") / "examples"
 
 
-def _given(args: argparse.Namespace, **names: str) -> dict[str, Any]:
-    """``{field: args.<dest>}`` for every ``field=dest`` whose option was given (not None)."""
-    return {f: getattr(args, d) for f, d in names.items() if getattr(args, d, None) is not None}
+def values_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The option values of the parsed command line (or ``build_job``'s), by key; a chain's stage options as
+    ``{"stages": {stage: {option: value}}}`` (given ones only)."""
+    from .options import COMMANDS, command_flags, stage_sections
+
+    values = {key: getattr(args, key, None) for key in command_flags(args.command)}
+    if COMMANDS[args.command].chain:
+        values = {k: v for k, v in values.items() if "." not in k} | {"stages": stage_sections(values)}
+    return values
 
 
-def run_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The ``RunOptions`` fields a command's run and Ray options set."""
-    return _given(args, output="output", overwrite="overwrite", run_id="run_id", previous="previous",
-                  batch_retries="batch_retries", address="address", num_cpus="num_cpus")
+def job_of(args: argparse.Namespace, **override: Any) -> Any:
+    """The job (or options object) the parsed options describe: built from the command's option fields, the
+    defaults declared there for everything unset, local paths made absolute."""
+    from ..options import build
+    from .options import COMMANDS, flag_of
 
-
-def actor_options(args: argparse.Namespace) -> dict[str, Any]:
-    return _given(args, batch_rows="batch_rows", concurrency="concurrency", threads="threads")
-
-
-def chunker(args: argparse.Namespace, prefix: str = "") -> ChunkerConfig:
-    p = prefix.replace("-", "_")
-    return ChunkerConfig(heading_levels=getattr(args, p + "heading_levels"), min_chars=getattr(args, p + "min_chars"),
-                         max_chars=getattr(args, p + "max_chars"), normalization=getattr(args, p + "normalize"))
-
-
-def llm_config(args: argparse.Namespace, **fixed: Any):
-    """An ``LLMConfig`` from the LLM options (those a command does not take stay at their defaults)."""
-    from ..extract import extractor_config
-
-    if not args.model:
-        raise ValueError("--extractor llm needs --model (the served model name, or a hub id for vllm)")
-    given = _given(args, backend="backend", base_url="base_url", api_key_env="api_key_env", style="style",
-                   docs_per_request="docs_per_request", max_tokens="max_tokens", max_in_flight="max_in_flight",
-                   timeout_s="timeout", request_retries="request_retries", tensor_parallel_size="tensor_parallel_size",
-                   engines="engines", engine_gpus="engine_gpus", engine_cpus="engine_cpus",
-                   placement_strategy="placement_strategy", max_model_len="max_model_len",
-                   gpu_memory_utilization="gpu_memory_utilization", kv_cache_gb="kv_cache_gb")
-    if getattr(args, "no_structured_output", False):
-        given["structured_output"] = False
-    if getattr(args, "enforce_eager", False):
-        given["enforce_eager"] = True
-    return extractor_config("llm", model=args.model, **(given | fixed))
-
-
-def extractor(args: argparse.Namespace, threshold: float | None = None):
-    """The extractor config the extractor options describe."""
-    from ..extract import extractor_config
-
-    common = {"threshold": threshold if threshold is not None else args.threshold, "min_chars": args.min_chars,
-              "merge_gap": args.merge_gap, "token_budget": args.token_budget}
-    if args.extractor == "highlighter":
-        return extractor_config(
-            "highlighter", model=args.model, revision=args.revision, max_length=args.max_length, stride=args.stride,
-            dtype=args.dtype, trust_remote_code=args.trust_remote_code or None, **common)
-    if args.extractor == "llm":
-        return llm_config(args)
-    return extractor_config("semantic", model=args.model, margin=args.margin, **common)
+    spec = COMMANDS[args.command]
+    if spec.chain and getattr(args, "embed.model", None) is None:  # the bundled embedder needs no hub
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return build(spec.cls, values_of(args) | override, lambda of: flag_of(args.command, of.key))
 
 
 def _table_location(path: str, name: str) -> str:
@@ -100,83 +67,15 @@ def report(path: str, manifest: dict) -> None:
         print(f"  {counts.get('tokens', 0)} tokens, {counts['truncated']} chunks truncated to the model's length")
 
 
-def chunk_job(args: argparse.Namespace):
-    from ..pipeline import ChunkJob
-
-    if args.max_paper_mb <= 0:
-        raise ValueError(f"--max-paper-mb must be positive, got {args.max_paper_mb}")
-    return ChunkJob(
-        input=args.input, format=args.format, metadata=args.metadata, chunker=chunker(args),
-        max_paper_bytes=int(args.max_paper_mb * 1024 * 1024), store_text=not args.no_store_text,
-        **_given(args, concurrency="concurrency"), **run_options(args))
-
-
-def embed_job(args: argparse.Namespace):
-    from ..embedding import EmbedderConfig
-    from ..pipeline import EmbedJob
-
-    fields = {"output_dtype": args.output_dtype, "trust_remote_code": args.trust_remote_code}
-    fields |= _given(args, model="model", revision="revision", max_length="max_length", token_budget="token_budget")
-    return EmbedJob(chunks=args.chunks, embedder=EmbedderConfig(**fields), **actor_options(args), **run_options(args))
-
-
-def index_job(args: argparse.Namespace):
-    from ..index import DenseSpec
-    from ..pipeline import IndexJob
-
-    spec = DenseSpec(kind=args.kind, nlist=args.nlist, nprobe=args.nprobe, pq_m=args.pq_m)
-    return IndexJob(embeddings=args.embeddings, chunks=args.chunks, dense=spec, bm25=not args.no_bm25,
-                    **_given(args, max_drift="max_drift"), **run_options(args))
-
-
-def _weights(value: str) -> dict[str, float]:
-    out = {}
-    for part in value.split(","):
-        name, _, weight = part.partition("=")
-        try:
-            out[name.strip()] = float(weight)
-        except ValueError:
-            raise ValueError(f"--weights expects name=number pairs like dense=1,bm25=0.5, got {value!r}") from None
-    return out
-
-
-def retrieve_job(args: argparse.Namespace):
-    from ..pipeline import RetrieveJob
-    from ..retrieval import RetrieverConfig
-
-    cfg = RetrieverConfig(
-        index_dir=args.index, k=args.k, methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
-        weights=_weights(args.weights), rrf_k=args.rrf_k, nprobe=args.nprobe, **_given(args, depth="depth"),
-    )
-    return RetrieveJob(index=args.index, queries=args.queries, retriever=cfg,
-                       **_given(args, batch_rows="batch_rows", concurrency="concurrency"), **run_options(args))
-
-
-def extract_job(args: argparse.Namespace):
-    from ..pipeline import ExtractJob
-
-    return ExtractJob(
-        extractor=extractor(args), pairs=args.pairs, retrieval=args.retrieval, chunks=args.chunks,
-        queries=args.queries, max_chunk_chars=args.max_chunk_chars, **_given(args, method="method", top_k="top_k"),
-        **actor_options(args), **run_options(args))
-
-
-def _run_and_report(build, run_name: str):
+def _run_and_report(run_name: str):
     def cmd(args: argparse.Namespace) -> int:
         from .. import pipeline
 
-        path, manifest = getattr(pipeline, run_name)(build(args))
+        path, manifest = getattr(pipeline, run_name)(job_of(args))
         report(path, manifest)
         return 0
 
     return cmd
-
-
-def _thresholds(value: str) -> list[float]:
-    try:
-        return [float(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise ValueError(f"--sweep-threshold expects numbers like 0.2,0.3,0.4, got {value!r}") from None
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -184,35 +83,37 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from ..extract import build_extractor
     from ..metrics import format_table
 
-    report_dir = getattr(args, "report", None)
-    detail: list[dict[str, Any]] | None = [] if report_dir else None
-    if args.sweep_threshold is None:
-        if not args.predictions:
-            raise ValueError("give --predictions, or --sweep-threshold to run an extractor on the gold pairs")
-        result = evaluate_files(args.gold, args.predictions, detail)
-        print(json.dumps(result, indent=2) if args.json else format_table(result))
-        if report_dir:
-            _evaluation_report(report_dir, result, detail, None, f"evaluation of {args.predictions}", args.json)
-        return 0
-    thresholds = _thresholds(args.sweep_threshold)
-    if args.extractor not in ("highlighter", "semantic"):
+    kind = args.extractor or "semantic"
+    if args.sweep_threshold is not None and kind not in ("highlighter", "semantic"):
         raise ValueError("--sweep-threshold works with the highlighter and semantic extractors")
-    gold = load_gold(args.gold)
-    ext = build_extractor(extractor(args, thresholds[0]))
+    thresholds = args.sweep_threshold
+    opts = job_of(args, threshold=thresholds[0]) if thresholds else job_of(args)
+    report_dir = opts.report
+    detail: list[dict[str, Any]] | None = [] if report_dir else None
+    if thresholds is None:
+        if not opts.predictions:
+            raise ValueError("give --predictions, or --sweep-threshold to run an extractor on the gold pairs")
+        result = evaluate_files(opts.gold, opts.predictions, detail)
+        print(json.dumps(result, indent=2) if opts.json else format_table(result))
+        if report_dir:
+            _evaluation_report(report_dir, result, detail, None, f"evaluation of {opts.predictions}", opts.json)
+        return 0
+    gold = load_gold(opts.gold)
+    ext = build_extractor(opts.extractor)
     runs = ext.sweep([g["query"] for g in gold], [g["chunk"] for g in gold], thresholds)
     results, details = {}, {}
     for t, pair_results in runs.items():
         preds = {gold_key(g): [(s.start, s.end) for s in r.spans] for g, r in zip(gold, pair_results, strict=True)}
         details[str(t)] = [] if report_dir else None
         results[str(t)] = evaluate_predictions(gold, preds, details[str(t)])
-    if args.json:
+    if opts.json:
         print(json.dumps({"extractor": ext.describe(), "thresholds": results}, indent=2))
     else:
-        print(format_sweep(results, args.extractor))
+        print(format_sweep(results, kind))
     if report_dir:
         best = max(results, key=lambda t: results[t]["word"]["micro_f1"])
         _evaluation_report(report_dir, results[best], details[best], results,
-                           f"{args.extractor} threshold sweep", args.json)
+                           f"{kind} threshold sweep", opts.json)
     return 0
 
 
@@ -224,65 +125,21 @@ def _evaluation_report(folder: str, result: dict, rows: list | None, sweep: dict
     print(f"report: {path}", file=sys.stderr if quiet else sys.stdout)  # --json keeps stdout pure JSON
 
 
-def querygen_job(args: argparse.Namespace):
-    from ..pipeline import QueryGenJob
-
-    return QueryGenJob(chunks=args.chunks, llm=llm_config(args, backend="http"), seed=args.seed,
-                       **_given(args, n_papers="n_papers", concurrency="concurrency"), **run_options(args))
-
-
-def silver_job(args: argparse.Namespace):
-    from ..pipeline import SilverJob
-
-    return SilverJob(
-        chunks=args.chunks, index=args.index, llm=llm_config(args, backend="http"), seed=args.seed,
-        tokenizer=args.tokenizer, **_given(args, n_papers="n_papers", top_k="top_k", max_length="max_length",
-                                           stride="stride", dev_fraction="dev_fraction"),
-        **run_options(args))
-
-
 def cmd_silver(args: argparse.Namespace) -> int:
     from ..pipeline import run_silver
 
-    path, manifest = run_silver(silver_job(args))
+    path, manifest = run_silver(job_of(args))
     report(path, manifest)
     steps = ("papers", "queries", "rows", "kept", "train", "dev")
     print("  " + " -> ".join(f"{manifest['counts'].get(k, 0)} {k}" for k in steps))
     return 0
 
 
-def chain_of(args: argparse.Namespace):
-    """The ``Chain`` the chain options describe (``run`` and ``nightly``)."""
-    from ..embedding import EmbedderConfig
-    from ..pipeline import Chain
-
-    if args.embed_model is None:  # the bundled embedder needs no hub
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    return Chain(
-        input=args.input, queries=args.queries, metadata=args.metadata, chunker=chunker(args, "chunk-"),
-        embedder=EmbedderConfig(model=args.embed_model) if args.embed_model else None, extractor=extractor(args),
-        **_given(args, format="format", method="method", top_k="top_k", max_drift="max_drift",
-                 embed_batch_rows="embed_batch_rows", extract_batch_rows="extract_batch_rows"))
-
-
-def nightly_job(args: argparse.Namespace):
-    from ..pipeline import NightlyJob
-
-    return NightlyJob(chain=chain_of(args), root=args.root, **_given(args, keep_runs="keep_runs"), **_given(
-        args, run_id="run_id", batch_retries="batch_retries", address="address", num_cpus="num_cpus"))
-
-
-def run_job(args: argparse.Namespace):
-    from ..pipeline import ChainJob
-
-    return ChainJob(chain=chain_of(args), **run_options(args))
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     from ..pipeline import run_chain_job
     from ..runs import read_manifest
 
-    path, manifest = run_chain_job(run_job(args))
+    path, manifest = run_chain_job(job_of(args))
     for stage in manifest.get("stages", {}):
         print(f"\n== {stage} ==")
         report(os.path.join(path, stage), read_manifest(os.path.join(path, stage)))
@@ -293,7 +150,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_nightly(args: argparse.Namespace) -> int:
     from ..pipeline import run_nightly
 
-    path, manifest = run_nightly(nightly_job(args))
+    job = job_of(args)
+    path, manifest = run_nightly(job)
     counts = manifest["counts"]
     print(f"nightly run {manifest['run_id']} committed to {path}; current -> {manifest['run_id']}")
     base = json.loads(manifest.get("config") or "{}").get("base")
@@ -308,28 +166,17 @@ def cmd_nightly(args: argparse.Namespace) -> int:
           f"carried {counts.get('embeddings.rows_carried', 0)}; index {manifest.get('index_update', {}).get('action')}")
     print(f"  pairs extracted {counts.get('spans.rows_new', 0)}, carried {counts.get('spans.rows_carried', 0)}; "
           f"{counts.get('spans.spans', 0)} spans")
-    if storage.is_remote(args.root):  # object stores have no `current` symlink: CURRENT names the run
-        print(f"  load the current span table: verbatim_batch.runs.current_table('{args.root}', 'spans')")
+    if storage.is_remote(job.root):  # object stores have no `current` symlink: CURRENT names the run
+        print(f"  load the current span table: verbatim_batch.runs.current_table('{job.root}', 'spans')")
     else:
-        print(f"  load the current span table: pandas.read_parquet('{os.path.join(args.root, 'current/spans/spans')}')")
+        print(f"  load the current span table: pandas.read_parquet('{os.path.join(job.root, 'current/spans/spans')}')")
     return 0
-
-
-def train_job(args: argparse.Namespace):
-    """The ``TrainJob`` the train options describe (unset options keep the job's defaults)."""
-    from ..train import TrainJob
-
-    return TrainJob(train=args.train, model=args.model, seed=args.seed, use_gpu=args.use_gpu, **_given(
-        args, eval="eval", epochs="epochs", lr="lr", batch_size="batch_size", batch_tokens="batch_tokens",
-        grad_accum="grad_accum", warmup_ratio="warmup_ratio", max_length="max_length", stride="stride",
-        num_workers="num_workers", cpus_per_worker="cpus_per_worker", keep_checkpoints="keep_checkpoints"),
-        **run_options(args))
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     from ..train import run_train
 
-    path, manifest = run_train(train_job(args))
+    path, manifest = run_train(job_of(args))
     t = manifest["training"]
     best = t["best"]
     print(f"train run {manifest['run_id']} -> {path}")
@@ -437,54 +284,28 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 1 if result["errors"] else 0
 
 
-def _cutoffs(value: str) -> list[int]:
-    try:
-        ks = [int(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        ks = []
-    if not ks or min(ks) < 1:
-        raise ValueError(f"--recall-at expects positive integers like 5,10,100, got {value!r}")
-    return ks
-
-
 def cmd_evaluate_retrieval(args: argparse.Namespace) -> int:
     from ..retrieval_eval import evaluate_retrieval, format_results
 
-    result = evaluate_retrieval(args.retrieval, args.qrels, level=args.level, chunks=args.chunks,
-                                queries=args.queries, recall_at=_cutoffs(args.recall_at))
-    print(json.dumps(result, indent=2) if args.json else format_results(result))
+    opts = job_of(args)
+    result = evaluate_retrieval(opts.retrieval, opts.qrels, level=opts.level, chunks=opts.chunks,
+                                queries=opts.queries, recall_at=list(opts.recall_at))
+    print(json.dumps(result, indent=2) if opts.json else format_results(result))
     return 0
-
-
-def rerank_job(args: argparse.Namespace):
-    from ..pipeline.rerank import RerankJob
-    from ..rerank import RerankerConfig
-
-    cfg = RerankerConfig(model=args.model, trust_remote_code=args.trust_remote_code, **_given(
-        args, revision="revision", max_length="max_length", token_budget="token_budget", dtype="dtype"))
-    return RerankJob(retrieval=args.retrieval, reranker=cfg, chunks=args.chunks, queries=args.queries,
-                     **_given(args, method="method", top_k="top_k"), **actor_options(args), **run_options(args))
 
 
 def cmd_rerank(args: argparse.Namespace) -> int:
     from ..pipeline.rerank import run_rerank
 
-    path, manifest = run_rerank(rerank_job(args))
+    path, manifest = run_rerank(job_of(args))
     report(path, manifest)
     return 0
 
 
-# command -> the job its options describe (``build_job`` builds one from Python)
-JOBS = {
-    "chunk": chunk_job, "embed": embed_job, "index": index_job, "retrieve": retrieve_job, "extract": extract_job,
-    "rerank": rerank_job,
-    "querygen": querygen_job, "silver": silver_job, "nightly": nightly_job, "train": train_job, "run": run_job,
-}
-
 HANDLERS = {
-    "chunk": _run_and_report(chunk_job, "run_chunk"), "embed": _run_and_report(embed_job, "run_embed"),
-    "index": _run_and_report(index_job, "run_index"), "retrieve": _run_and_report(retrieve_job, "run_retrieve"),
-    "extract": _run_and_report(extract_job, "run_extract"), "querygen": _run_and_report(querygen_job, "run_querygen"),
+    "chunk": _run_and_report("run_chunk"), "embed": _run_and_report("run_embed"),
+    "index": _run_and_report("run_index"), "retrieve": _run_and_report("run_retrieve"),
+    "extract": _run_and_report("run_extract"), "querygen": _run_and_report("run_querygen"),
     "evaluate": cmd_evaluate, "silver": cmd_silver, "demo": cmd_demo, "nightly": cmd_nightly, "verify": cmd_verify,
     "report": cmd_report, "train": cmd_train, "rerank": cmd_rerank,
     "evaluate-retrieval": cmd_evaluate_retrieval, "run": cmd_run,
@@ -492,25 +313,39 @@ HANDLERS = {
 
 
 def build_job(command: str, config: str | None = None, **options: Any):
-    """The job a command would run, from Python: option values by their name (the YAML key / the flag's
-    dest), over a YAML ``config`` file's, over the option defaults. Pass it to the stage's ``run_*``.
+    """The job a command would run, from Python: option values by their key (the YAML key; a chain's stage
+    options as ``extract={"threshold": 0.3}``), over a YAML ``config`` file's, over the declared defaults. Pass
+    it to the stage's ``run_*``.
 
         job = build_job("extract", config="conf.yaml", retrieval="runs/retrieval", output="runs/spans")
         path, manifest = verbatim_batch.pipeline.run_extract(job)
     """
     from .. import config as configs
-    from .options import command_options
+    from ..options import OptionError
+    from .options import COMMANDS, command_flags, convert
 
-    if command not in JOBS:
-        raise ValueError(f"no job for {command!r} (one of {', '.join(JOBS)})")
-    specs = command_options(command)
-    unknown = set(options) - set(specs)
+    jobs = [c for c in COMMANDS if c not in ("demo", "report", "verify")]
+    spec = COMMANDS.get(command)
+    if command not in jobs:
+        raise ValueError(f"no job for {command!r} (one of {', '.join(jobs)})")
+    flags = command_flags(command)
+    given = dict(options)
+    for stage, section in list(given.items()):
+        if spec.chain and isinstance(section, dict):  # extract={"threshold": 0.3}
+            del given[stage]
+            given |= {f"{stage}.{k}": v for k, v in section.items()}
+    unknown = set(given) - set(flags)
     if unknown:
-        raise ValueError(f"{command} takes no option {sorted(unknown)}; it takes: {', '.join(sorted(specs))}")
-    values = {dest: kw.get("default", False if kw.get("action") == "store_true" else None)
-              for dest, (_, kw) in specs.items()}
-    values |= (configs.load_config(config, command) if config else {}) | options
-    missing = [specs[d][0] for d, (_, kw) in specs.items() if kw.get("required") and values.get(d) is None]
+        raise ValueError(f"{command} takes no option {sorted(unknown)}; it takes: "
+                         f"{', '.join(sorted(k for k in flags if '.' not in k))}")
+    values = {key: flag.default for key, flag in flags.items()}
+    values |= configs.load_config(config, command) if config else {}
+    for key, value in given.items():
+        try:
+            values[key] = convert(flags[key], value)
+        except OptionError as exc:
+            raise ValueError(f"{command}: {key} {exc}") from None
+    missing = [flags[k].flags[-1] for k in flags if flags[k].required and values.get(k) is None]
     if missing:
         raise ValueError(f"{command} needs {', '.join(missing)}")
-    return JOBS[command](argparse.Namespace(command=command, **values))
+    return job_of(argparse.Namespace(command=command, **values))

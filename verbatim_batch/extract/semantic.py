@@ -39,6 +39,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .. import tables
+from ..options import option
 from .registry import ExtractorKind
 from .sentences import sentence_segments
 from .spans import PairResult, Span, postprocess
@@ -94,17 +95,20 @@ class SemanticConfig:
 
     kind: ClassVar[str] = "semantic"
 
-    model: str | None = None  # None: the bundled all-MiniLM-L6-v2
-    threshold: float = 0.50  # a unit is evidence at this combined score or above
+    model: str | None = option(None, "the extractor's model: hub id or local path; for an LLM, the name the "
+                               "endpoint serves", default_help="semantic: the bundled all-MiniLM-L6-v2, highlighter: "
+                               "KRLabsOrg/acl-verbatim-modernbert")
+    threshold: float = option(0.50, "keep tokens / sentences scoring at least this", low=0, high=1)
     lexical_weight: float = 0.3  # weight of the query-word overlap in the score
     paragraph_weight: float = 0.4  # weight of the paragraph's similarity in the score
     paragraph_fill: float = 0.5  # select a whole paragraph when this share of its characters is selected (1: never)
-    margin: float | None = None  # keep only units scoring at least best - margin (None: off)
-    min_chars: int = 10
-    merge_gap: int = 20  # merge selected units of one paragraph at most this far apart
+    margin: float | None = option(None, "keep only sentences within this of the best one", low=0,
+                                  default_help="off")
+    min_chars: int = option(10, "drop spans shorter than this", low=0)
+    merge_gap: int = option(20, "merge spans at most this many characters apart", low=0)
     max_units: int = 2_000  # units per chunk; a pair beyond this is an error row
     device: str = "auto"
-    token_budget: int = 16384
+    token_budget: int = option(16384, "padded tokens per forward pass", low=1)
 
     def __post_init__(self) -> None:
         if not -1.0 <= self.threshold <= 1.0:

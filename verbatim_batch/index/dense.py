@@ -45,6 +45,8 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from ..options import option
+
 KINDS = ("auto", "flat", "ivf_flat", "ivf_pq")
 GPU_CHOICES = ("auto", "yes", "no")
 DENSE_FILE = "dense.faiss"
@@ -68,10 +70,11 @@ class DenseSpec:
     spec with "yes" or "no").
     """
 
-    kind: str = "auto"
-    nlist: int | None = None
-    pq_m: int | None = None
-    nprobe: int | None = None
+    kind: str = option("auto", "auto: exact Flat below 1M vectors, IVF-Flat up to 20M, IVF-PQ above",
+                       choices=KINDS)
+    nlist: int | None = option(None, "IVF lists", low=1, default_help="4 x sqrt(vectors)")
+    pq_m: int | None = option(None, "IVF-PQ sub-quantizers", low=1, default_help="by dimension")
+    nprobe: int | None = option(None, "IVF lists to probe at search time", low=1, default_help="by nlist")
     train_size: int | None = None
     flat_max: int = 1_000_000
     pq_min: int = 20_000_000

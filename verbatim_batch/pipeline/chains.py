@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import storage
-from ..chunking import ChunkerConfig
+from .. import corpus, storage
+from ..options import OptionError, check, group, option, options_of
 from ..runs import jsonable
 from .chunk import ChunkJob, run_chunk
 from .embed import EmbedJob, run_embed
@@ -26,28 +26,80 @@ from .runner import CompositeStage, Plan, RunOptions, StageContext, StageResult,
 
 STAGES = ("chunks", "embeddings", "index", "retrieval", "spans")
 RERANK_STAGE = "reranked"  # between retrieval and spans, when the chain has a reranker
+# each stage: the command whose options it takes (a config section of that name), its job, its runner's name
+STAGE_JOBS: dict[str, tuple[str, type, str]] = {
+    "chunks": ("chunk", ChunkJob, "run_chunk"), "embeddings": ("embed", EmbedJob, "run_embed"),
+    "index": ("index", IndexJob, "run_index"), "retrieval": ("retrieve", RetrieveJob, "run_retrieve"),
+    RERANK_STAGE: ("rerank", RerankJob, "run_rerank"), "spans": ("extract", ExtractJob, "run_extract")}
+SECTIONS = tuple(command for command, _, _ in STAGE_JOBS.values())
 
 
 @dataclass
 class Chain:
-    """What a chain run reads and how each stage is set up (None: the stage's offline default)."""
+    """What a chain run reads, and each stage's options by its command's name (``{"extract": {"threshold":
+    0.3}}``: a config file's sections; unset options keep the stage job's defaults). A ``rerank`` section with a
+    ``model`` adds the rerank stage between retrieval and extraction."""
 
-    input: str  # the corpus
-    queries: str  # the query file
-    metadata: str | None = None
-    format: str = "auto"
-    chunker: ChunkerConfig = field(default_factory=ChunkerConfig)
-    embedder: Any = None  # EmbedderConfig
-    dense: Any = None  # index.DenseSpec
-    extractor: Any = None  # extractor config; None: the offline semantic extractor
-    reranker: Any = None  # rerank.RerankerConfig; None: no rerank stage (extract reads the retrieval)
-    # defaults are the stage jobs' own (declared once, there)
-    method: str = ExtractJob.method
-    top_k: int = ExtractJob.top_k
-    max_drift: float = IndexJob.max_drift
-    embed_batch_rows: int = EmbedJob.batch_rows
-    extract_batch_rows: int = ExtractJob.batch_rows
-    rerank_top_k: int = RerankJob.top_k
+    input: str = option(help="the corpus: a folder of .md files, or a Parquet/JSONL file or folder", path=True)
+    queries: str = option(help="query file (JSONL, Parquet or CSV) with query (and query_id)", path=True)
+    metadata: str | None = option(None, "metadata table (.parquet/.jsonl/.csv) joined by paper id", path=True)
+    format: str = option("auto", "input format (auto: from file extensions)", choices=("auto", *corpus.FORMATS))
+    stages: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.stages = {name: stage_options(name, values) for name, values in self.stages.items()}
+
+    @property
+    def reranks(self) -> bool:
+        return self.stages.get("rerank", {}).get("model") is not None
+
+    def stage_jobs(self, output: str = "", **common: Any) -> dict[str, Any]:
+        """``{stage folder: job}`` of every stage this chain runs, built from its section over the defaults
+        (``output``: the chain's folder; ``common``: run options every stage shares)."""
+        from ..options import build
+
+        out = storage.normalize(output) if output else ""
+        at = (lambda stage: storage.join(out, stage)) if out else (lambda stage: stage)
+        wiring = {
+            "chunks": {"input": self.input, "format": self.format, "metadata": self.metadata},
+            "embeddings": {"chunks": at("chunks")},
+            "index": {"embeddings": at("embeddings"), "chunks": at("chunks")},
+            "retrieval": {"index": at("index"), "queries": self.queries},
+            RERANK_STAGE: {"retrieval": at("retrieval")},
+            "spans": {"retrieval": at(RERANK_STAGE if self.reranks else "retrieval")},
+        }
+        jobs = {}
+        for stage in chain_stages(self):
+            command, cls, _ = STAGE_JOBS[stage]
+            values = self.stages.get(command, {}) | wiring[stage] | common | {"output": at(stage)}
+            jobs[stage] = build(cls, values, lambda of, c=command: f"{c}: {of.key}")
+        return jobs
+
+
+def stage_keys(command: str) -> tuple[str, ...]:
+    """The options of stage ``command`` a chain takes from its section: all but what the chain wires (inputs,
+    outputs and run options, which are the chain's own)."""
+    cls = next(c for name, c, _ in STAGE_JOBS.values() if name == command)
+    own = {of.key for of in options_of(RunOptions)} | {of.key for of in options_of(Chain)}
+    return tuple(of.key for of in options_of(cls) if of.key not in own and not of.option.path)
+
+
+def stage_options(command: str, values: dict[str, Any]) -> dict[str, Any]:
+    """A stage section's values, each checked as the option takes it (raises ``OptionError``)."""
+    if command not in SECTIONS:
+        raise OptionError(f"a chain has no stage {command!r} (its stages: {', '.join(SECTIONS)})")
+    cls = next(c for name, c, _ in STAGE_JOBS.values() if name == command)
+    fields = {of.key: of for of in options_of(cls)}
+    keys = stage_keys(command)
+    out = {}
+    for key, value in values.items():
+        if key not in keys:
+            raise OptionError(f"{command}: {key!r} is not an option a chain's {command} stage takes")
+        try:
+            out[key] = check(fields[key], value)
+        except OptionError as exc:
+            raise OptionError(f"{command}.{key} {exc}") from None
+    return out
 
 
 def run_chain(chain: Chain, output: str, *, previous: str | None = None, run_id: str | None = None,
@@ -55,47 +107,16 @@ def run_chain(chain: Chain, output: str, *, previous: str | None = None, run_id:
               batch_retries: int = RunOptions.batch_retries, after_stage: Callable[[str], None] | None = None,
               ) -> tuple[dict[str, tuple[str, dict[str, Any]]], dict[str, float]]:
     """Run every stage into ``output/<stage>``; returns ``({stage: (path, manifest)}, {stage: seconds})``."""
-    from ..embedding import EmbedderConfig
-    from ..extract.semantic import SemanticConfig
-
-    out = storage.normalize(output)
-
-    def at(stage: str) -> str:
-        return storage.join(out, stage)
-
-    def prev(stage: str) -> str | None:
-        return storage.join(previous, stage) if previous else None
-
     common = {"run_id": run_id, "overwrite": overwrite, "address": address, "num_cpus": num_cpus,
               "batch_retries": batch_retries}
-    steps: dict[str, Callable[[], tuple[str, dict[str, Any]]]] = {
-        "chunks": lambda: run_chunk(ChunkJob(
-            input=chain.input, output=at("chunks"), format=chain.format, metadata=chain.metadata,
-            chunker=chain.chunker, previous=prev("chunks"), **common)),
-        "embeddings": lambda: run_embed(EmbedJob(
-            chunks=at("chunks"), output=at("embeddings"), embedder=chain.embedder or EmbedderConfig(),
-            batch_rows=chain.embed_batch_rows, previous=prev("embeddings"), **common)),
-        "index": lambda: run_index(IndexJob(
-            embeddings=at("embeddings"), chunks=at("chunks"), output=at("index"), dense=chain.dense,
-            previous=prev("index"), max_drift=chain.max_drift, **common)),
-        "retrieval": lambda: run_retrieve(RetrieveJob(
-            index=at("index"), queries=chain.queries, output=at("retrieval"), previous=prev("retrieval"),
-            **common)),
-        RERANK_STAGE: lambda: run_rerank(RerankJob(
-            retrieval=at("retrieval"), reranker=chain.reranker, output=at(RERANK_STAGE), top_k=chain.rerank_top_k,
-            previous=prev(RERANK_STAGE) if previous and storage.exists(storage.join(
-                previous, RERANK_STAGE, "manifest.json")) else None, **common)),
-        "spans": lambda: run_extract(ExtractJob(
-            output=at("spans"), extractor=chain.extractor or SemanticConfig(),
-            retrieval=at(RERANK_STAGE if chain.reranker is not None else "retrieval"),
-            method=chain.method, top_k=chain.top_k, batch_rows=chain.extract_batch_rows, previous=prev("spans"),
-            **common)),
-    }
+    jobs = chain.stage_jobs(output, **common)
     results: dict[str, tuple[str, dict[str, Any]]] = {}
     timings: dict[str, float] = {}
-    for name in chain_stages(chain):
+    for name, job in jobs.items():
+        if previous and (name != RERANK_STAGE or storage.exists(storage.join(previous, name, "manifest.json"))):
+            job.previous = storage.join(previous, name)
         t = time.perf_counter()
-        results[name] = steps[name]()
+        results[name] = globals()[STAGE_JOBS[name][2]](job)  # looked up here: tests replace a runner
         timings[name] = time.perf_counter() - t
         if after_stage is not None:
             after_stage(name)
@@ -103,15 +124,33 @@ def run_chain(chain: Chain, output: str, *, previous: str | None = None, run_id:
 
 
 def chain_stages(chain: Chain) -> tuple[str, ...]:
-    """The chain's stages in order: ``STAGES``, with ``reranked`` before ``spans`` when it has a reranker."""
-    return STAGES if chain.reranker is None else (*STAGES[:-1], RERANK_STAGE, STAGES[-1])
+    """The chain's stages in order: ``STAGES``, with ``reranked`` before ``spans`` when it reranks."""
+    return STAGES if not chain.reranks else (*STAGES[:-1], RERANK_STAGE, STAGES[-1])
+
+
+def chain_result(results: dict[str, tuple[str, dict[str, Any]]], timings: dict[str, float],
+                 table_prefix: bool, **manifest: Any) -> StageResult:
+    """A composite run's result (``run``, ``nightly``): every stage's tables and counts as ``<stage>.<count>``
+    (time spent is in each stage's own manifest)."""
+    manifests = {name: m for name, (_, m) in results.items()}
+    return StageResult(
+        tables={(f"{stage}/{name}" if table_prefix else name): info for stage, m in manifests.items()
+                for name, info in m["tables"].items()},
+        counts=stage_counts(manifests), timings_s=timings,
+        manifest={"stages": {name: name for name in manifests}} | manifest)
+
+
+def stage_counts(manifests: dict[str, dict[str, Any]]) -> dict[str, int]:
+    """Every stage's counts as ``<stage>.<count>`` (time spent is in each stage's own manifest)."""
+    return {f"{stage}.{key}": int(value) for stage, m in manifests.items() for key, value in m["counts"].items()
+            if not key.startswith("time_ms.")}
 
 
 @dataclass(kw_only=True)
 class ChainJob(RunOptions):
     """``verbatim-batch run``: the whole chain on one corpus and query file, into ``output/<stage>``."""
 
-    chain: Chain
+    chain: Chain = group(Chain, required=True)
 
 
 class ChainStage(CompositeStage):
@@ -124,22 +163,14 @@ class ChainStage(CompositeStage):
     def plan(self) -> Plan:
         c: Chain = self.job.chain
         config = {"input": c.input, "queries": c.queries, "metadata": c.metadata, "format": c.format,
-                  "chunker": c.chunker.to_dict(), "embedder": jsonable(c.embedder.to_dict()) if c.embedder else None,
-                  "extractor": jsonable(c.extractor.to_dict()) if c.extractor else None,
-                  "dense": jsonable(c.dense.__dict__) if c.dense is not None else None, "method": c.method,
-                  "top_k": c.top_k, "max_drift": c.max_drift}
+                  "stages": jsonable(c.stages)}
         return Plan(config=config, inputs=(c.input, c.queries, *([c.metadata] if c.metadata else [])))
 
     def execute(self, plan: Plan, ctx: StageContext) -> StageResult:
         job: ChainJob = self.job
         results, timings = run_chain(job.chain, ctx.staging, previous=job.previous, run_id=ctx.run_id,
                                      address=job.address, num_cpus=job.num_cpus, batch_retries=job.batch_retries)
-        manifests = {name: m for name, (_, m) in results.items()}
-        return StageResult(
-            tables={f"{stage}/{name}": info for stage, m in manifests.items() for name, info in m["tables"].items()},
-            counts={f"{stage}.{k}": int(v) for stage, m in manifests.items() for k, v in m["counts"].items()
-                    if not k.startswith("time_ms.")},
-            timings_s=timings, manifest={"stages": {name: name for name in results}})
+        return chain_result(results, timings, table_prefix=True)
 
 
 def run_chain_job(job: ChainJob) -> tuple[str, dict[str, Any]]:

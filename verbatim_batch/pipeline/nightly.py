@@ -33,8 +33,9 @@ from typing import Any
 
 from .. import storage
 from ..faults import fault_point
+from ..options import group, option
 from ..runs import RUNS_DIR, current_run, jsonable, new_run_id, publish, safe_run_id
-from .chains import Chain, run_chain
+from .chains import Chain, chain_result, run_chain
 from .runner import CompositeStage, Plan, RunOptions, StageContext, StageResult, run_stage
 
 
@@ -42,21 +43,26 @@ from .runner import CompositeStage, Plan, RunOptions, StageContext, StageResult,
 class NightlyJob(RunOptions):
     """A nightly run: a chain under ``root``. ``output`` is not set by the user: it is ``root/runs/<run id>``."""
 
-    chain: Chain
-    root: str
-    keep_runs: int = 7
+    chain: Chain = group(Chain, required=True)
+    root: str = option(help="folder holding runs/ and the current pointer", path=True)
+    keep_runs: int = option(7, "committed runs kept (older ones are deleted)", low=1)
     output: str = ""
 
     def config(self) -> dict[str, Any]:
+        """What decides a night's outputs: its inputs and every stage's settings."""
         from ..embedding import EmbedderConfig
         from ..extract.semantic import SemanticConfig
 
         c = self.chain
+        jobs = c.stage_jobs()
+        extract, index = jobs["spans"], jobs["index"]
         return {"input": c.input, "queries": c.queries, "metadata": c.metadata, "format": c.format,
-                "chunker_config_hash": c.chunker.hash, "embedder_hash": (c.embedder or EmbedderConfig()).hash,
-                "extractor_hash": (c.extractor or SemanticConfig()).hash, "method": c.method,
-                "top_k": c.top_k, "max_drift": c.max_drift,
-                "dense": jsonable(c.dense.__dict__) if c.dense is not None else None}
+                "chunker_config_hash": jobs["chunks"].chunker.hash,
+                "embedder_hash": (jobs["embeddings"].embedder or EmbedderConfig()).hash,
+                "extractor_hash": (extract.extractor or SemanticConfig()).hash, "method": extract.method,
+                "top_k": extract.top_k, "max_drift": index.max_drift,
+                "dense": jsonable(index.dense.__dict__) if index.dense is not None else None,
+                "stages": jsonable(c.stages)}
 
 
 class NightlyStage(CompositeStage):
@@ -78,12 +84,8 @@ class NightlyStage(CompositeStage):
         results, timings = run_chain(job.chain, ctx.staging, previous=base, run_id=ctx.run_id, address=job.address,
                                      num_cpus=job.num_cpus, batch_retries=job.batch_retries,
                                      after_stage=lambda name: fault_point(f"stage.done:{name}"))
-        manifests = {name: m for name, (_, m) in results.items()}
-        return StageResult(
-            tables={name: info for m in manifests.values() for name, info in m["tables"].items()},
-            counts=stage_counts(manifests), timings_s=timings,
-            manifest={"stages": {name: name for name in manifests},
-                      "index_update": manifests["index"].get("update", {"action": "rebuilt"})})
+        update = results["index"][1].get("update", {"action": "rebuilt"})
+        return chain_result(results, timings, table_prefix=False, index_update=update)
 
     def on_committed(self, path: str, manifest: dict[str, Any]) -> dict[str, Any]:
         fault_point("nightly.committed")  # committed, `current` not yet moved
@@ -98,8 +100,3 @@ def run_nightly(job: NightlyJob) -> tuple[str, dict[str, Any]]:
     return run_stage(NightlyStage(dataclasses.replace(job, run_id=run_id,
                                                       output=storage.join(root, RUNS_DIR, run_id))))
 
-
-def stage_counts(manifests: dict[str, dict[str, Any]]) -> dict[str, int]:
-    """Every stage's counts as ``<stage>.<count>`` (time spent is in each stage's own manifest)."""
-    return {f"{stage}.{key}": int(value) for stage, m in manifests.items() for key, value in m["counts"].items()
-            if not key.startswith("time_ms.")}

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .. import storage
+from ..options import option
 from ..pipeline.runner import Plan, RunOptions, Stage, StageContext, StageResult, run_stage
 from . import data
 from .loop import BEST_METRIC, train_loop_per_worker
@@ -40,23 +41,26 @@ _RUNTIME = ("output", "run_id", "overwrite", "address", "num_cpus", "previous", 
 class TrainJob(RunOptions):
     """One training run. Defaults follow the reference recipe (lr 5e-5, 3 epochs, batch 8, 8192 tokens)."""
 
-    train: str  # a silver run (its train split) or Parquet / JSONL pairs
-    eval: str | None = None  # default: the silver run's dev split (required for other inputs)
-    model: str = DEFAULT_MODEL  # hub id or local folder: a base model (a fresh head) or a token classifier
-    epochs: int = 3
-    lr: float = 5e-5
-    batch_size: int | None = 8  # windows per step per worker (ignored with batch_tokens)
-    batch_tokens: int | None = None  # token budget per step per worker (windows packed by length)
-    grad_accum: int = 1
-    warmup_ratio: float = 0.1  # share of the steps with a linear warmup; then linear decay to 0
+    train: str = option(help="a silver run (its train split), or Parquet/JSONL pairs with question (or query), chunk "
+                        "and spans [{start, end}]", path=True)
+    eval: str | None = option(None, "pairs to evaluate on each epoch", path=True,
+                              default_help="the silver run's dev split")
+    model: str = option(DEFAULT_MODEL, "a base model (a fresh head) or a token classifier: hub id or local path")
+    epochs: int = option(3, "passes over the training pairs", low=1)
+    lr: float = option(5e-5, "peak learning rate, linear warmup then linear decay", low=0, low_open=True)
+    batch_size: int | None = option(8, "windows per step per worker", low=1)
+    batch_tokens: int | None = option(None, "token budget per step per worker instead of --batch-size", low=1)
+    grad_accum: int = option(1, "batches per optimizer step", low=1)
+    warmup_ratio: float = option(0.1, "share of steps spent warming up", low=0, high=1)
     weight_decay: float = 0.01
-    max_length: int = 8192  # tokens per window (capped at the model's positions), as the highlighter reads
-    stride: int = 256  # tokens shared by neighbouring windows, as the highlighter reads
-    num_workers: int = 2
-    use_gpu: bool = False
-    cpus_per_worker: float = 1.0
-    keep_checkpoints: int = 2  # Ray Train keeps the best (eval Word-F1) ones and always the latest
-    seed: int = 0
+    max_length: int = option(8192, "tokens per window (capped at the model's positions), as the highlighter reads",
+                             low=16)
+    stride: int = option(256, "tokens shared by neighbouring windows, as the highlighter reads", low=0)
+    num_workers: int = option(2, "Ray Train workers, DDP", low=1)
+    use_gpu: bool = option(False, "one GPU per worker, NCCL, bf16 autocast")
+    cpus_per_worker: float = option(1.0, "CPUs per training worker", low=0, low_open=True)
+    keep_checkpoints: int = option(2, "checkpoints kept besides the best", low=1)
+    seed: int = option(0, "sampling and initialisation seed", low=0)
 
     def __post_init__(self) -> None:
         if self.epochs < 1 or self.num_workers < 1 or self.grad_accum < 1:

@@ -1,0 +1,70 @@
+"""Paths are resolved once, where a command reads its options: manifests hold absolute locations, so a run made
+from one folder is evaluated and extracted from any other with the same results; a path that cannot be found
+stops with one line and exit 2, never a score of 0."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from importlib import resources
+
+import pyarrow.parquet as pq
+
+from verbatim_batch.cli import main
+from verbatim_batch.runs import manifest_config
+
+EXAMPLES = resources.files("verbatim_batch") / "examples"
+
+
+def _workspace(folder, n_papers: int = 3):
+    """A corpus folder, its queries and TREC qrels (the queries' labelled chunks), under ``folder``."""
+    names = sorted(p.name for p in (EXAMPLES / "corpus").iterdir() if p.name.endswith(".md"))[:n_papers]
+    ids = {n.removesuffix(".md") for n in names}
+    (folder / "corpus").mkdir(parents=True)
+    for name in names:
+        shutil.copyfile(EXAMPLES / "corpus" / name, folder / "corpus" / name)
+    rows = [json.loads(line) for line in (EXAMPLES / "queries.jsonl").read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if r["paper_id"] in ids]
+    (folder / "queries.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "qrels.txt").write_text("".join(f"{r['query_id']} 0 {r['chunk_id']} 1\n" for r in rows))
+    return len(rows)
+
+
+def test_runs_made_in_one_folder_give_the_same_results_from_another(ray_local, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert _workspace(a) > 0
+    b.mkdir()
+    monkeypatch.chdir(a)
+    assert main(["run", "--input", "corpus", "--queries", "queries.jsonl", "--output", "chain",
+                 "--embed-batch-rows", "64", "--extract-batch-rows", "16"]) == 0
+    config = manifest_config(str(a / "chain" / "retrieval"))
+    assert config["queries"] == str(a / "queries.jsonl") and config["index"] == str(a / "chain" / "index")
+    assert json.loads((a / "chain" / "manifest.json").read_text())["config"].count(str(a / "corpus")) == 1
+    capsys.readouterr()
+
+    def evaluate(*argv: str) -> dict:
+        assert main(["evaluate-retrieval", *argv, "--json"]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    here = evaluate("--retrieval", "chain/retrieval", "--qrels", "qrels.txt")
+    assert here["methods"]["hybrid"]["Recall@10"] > 0
+    monkeypatch.chdir(b)
+    assert evaluate("--retrieval", "../a/chain/retrieval", "--qrels", "../a/qrels.txt") == here
+
+    assert main(["extract", "--retrieval", "../a/chain/retrieval", "--output", "spans"]) == 0
+    monkeypatch.chdir(a)
+    assert main(["extract", "--retrieval", "chain/retrieval", "--output", "spans"]) == 0
+    cols = ["pair_id", "start", "end", "text"]
+    there = pq.read_table(b / "spans" / "spans", columns=cols).sort_by("pair_id").to_pylist()
+    assert there == pq.read_table(a / "spans" / "spans", columns=cols).sort_by("pair_id").to_pylist() and there
+
+    # labels that match no query of the run: one line and exit 2, not a table of zeros
+    (b / "other.txt").write_text("q-unknown 0 some-chunk 1\n")
+    capsys.readouterr()
+    assert main(["evaluate-retrieval", "--retrieval", "chain/retrieval", "--qrels", str(b / "other.txt")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "none of the 1 labelled queries" in err and err.count("\n") == 0
+    assert main(["evaluate-retrieval", "--retrieval", "chain/retrieval", "--qrels", "qrels.txt",
+                 "--queries", "missing.jsonl"]) == 2
+    assert f"queries not found: {a / 'missing.jsonl'} (from --queries)" in capsys.readouterr().err
