@@ -43,7 +43,7 @@ def nightly_baseline(tmp_path_factory):
     """One uninterrupted `verbatim-batch nightly` (run id r1) over six bundled papers and four queries, made
     once per session: the reference that killed, resumed, cluster and object-store runs of the same night
     must equal. Tests that change the corpus copy it first (``corpus`` is shared)."""
-    from test_nightly import PAPERS, make_corpus, nightly
+    from helpers import PAPERS, make_corpus, nightly
 
     tmp = tmp_path_factory.mktemp("baseline")
     corpus = make_corpus(tmp / "corpus", PAPERS[:6])

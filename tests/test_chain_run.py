@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_nightly import PAPERS, make_corpus
+from helpers import PAPERS, make_corpus
 
 from verbatim_batch.cli import main
 from verbatim_batch.pipeline import STAGES

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from test_nightly import EXAMPLES, PAPERS, assert_tables_match
+from helpers import EXAMPLES, PAPERS, assert_tables_match
 
 from verbatim_batch.pipeline import ChunkJob, run_chunk
 

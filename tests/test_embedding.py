@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import inspect
 import json
 import os
 import random
@@ -17,6 +16,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pytest  # noqa: E402
+from helpers import SENTENCES  # noqa: E402
+from helpers import tiny_model_dir as _tiny_model_dir  # noqa: E402
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -40,40 +41,6 @@ needs_minilm = pytest.mark.skipif(default_model_path() is None, reason="gt-all-m
 
 
 # --- fixtures: tiny models built from configs ---------------------------------------
-
-
-def _save(model, path: Path) -> None:
-    kwargs = {}
-    if "safe_serialization" in inspect.signature(model.save_pretrained).parameters:
-        kwargs["safe_serialization"] = True
-    model.save_pretrained(str(path), **kwargs)
-
-
-def _tiny_model_dir(path: Path, arch: str, pooling: str | None = None) -> Path:
-    from transformers import AutoTokenizer, BertConfig, BertModel, ModernBertConfig, ModernBertModel
-
-    torch.manual_seed(0)
-    if arch == "bert":
-        cfg = BertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                         intermediate_size=128, max_position_embeddings=512, pad_token_id=0)
-        model = BertModel(cfg)
-    else:
-        cfg = ModernBertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                               intermediate_size=128, max_position_embeddings=512, pad_token_id=0,
-                               cls_token_id=101, sep_token_id=102, bos_token_id=101, eos_token_id=102,
-                               global_attn_every_n_layers=2, local_attention=16)
-        model = ModernBertModel(cfg)
-    path.mkdir(parents=True, exist_ok=True)
-    _save(model, path)
-    AutoTokenizer.from_pretrained(DEFAULT_MODEL).save_pretrained(str(path))
-    if pooling:
-        (path / "1_Pooling").mkdir(exist_ok=True)
-        (path / "1_Pooling" / "config.json").write_text(json.dumps({
-            "word_embedding_dimension": 64,
-            "pooling_mode_cls_token": pooling == "cls",
-            "pooling_mode_mean_tokens": pooling == "mean",
-        }))
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -105,20 +72,6 @@ def _chunk_rows(n: int, seed: int = 0) -> list[dict]:
             rows.append({"chunk_id": f"{paper.paper_id}:{c.index}", "paper_id": paper.paper_id, "text": c.text,
                          "context": build_context(title, c.heading_path), "chunk_index": c.index})
     return rows[:n]
-
-
-SENTENCES = [
-    "We fine-tune the encoder on named entity recognition with a CRF head.",
-    "Table 3 reports BLEU scores on the WMT14 English-German test set.",
-    "The tokenizer splits rare words into sub-word units.",
-    "Our baseline is a bidirectional LSTM with attention.",
-    "Results are averaged over five random seeds.",
-    "",
-    "Short.",
-    "A much longer sentence that keeps going " * 12,
-    "Données et naïve café — 中文 text with ≤ symbols.",
-    "The model achieves 45.3% accuracy on the held-out split.",
-]
 
 
 # --- tiny models: shapes, norms, determinism, order invariance ------------------------

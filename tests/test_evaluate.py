@@ -8,6 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers import CHUNK_A, CHUNK_B, CHUNK_C, GOLD, SPAN_ROWS, span_row
 
 from verbatim_batch.evaluate import (
     evaluate_files,
@@ -19,19 +20,6 @@ from verbatim_batch.evaluate import (
 )
 from verbatim_batch.tables import PAIRS, SPANS, text_chunk_id, to_table
 
-CHUNK_A = "Alpha beta gamma delta."  # Alpha 0-5, beta 6-10, gamma 11-16, delta. 17-23
-CHUNK_B = "One two three four."  # One 0-3, two 4-7, three 8-13, four. 14-19
-CHUNK_C = "Epsilon zeta eta."
-
-GOLD = [
-    # ids given: matched on (query, paper_id, chunk_index)
-    {"query": "q1", "paper_id": "P1", "chunk_index": 0, "chunk": CHUNK_A, "relevant": True,
-     "gold_spans": ["beta gamma", {"start": 0, "end": 5}, "not in the chunk"]},
-    # no ids: matched on (query, chunk) or (query, text_chunk_id(chunk))
-    {"query": "q2", "chunk": CHUNK_B, "relevant": False, "gold_spans": ["TWO three"]},
-    {"query": "q1", "paper_id": "P1", "chunk_index": 1, "chunk": CHUNK_C, "gold_spans": None},
-]
-
 
 def write_jsonl(path: Path, rows: list) -> Path:
     path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows), encoding="utf-8")
@@ -41,22 +29,6 @@ def write_jsonl(path: Path, rows: list) -> Path:
 @pytest.fixture
 def gold_file(tmp_path: Path) -> Path:
     return write_jsonl(tmp_path / "gold.jsonl", GOLD)
-
-
-def span_row(query, paper_id, chunk_index, chunk_id, start, end, text):
-    return {
-        "run_id": "run-1", "pair_id": "p", "query_id": query, "query": query, "paper_id": paper_id,
-        "chunk_id": chunk_id, "chunk_index": chunk_index, "start": start, "end": end, "text": text,
-        "extractor": "test", "config_hash": "h",
-    }
-
-
-SPAN_ROWS = [
-    span_row("q1", "P1", 0, "c-0", 6, 16, "beta gamma"),  # matches gold row 1
-    span_row("q1", "P1", 0, "c-0", 0, 5, "Alphx"),  # text differs from the gold chunk: offset mismatch
-    span_row("q2", None, None, text_chunk_id(CHUNK_B), 4, 7, "two"),  # gold row 2 through its text hash
-    span_row("q1", "P2", 0, "c-9", 0, 3, "abc"),  # no such gold pair
-]
 
 
 # ---------------------------------------------------------------------------
@@ -327,7 +299,7 @@ def test_cli_evaluate_report_shows_gold_beside_predicted_with_row_f1(gold_file, 
     import html
     import re
 
-    from test_report import CHROMIUM, MARK, render
+    from helpers import CHROMIUM, MARK, render
 
     from verbatim_batch.cli import main
 

@@ -10,10 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import CHUNK, make_token_classifier
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from verbatim_batch.embedding import DEFAULT_MODEL, default_model_path
+from verbatim_batch.embedding import default_model_path
 from verbatim_batch.extract import build_extractor, extractor_config
 from verbatim_batch.extract.highlighter import Highlighter, HighlighterConfig, TokenScores
 from verbatim_batch.extract.pairs import pairs_from_records, read_pair_records
@@ -29,28 +30,6 @@ needs_minilm = pytest.mark.skipif(default_model_path() is None, reason="gt-all-m
 # --- tiny token classifiers built from configs, saved, loaded through the real code ------------------
 
 
-def make_token_classifier(path: Path, num_labels: int = 2, max_positions: int = 512, seed: int = 0,
-                          config_patch: dict | None = None) -> Path:
-    from transformers import AutoTokenizer, ModernBertConfig, ModernBertForTokenClassification
-
-    torch.manual_seed(seed)
-    cfg = ModernBertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                           intermediate_size=128, max_position_embeddings=max_positions, pad_token_id=0,
-                           cls_token_id=101, sep_token_id=102, bos_token_id=101, eos_token_id=102,
-                           global_attn_every_n_layers=2, local_attention=16, num_labels=num_labels)
-    model = ModernBertForTokenClassification(cfg)
-    with torch.no_grad():  # spread the logits so that probabilities vary across tokens
-        model.classifier.weight.mul_(40.0)
-    path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(path))
-    AutoTokenizer.from_pretrained(DEFAULT_MODEL).save_pretrained(str(path))
-    if config_patch:
-        conf = json.loads((path / "config.json").read_text())
-        conf.update(config_patch)
-        (path / "config.json").write_text(json.dumps(conf))
-    return path
-
-
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory) -> Path:
     return make_token_classifier(tmp_path_factory.mktemp("hl") / "m")
@@ -60,10 +39,6 @@ def tiny_dir(tmp_path_factory) -> Path:
 def tiny(tiny_dir) -> Highlighter:
     return Highlighter(HighlighterConfig(model=str(tiny_dir), max_length=64, stride=16, max_query_tokens=16,
                                          token_budget=512, threshold=0.5))
-
-
-CHUNK = ("We train the tagger on 12k sentences. Results improve by 3.1 points over the baseline. "
-         "Table 2 lists the scores per domain, and the ablation removes the CRF layer. ") * 4
 
 
 # --- span post-processing ----------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import json
 import os
 
 import pytest
-from test_extract import CHUNK, make_token_classifier
+from helpers import CHUNK, make_token_classifier
 
 from verbatim_batch.cli import main
 from verbatim_batch.runs import read_manifest, read_table

@@ -13,7 +13,7 @@ import random
 import numpy as np
 import pyarrow as pa
 import pytest
-from test_extract import CHUNK, make_token_classifier
+from helpers import CHUNK, make_token_classifier
 
 from verbatim_batch.extract.highlighter import (
     ContextScores,
@@ -199,13 +199,13 @@ def test_split_stages_isolate_a_failing_pair_and_a_failed_batch(config, hl, monk
 def test_embed_tokenize_stage_gives_the_in_actor_vectors(tmp_path):
     """``embed_tokenize`` then ``EmbedActor`` write exactly the rows ``EmbedActor`` alone writes, and the tokenize
     stage's time rides through the actor to the sink."""
-    from test_embedding import SENTENCES, _tiny_model_dir
+    from helpers import SENTENCES, tiny_model_dir
 
     from verbatim_batch.embedding import EmbedderConfig
     from verbatim_batch.pipeline.batches import strip_internal
     from verbatim_batch.pipeline.embed import EmbedActor, embed_tokenize
 
-    config = EmbedderConfig(model=str(_tiny_model_dir(tmp_path / "bert", "bert")), max_length=16, token_budget=64)
+    config = EmbedderConfig(model=str(tiny_model_dir(tmp_path / "bert", "bert")), max_length=16, token_budget=64)
     texts = SENTENCES * 3
     batch = pa.table({"chunk_id": [f"c{i}" for i in range(len(texts))], "paper_id": ["p"] * len(texts),
                       "context": [("Paper > Section" if i % 2 else None) for i in range(len(texts))], "text": texts})

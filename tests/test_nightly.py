@@ -10,77 +10,22 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from helpers import EXAMPLES, PAPERS, assert_tables_match, canonical, make_corpus, nightly
 
 from verbatim_batch.runs import current_run, current_table, read_manifest
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
-EXAMPLES = REPO / "verbatim_batch" / "examples"
-PAPERS = sorted(p.name for p in (EXAMPLES / "corpus").glob("*.md"))
-# Columns that measure a run rather than describe its output.
-MEASURED = {"latency_ms"}
-
-
-def make_corpus(folder: Path, names: list[str], n_queries: int = 4) -> Path:
-    """Papers, their metadata and the first ``n_queries`` bundled queries (``queries.jsonl`` beside the folder)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for name in names:
-        shutil.copy(EXAMPLES / "corpus" / name, folder / name)
-    shutil.copy(EXAMPLES / "corpus" / "metadata.jsonl", folder / "metadata.jsonl")
-    lines = (EXAMPLES / "queries.jsonl").read_text(encoding="utf-8").splitlines()[:n_queries]
-    (folder.parent / "queries.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return folder
-
-
-def nightly(root: Path, corpus: Path, run_id: str, *extra: str, env: dict | None = None,
-            check: bool = True) -> subprocess.CompletedProcess:
-    """One `verbatim-batch nightly` process (its own local Ray, 2 CPUs)."""
-    cmd = [sys.executable, "-c", "import sys; from verbatim_batch.cli import main; sys.exit(main())", "nightly",
-           "--input", str(corpus), "--metadata", str(corpus / "metadata.jsonl"),
-           "--queries", str(corpus.parent / "queries.jsonl"), "--root", str(root), "--run-id", run_id,
-           "--num-cpus", "2", "--extract-batch-rows", "16", "--embed-batch-rows", "64", *extra]
-    base = {k: v for k, v in os.environ.items()
-            if k not in ("RAY_ADDRESS", "VERBATIM_BATCH_FAULT", "VERBATIM_BATCH_DRIVER_PID")}
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                          env=base | {"HF_HUB_OFFLINE": "1"} | (env or {}))
-    if check:
-        assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
-    return done
-
 
 def stage_table(root: Path, run_id: str, stage: str, table: str) -> pa.Table:
     return pq.read_table(root / "runs" / run_id / stage / table)
-
-
-def canonical(table: pa.Table, drop: set[str] = frozenset()) -> pa.Table:
-    """The table without measured columns, rows in a fixed order (file order is not part of the contract)."""
-    table = table.drop_columns([c for c in table.column_names if c in MEASURED | set(drop)])
-    keys = [f.name for f in table.schema if not pa.types.is_nested(f.type) and not pa.types.is_floating(f.type)
-            and not pa.types.is_fixed_size_list(f.type)]
-    return table.sort_by([(k, "ascending") for k in keys])
-
-
-def assert_tables_match(got: pa.Table, want: pa.Table, what: str, drop: set[str] = frozenset()) -> None:
-    """Same rows. Model scores (floats) agree to 1e-5: a pair scored in another batch (carried from an
-    earlier night, or redone after a resume) gets the same spans, but its score can differ in the last bits."""
-    got, want = canonical(got, drop), canonical(want, drop)
-    floats = [f.name for f in got.schema if pa.types.is_floating(f.type)]
-    assert got.num_rows == want.num_rows, f"{what}: {got.num_rows} rows, expected {want.num_rows}"
-    assert got.drop_columns(floats).equals(want.drop_columns(floats)), f"{what} differs"
-    for name in floats:
-        g, w = got[name].to_numpy(zero_copy_only=False), want[name].to_numpy(zero_copy_only=False)
-        np.testing.assert_allclose(g.astype(float), w.astype(float), atol=1e-5, err_msg=f"{what}.{name}")
 
 
 def fresh_paper_ids(root: Path, run_id: str, table: str, stage: str) -> set[str]:

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import assert_same_run
 from raycluster import LocalRayCluster, ray_cli
-from test_resume import assert_same_run
 
 pytestmark = pytest.mark.slow
 

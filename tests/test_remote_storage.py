@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+from helpers import EXAMPLES, PAPERS, assert_tables_match, nightly
 from s3server import environment, s3_server
-from test_nightly import EXAMPLES, PAPERS, assert_tables_match, nightly
 
 from verbatim_batch import faults, storage
 from verbatim_batch.faults import InjectedFault
@@ -286,7 +286,7 @@ def test_nightly_on_s3(s3, nightly_baseline, tmp_path):
 
 def test_evaluate_reads_gold_and_a_span_run_from_any_store(where, tmp_path):
     """`evaluate` on files in a store gives what it gives on the same files on a local disk."""
-    from test_evaluate import GOLD, SPAN_ROWS
+    from helpers import GOLD, SPAN_ROWS
 
     from verbatim_batch.evaluate import evaluate_files
     from verbatim_batch.tables import SPANS, to_table

@@ -8,16 +8,13 @@ import html
 import json
 import os
 import re
-import shutil
-import subprocess
 
 import pytest
+from helpers import CHROMIUM, MARK, render
 
 from verbatim_batch.cli import main
 from verbatim_batch.report import highlight, in_context, windows
 from verbatim_batch.runs import read_manifest, read_table
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
 
 def test_highlight_escapes_text_and_marks_spans():
@@ -26,17 +23,6 @@ def test_highlight_escapes_text_and_marks_spans():
                             {"start": 4, "end": 9, "score": 0.9, "align": "exact"}])
     assert out.startswith("a <mark") and "&lt;b&gt;" in out and "<b>" not in out
     assert out.count("<mark") == 2 and 'title="score 0.90 · exact"' in out
-
-
-def render(path: str, tmp_path) -> str:
-    """The DOM headless Chromium builds from a page (file:// only: the page loads nothing else)."""
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-           "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path / 'p'}",
-           "--dump-dom", f"file://{path}"]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout
-
-
-MARK = re.compile(r'<mark class="span" data-start="(\d+)" data-end="(\d+)" title="([^"]+)">(.*?)</mark>', re.S)
 
 
 def test_windows_show_context_not_whole_chunks():

@@ -9,43 +9,18 @@ from __future__ import annotations
 
 import json
 import signal
-from pathlib import Path
 
-import numpy as np
-import pyarrow.parquet as pq
 import pytest
-from test_nightly import assert_tables_match, nightly
+from helpers import assert_same_run, nightly
 
 from verbatim_batch.runs import read_manifest
 
 pytestmark = pytest.mark.slow
 
-TABLES = [("chunks", "papers"), ("chunks", "chunks"), ("chunks", "quarantine"), ("embeddings", "embeddings"),
-          ("index", "ids.parquet"), ("retrieval", "retrieval"), ("spans", "spans"), ("spans", "pairs"),
-          ("spans", "rejects")]
-
-
 @pytest.fixture(scope="module")
 def baseline(nightly_baseline, tmp_path_factory):
     """The session's uninterrupted night (conftest), and a folder of this module's own for the runs it kills."""
     return nightly_baseline | {"tmp": tmp_path_factory.mktemp("resume")}
-
-
-def assert_same_run(root: Path, base: Path, run_id: str = "r1") -> None:
-    """Every table of every stage equals the uninterrupted run's: no row missing, none duplicated."""
-    for stage, table in TABLES:
-        got = pq.read_table(root / "runs" / run_id / stage / table)
-        want = pq.read_table(base / "runs" / run_id / stage / table)
-        if table == "embeddings":  # vectors: compared numerically (batch makeup may differ after a resume)
-            got, want = got.sort_by("chunk_id"), want.sort_by("chunk_id")
-            assert got["chunk_id"].equals(want["chunk_id"]), "embeddings: other chunks"
-            np.testing.assert_allclose(np.stack(got["vector"].to_numpy(zero_copy_only=False)),
-                                       np.stack(want["vector"].to_numpy(zero_copy_only=False)), atol=1e-5)
-            got, want = got.drop_columns(["vector"]), want.drop_columns(["vector"])
-        assert_tables_match(got, want, f"{stage}/{table}")
-    manifest = json.loads((root / "runs" / run_id / "manifest.json").read_text())
-    assert manifest["status"] == "committed"
-    assert (root / "current").resolve() == (root / "runs" / run_id).resolve()
 
 
 # Kill points in pipeline order. Each run of the chain is killed at the next point, so every rerun
