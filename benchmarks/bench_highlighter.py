@@ -78,7 +78,8 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from verbatim_batch.chunking import chunk_markdown  # noqa: E402
-from verbatim_batch.extract.highlighter import Highlighter, HighlighterConfig, TokenScores  # noqa: E402
+from verbatim_batch.extract.highlighter import Highlighter, HighlighterConfig  # noqa: E402
+from verbatim_batch.extract.highlighter_spans import TokenScores  # noqa: E402
 from verbatim_synth import corpus as synth  # noqa: E402
 from verbatim_synth.labelled import candidate_sentences, keywords  # noqa: E402
 

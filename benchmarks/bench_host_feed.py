@@ -69,14 +69,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from verbatim_batch.embedding import DEFAULT_MODEL, Embedder, EmbedderConfig, EmbedTokenizer, plan_batches  # noqa: E402
-from verbatim_batch.extract.highlighter import (  # noqa: E402
-    Highlighter,
-    HighlighterConfig,
+from verbatim_batch.extract.highlighter import Highlighter, HighlighterConfig, host_describe  # noqa: E402
+from verbatim_batch.extract.highlighter_spans import TokenScores  # noqa: E402
+from verbatim_batch.extract.highlighter_stages import (  # noqa: E402
     HighlighterRows,
-    TokenScores,
     encode_table,
     forward_table,
-    host_describe,
     scores_of,
     spans_table,
 )

@@ -152,12 +152,13 @@ def measure(runs: dict[str, str], staging: str, placement: str) -> dict:
     from verbatim_batch.extract.llm import LLMConfig
     from verbatim_batch.extract.semantic import SemanticConfig
     from verbatim_batch.pipeline import extract as ex
+    from verbatim_batch.pipeline.pair_plan import query_blocks
     from verbatim_batch.pipeline.ray_env import init_local
     from verbatim_batch.pipeline.runner import StageContext
 
     def identity(job, pairs, run_id):  # the pairs dataset as the extractor would read it
         if isinstance(pairs, pa.Table):  # the planner before issue 20's item 4: a table on the driver
-            return ray.data.from_arrow(ex.query_blocks(pairs, job.batch_rows))
+            return ray.data.from_arrow(query_blocks(pairs, job.batch_rows))
         return pairs
 
     for kind in list(ex.PLACEMENTS):

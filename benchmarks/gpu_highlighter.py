@@ -7,8 +7,8 @@
 Runs the extract job's three highlighter stages in this process, one after another, over (query, chunk) pairs
 of ``--target-tokens`` (1,500) tokens cut from the seed papers (``bench_host_feed.seed_pairs``):
 
-1. tokenize stage (``highlighter.encode_table``): CPU seconds per pair;
-2. the model actor's work (``highlighter.forward_table``) on the GPU, batches of ``--batch-rows`` pairs packed
+1. tokenize stage (``highlighter_stages.encode_table``): CPU seconds per pair;
+2. the model actor's work (``highlighter_stages.forward_table``) on the GPU, batches of ``--batch-rows`` pairs packed
    under ``--budget`` tokens: wall pairs/s of the actor (its input already tokenized, as the tokenize stage
    hands it), and its own host time (wall minus the forward passes, which ``Highlighter.stats`` times);
 3. span stage (``spans_table`` + ``pack``): CPU seconds per pair.
@@ -60,15 +60,8 @@ def main(argv=None) -> int:
     from bench_highlighter import make_model
     from bench_host_feed import seed_pairs
 
-    from verbatim_batch.extract.highlighter import (
-        Highlighter,
-        HighlighterConfig,
-        HighlighterRows,
-        encode_table,
-        forward_table,
-        host_describe,
-        spans_table,
-    )
+    from verbatim_batch.extract.highlighter import Highlighter, HighlighterConfig, host_describe
+    from verbatim_batch.extract.highlighter_stages import HighlighterRows, encode_table, forward_table, spans_table
     from verbatim_batch.extract.stage import PairExtractor, pack
 
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")

@@ -28,7 +28,8 @@ import pytest
 import torch
 
 from verbatim_batch.embedding import DEFAULT_MODEL
-from verbatim_batch.extract.highlighter import Highlighter, HighlighterConfig, TokenScores, highlight_spans
+from verbatim_batch.extract.highlighter import Highlighter, HighlighterConfig
+from verbatim_batch.extract.highlighter_spans import TokenScores, highlight_spans
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -15,14 +15,8 @@ import pyarrow as pa
 import pytest
 from helpers import CHUNK, make_token_classifier
 
-from verbatim_batch.extract.highlighter import (
-    ContextScores,
-    Highlighter,
-    HighlighterConfig,
-    TokenScores,
-    highlight_spans,
-    host_describe,
-)
+from verbatim_batch.extract.highlighter import Highlighter, HighlighterConfig, host_describe
+from verbatim_batch.extract.highlighter_spans import ContextScores, TokenScores, highlight_spans
 from verbatim_batch.extract.pairs import pairs_from_records
 from verbatim_batch.extract.spans import Span, merge_runs, postprocess, runs_above
 from verbatim_batch.extract.stage import PairExtractor, pack, unpack
@@ -185,7 +179,7 @@ def test_split_stages_isolate_a_failing_pair_and_a_failed_batch(config, hl, monk
     def broken(hl, batch):
         raise MemoryError("out of memory")
 
-    monkeypatch.setattr("verbatim_batch.extract.highlighter.forward_table", broken)  # the stage itself fails
+    monkeypatch.setattr("verbatim_batch.extract.highlighter_stages.forward_table", broken)  # the stage itself fails
     out = split_path(config, batch, actor)
     rows = comparable(out)
     assert not rows["spans"] and out["_retries"][0].as_py() == 0

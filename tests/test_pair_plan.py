@@ -151,7 +151,7 @@ def test_an_io_actor_does_a_planner_block_as_its_query_blocks(runs):
     actor._call = lambda block: calls.append(block["query_id"].to_pylist()) or block.select(["pair_id"])
     out = actor(pairs)
     assert out["pair_id"].to_pylist() == pairs["pair_id"].to_pylist()
-    assert calls == [b["query_id"].to_pylist() for b in ex.query_blocks(pairs, 4)] and len(calls) > 1
+    assert calls == [b["query_id"].to_pylist() for b in pair_plan.query_blocks(pairs, 4)] and len(calls) > 1
 
 
 def test_carry_check_picks_the_same_pairs(ray_local, runs):

@@ -13,7 +13,7 @@ import pytest
 from helpers import CHROMIUM, MARK, render
 
 from verbatim_batch.cli import main
-from verbatim_batch.report import highlight, in_context, windows
+from verbatim_batch.report_html import highlight, in_context, windows
 from verbatim_batch.runs import read_manifest, read_table
 
 

@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import storage
+from .evaluate import _index_gold, _new_diagnostics, _resolve, _score, load_gold, load_predictions
+from .runs import read_table
 
 DEFAULT_THRESHOLDS = tuple(round(0.05 * i, 2) for i in range(20))
 
@@ -40,8 +42,6 @@ def gold_of_run(manifest: dict[str, Any]) -> str | None:
     path = config.get("pairs")
     if not path or not storage.exists(path) or storage.isdir(path):
         return None
-    from .evaluate import load_gold
-
     try:
         rows = load_gold(path)
     except (ValueError, KeyError, TypeError, OSError):
@@ -53,9 +53,6 @@ def abstention_curve(run_dir: str, gold_path: str,
                      thresholds: Sequence[float] = DEFAULT_THRESHOLDS) -> list[dict[str, Any]]:
     """One row per threshold: answered and abstained pairs, pair precision/recall and word precision/recall/F1
     of the extract run ``run_dir`` against ``gold_path`` when pairs below the threshold abstain."""
-    from .evaluate import _index_gold, _new_diagnostics, _resolve, _score, load_gold, load_predictions
-    from .runs import read_table
-
     gold = load_gold(gold_path)
     by_ids, by_text, by_cid = _index_gold(gold)
     pairs = read_table(run_dir, "pairs", ["query", "paper_id", "chunk_index", "chunk_id", "n_spans", "relevance",
@@ -91,9 +88,6 @@ def reliability(run_dir: str, gold_path: str, edges: Sequence[float] = (0.0, 0.3
                 ) -> list[dict[str, Any]]:
     """How far ``relevance`` is from a probability: per relevance bin, the processed pairs in it and the share of
     them the gold file marks relevant (a calibrated score would have that share inside its bin)."""
-    from .evaluate import _index_gold, _resolve, load_gold
-    from .runs import read_table
-
     gold = load_gold(gold_path)
     by_ids, by_text, by_cid = _index_gold(gold)
     rows = []

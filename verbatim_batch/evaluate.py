@@ -439,12 +439,31 @@ def row_details(gold_rows: Sequence[Mapping[str, Any]], rows: Sequence[EvalRow])
     return out
 
 
+def sweep_rows(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row of headline figures per threshold of a sweep (``{threshold: evaluate result}``)."""
+    out = []
+    for t, r in results.items():
+        iou = r.get("iou", {})
+        iou_key = "0.5" if "0.5" in iou else next(iter(iou), None)
+        cov = r.get("coverage", {})
+        cov_key = "0.5" if "0.5" in cov else next(iter(cov), None)
+        out.append({"threshold": float(t), "pred_spans": r.get("n_pred_spans"), "word_p": r["word"]["micro_p"],
+                    "word_r": r["word"]["micro_r"], "word_f1": r["word"]["micro_f1"],
+                    "macro_f1": r["word"]["macro_f1"], "iou_f1": iou[iou_key]["f1"] if iou_key else None,
+                    "iou_at": iou_key, "coverage": cov.get(cov_key) if cov_key else None, "coverage_at": cov_key,
+                    "overlap_recall": r.get("any_overlap_recall"), "over_prediction": r.get("over_prediction_ratio")})
+    return out
+
+
+SWEEP_COLUMNS = (("threshold", "threshold"), ("pred_spans", "pred spans"), ("word_p", "word P"),
+                 ("word_r", "word R"), ("word_f1", "word F1"), ("macro_f1", "macro F1"), ("iou_f1", "IoU F1"),
+                 ("coverage", "coverage"), ("overlap_recall", "overlap rec."), ("over_prediction", "over-pred."))
+
+
 def format_sweep(results: Mapping[str, Mapping[str, Any]], extractor: str = "") -> str:
     """A threshold sweep as one compact fixed-width table: a line per threshold (predicted spans, word-level
     P/R/F1 and macro F1, span IoU F1, gold coverage, any-overlap recall, over-prediction), the best word F1
     marked with ``*``."""
-    from .report import SWEEP_COLUMNS, sweep_rows
-
     rows = sweep_rows(dict(results))
     if not rows:
         return "no thresholds"

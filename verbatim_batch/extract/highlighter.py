@@ -30,10 +30,14 @@ rounding of a probability that sits exactly on the threshold).
 The work is split in three parts so that a GPU's process runs only the model (issue 25):
 ``HighlighterTokenizer.encode`` cuts the windows of a batch of pairs into flat arrays (a private copy of the
 Rust tokenizer, checked against the transformers call), ``Highlighter.forward_probs`` runs the forward passes,
-and ``ContextScores.results`` builds every pair's spans with numpy over the whole batch (``spans.flat_runs`` and
-``spans.merge_runs``: the per-token rules above, no Python object per token). ``extract`` runs the three in
-this process; the extract job runs them as a CPU tokenize stage, the model actors and a CPU span stage
-(``encode_table``, ``forward_table``, ``spans_table``).
+and ``ContextScores.results`` (``highlighter_spans``) builds every pair's spans with numpy over the whole batch
+(``spans.flat_runs`` and ``spans.merge_runs``: the per-token rules above, no Python object per token).
+``extract`` runs the three in this process; the extract job runs them as a CPU tokenize stage, the model actors
+and a CPU span stage (``highlighter_stages``: ``encode_table``, ``forward_table``, ``spans_table``).
+
+This module holds what a checkpoint gives: the settings, the tokenizer's windows and the model; the token
+probabilities -> spans post-processing is in ``highlighter_spans``, the extract job's Arrow stages in
+``highlighter_stages``.
 
 The paper's students (``KRLabsOrg/acl-verbatim-modernbert``,
 ``KRLabsOrg/verbatim-rag-modern-bert-v2``) ship configs that point at custom code
@@ -52,12 +56,12 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
-import pyarrow as pa
 
 from .. import tables
 from ..models import fingerprint, load_model, resolve_device, resolve_dtype, resolve_model_dir, safetensors_files
+from .highlighter_spans import ContextScores, TokenScores, highlight_spans
 from .registry import ExtractorKind
-from .spans import PairResult, Span, flat_runs, merge_runs, trimmed_spans
+from .spans import PairResult
 
 HIGHLIGHTER_VERSION = "2"  # 2: merge-then-drop per-window runs, as the released process()
 PAPER_STUDENT = "KRLabsOrg/acl-verbatim-modernbert"
@@ -113,77 +117,7 @@ class HighlighterConfig:
         return tables.config_hash({"highlighter_version": HIGHLIGHTER_VERSION, **d})
 
 
-@dataclass
-class TokenScores:
-    """Positive probabilities of a pair's context tokens, window by window.
-
-    ``windows`` holds, for each window of the pair in order, the character offsets
-    (``(n, 2)`` int64) and probabilities (``(n,)`` float32) of its context tokens in token
-    order, empty-offset tokens included (they end a run).
-    """
-
-    windows: list[tuple[np.ndarray, np.ndarray]]
-
-    @property
-    def n_windows(self) -> int:
-        return len(self.windows)
-
-    def _merged(self) -> tuple[np.ndarray, np.ndarray]:
-        parts = [np.column_stack([o, p.astype(np.float64)]) for o, p in self.windows if len(p)]
-        if not parts:
-            return np.zeros((0, 2), dtype=np.int64), np.zeros(0, dtype=np.float32)
-        rows = np.concatenate(parts)
-        rows = rows[rows[:, 1] > rows[:, 0]]
-        if not len(rows):
-            return np.zeros((0, 2), dtype=np.int64), np.zeros(0, dtype=np.float32)
-        rows = rows[np.lexsort((rows[:, 1], rows[:, 0]))]
-        starts = np.flatnonzero(np.r_[True, (np.diff(rows[:, 0]) != 0) | (np.diff(rows[:, 1]) != 0)])
-        return rows[starts, :2].astype(np.int64), np.maximum.reduceat(rows[:, 2], starts).astype(np.float32)
-
-    @property
-    def segments(self) -> list[tuple[int, int]]:
-        """Each distinct non-empty context token once, in chunk order (for inspection)."""
-        return [(int(a), int(b)) for a, b in self._merged()[0]]
-
-    @property
-    def probs(self) -> np.ndarray:
-        """The probability of each of ``segments``: its highest over the windows that hold it."""
-        return self._merged()[1]
-
-    @property
-    def relevance(self) -> float:
-        best = [float(p[o[:, 1] > o[:, 0]].max()) for o, p in self.windows if (o[:, 1] > o[:, 0]).any()]
-        return max(best) if best else 0.0
-
-    def flat(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(offsets (n, 2), probs (n,), window_first (n,))``: the windows one after another."""
-        if not self.windows:
-            return np.zeros((0, 2), np.int64), np.zeros(0, np.float32), np.zeros(0, bool)
-        offsets = np.concatenate([np.asarray(o).reshape(-1, 2) for o, _ in self.windows])
-        probs = np.concatenate([np.asarray(p, dtype=np.float32) for _, p in self.windows])
-        first = np.zeros(len(probs), dtype=bool)
-        sizes = np.array([len(p) for _, p in self.windows], dtype=np.int64)
-        first[(np.cumsum(sizes) - sizes)[sizes > 0]] = True
-        return offsets, probs, first
-
-    def runs(self, threshold: float) -> list[Span]:
-        """The runs at ``threshold`` of every window (unsorted, unmerged, untrimmed).
-
-        Probabilities are compared in float64 (float32 values widened exactly), so a
-        threshold is never rounded to float32 first.
-        """
-        _, start, end, score = flat_runs(*self.flat(), threshold)
-        return [Span(s, e, c) for s, e, c in zip(start.tolist(), end.tolist(), score.tolist(), strict=True)]
-
-
-def highlight_spans(scores: TokenScores, chunk: str, threshold: float, min_chars: int, merge_gap: int) -> list[Span]:
-    """A pair's spans from its token probabilities: per-window runs, merged, short ones dropped, trimmed."""
-    _, start, end, score = flat_runs(*scores.flat(), threshold)
-    _, start, end, score = merge_runs(np.zeros(len(start), np.int64), start, end, score, min_chars, merge_gap)
-    return trimmed_spans(chunk, start, end, score)
-
-
-# --- the host side: windows in, spans out, as flat arrays over a whole batch of pairs --------------------
+# --- the host side: a batch of pairs cut into windows, as flat arrays ------------------------------------
 
 
 @dataclass
@@ -211,62 +145,6 @@ class EncodedPairs:
         probs = np.asarray(token_probs, dtype=np.float32)[self.context] if len(self.context) else \
             np.zeros(0, np.float32)
         return ContextScores(list(self.errors), self.offsets, probs, self.context_counts, self.window_pair)
-
-
-@dataclass
-class ContextScores:
-    """The context tokens of a batch of pairs with their positive probabilities, flat (what the span stage
-    reads): ``offsets``/``probs`` window after window, ``context_counts`` and ``window_pair`` per window."""
-
-    errors: list[str | None]
-    offsets: np.ndarray  # (C, 2)
-    probs: np.ndarray  # float32 (C,)
-    context_counts: np.ndarray  # (W,)
-    window_pair: np.ndarray  # (W,)
-
-    @property
-    def n_pairs(self) -> int:
-        return len(self.errors)
-
-    def pair(self, i: int) -> TokenScores:
-        """Pair ``i``'s windows as ``TokenScores``."""
-        bounds = np.r_[0, np.cumsum(self.context_counts)]
-        return TokenScores([(self.offsets[bounds[w]:bounds[w + 1]], self.probs[bounds[w]:bounds[w + 1]])
-                            for w in np.flatnonzero(self.window_pair == i)])
-
-    def results(self, chunks: Sequence[str | None], threshold: float, min_chars: int,
-                merge_gap: int) -> list[PairResult]:
-        """Every pair's spans and relevance (``highlight_spans`` and ``TokenScores.relevance`` of each pair,
-        computed over the whole batch at once); an error pair gets its error."""
-        n = self.n_pairs
-        counts = np.asarray(self.context_counts, dtype=np.int64)
-        token_pair = np.repeat(np.asarray(self.window_pair, dtype=np.int64), counts)
-        first = np.zeros(len(token_pair), dtype=bool)
-        first[(np.cumsum(counts) - counts)[counts > 0]] = True
-        first_token, start, end, score = flat_runs(self.offsets, self.probs, first, threshold)
-        group, start, end, score = merge_runs(token_pair[first_token], start, end, score, min_chars, merge_gap)
-        bounds = np.searchsorted(group, np.arange(n + 1))
-        relevance = _pair_max(self.offsets, self.probs, token_pair, n)
-        out = []
-        for i in range(n):
-            if self.errors[i]:
-                out.append(PairResult([], None, self.errors[i]))
-                continue
-            a, b = bounds[i], bounds[i + 1]
-            spans = trimmed_spans(chunks[i], start[a:b], end[a:b], score[a:b]) if b > a else []
-            out.append(PairResult(spans, relevance[i]))
-        return out
-
-
-def _pair_max(offsets: np.ndarray, probs: np.ndarray, token_pair: np.ndarray, n: int) -> list[float]:
-    """Per pair, the highest probability of a non-empty context token (0.0 when it has none)."""
-    best = np.full(n, -np.inf)
-    counts = np.bincount(token_pair, minlength=n)  # token_pair is sorted: each pair's tokens are one run
-    has = counts > 0
-    if has.any():
-        masked = np.where(offsets[:, 1] > offsets[:, 0], probs.astype(np.float64), -np.inf)
-        best[has] = np.maximum.reduceat(masked, (np.cumsum(counts) - counts)[has])
-    return [b if b != -np.inf else 0.0 for b in best.tolist()]
 
 
 def _classifier_config(model_dir: Path, trust_remote_code: bool):
@@ -556,165 +434,6 @@ class Highlighter:
 
     def __call__(self, queries: Sequence[str], chunks: Sequence[str]) -> list[PairResult]:
         return self.extract(queries, chunks)
-
-
-# --- the three stages over Arrow batches (the extract job's split placement) -------------------------------
-# A batch of ``PAIR_INPUT`` rows travels with internal list columns, one row per pair:
-#   tokenize stage -> _hl_ids (tokens of all its windows), _hl_wlen (window lengths), _hl_ctx (positions of the
-#                     context tokens in _hl_ids), _hl_off (their offsets, two per token), _hl_cnum (context
-#                     tokens per window), _hl_invalid (validate_pair's reason), _hl_error (extractor error),
-#                     _hl_ms (host and model milliseconds spent on the pair so far)
-#   forward stage  -> drops _hl_ids, _hl_wlen and _hl_ctx; adds _hl_p (the context tokens' probabilities)
-#   span stage     -> the packed spans/pairs/rejects block (``stage.pack``)
-
-TOKEN_COLUMNS = ("_hl_ids", "_hl_wlen", "_hl_ctx")
-
-
-def _flat(column: pa.ChunkedArray | pa.Array, dtype) -> tuple[np.ndarray, np.ndarray]:
-    """A list column's values (flat numpy) and each row's list length."""
-    import pyarrow.compute as pc
-
-    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    values = pc.list_flatten(arr).to_numpy(zero_copy_only=False).astype(dtype, copy=False)
-    return values, pc.list_value_length(arr).to_numpy(zero_copy_only=False).astype(np.int64)
-
-
-def _lists(values: np.ndarray, counts: np.ndarray, type_: pa.DataType) -> pa.Array:
-    offsets = np.zeros(len(counts) + 1, np.int32)
-    np.cumsum(counts, out=offsets[1:])
-    values = np.asarray(values).astype(type_.to_pandas_dtype(), copy=False)
-    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values, type_))
-
-
-def encode_table(host: HighlighterTokenizer, batch: pa.Table, max_chunk_chars: int,
-                 max_query_chars: int) -> pa.Table:
-    """The tokenize stage: ``PAIR_INPUT`` rows -> the same rows with their windows (see above). A pair that
-    fails validation or tokenisation gets its reason; the others are tokenised together."""
-    from .stage import _error_reason, validate_pair
-
-    t0 = time.perf_counter()
-    rows = batch.select(["query", "chunk", "input_error"]).to_pylist()
-    n = len(rows)
-    invalid = [validate_pair(r, max_chunk_chars, max_query_chars) for r in rows]
-    errors: list[str | None] = [None] * n
-    todo = [i for i, e in enumerate(invalid) if e is None]
-    try:
-        enc = host.encode([rows[i]["query"] for i in todo], [rows[i]["chunk"] for i in todo])
-    except Exception:  # noqa: BLE001 - find the pair that fails, tokenise the others together
-        for i in todo:
-            try:
-                host.encode([rows[i]["query"]], [rows[i]["chunk"]])
-            except Exception as exc:  # noqa: BLE001 - a per-pair error row, the batch goes on
-                errors[i] = _error_reason(exc)
-        todo = [i for i in todo if errors[i] is None]
-        enc = host.encode([rows[i]["query"] for i in todo], [rows[i]["chunk"] for i in todo])
-    for k, i in enumerate(todo):
-        errors[i] = enc.errors[k]
-    row = np.asarray(todo, dtype=np.int64)[enc.window_pair] if len(enc.window_pair) else np.zeros(0, np.int64)
-    win_per_row = np.bincount(row, minlength=n)
-    tok_per_row = np.bincount(row, weights=enc.window_lengths, minlength=n).astype(np.int64)
-    ctx_per_row = np.bincount(row, weights=enc.context_counts, minlength=n).astype(np.int64)
-    row_start = np.cumsum(tok_per_row) - tok_per_row
-    local_ctx = enc.context - np.repeat(row_start, ctx_per_row)
-    ms = 1000.0 * (time.perf_counter() - t0) / max(1, len(todo))
-    columns = {
-        "_hl_ids": _lists(enc.ids, tok_per_row, pa.int32()),
-        "_hl_wlen": _lists(enc.window_lengths, win_per_row, pa.int32()),
-        "_hl_ctx": _lists(local_ctx, ctx_per_row, pa.int32()),
-        "_hl_off": _lists(enc.offsets.reshape(-1), 2 * ctx_per_row, pa.int32()),
-        "_hl_cnum": _lists(enc.context_counts, win_per_row, pa.int32()),
-        "_hl_invalid": pa.array(invalid, pa.string()),
-        "_hl_error": pa.array(errors, pa.string()),
-        "_hl_ms": pa.array([ms if e is None else 0.0 for e in invalid], pa.float64()),
-    }
-    for name, col in columns.items():
-        batch = batch.append_column(name, col)
-    return batch
-
-
-def forward_table(hl: Highlighter, batch: pa.Table) -> pa.Table:
-    """The forward stage: the model over every window of the batch (packed under the token budget), nothing
-    else; the context tokens' probabilities come back as ``_hl_p``. If the batch fails, each pair alone."""
-    from .stage import _error_reason
-
-    t0 = time.perf_counter()
-    ids, tok_per_row = _flat(batch["_hl_ids"], np.int32)
-    lengths, win_per_row = _flat(batch["_hl_wlen"], np.int64)
-    ctx, ctx_per_row = _flat(batch["_hl_ctx"], np.int64)
-    errors = batch["_hl_error"].to_pylist()
-    row_start = np.cumsum(tok_per_row) - tok_per_row
-    try:
-        probs = hl.forward_probs(ids, lengths)
-    except Exception:  # noqa: BLE001 - isolate the failing pair below
-        probs = np.zeros(len(ids), np.float32)
-        win_start = np.cumsum(win_per_row) - win_per_row
-        for r in np.flatnonzero(win_per_row):
-            a, b = row_start[r], row_start[r] + tok_per_row[r]
-            try:
-                probs[a:b] = hl.forward_probs(ids[a:b], lengths[win_start[r]:win_start[r] + win_per_row[r]])
-            except Exception as exc:  # noqa: BLE001 - a per-pair error row, the batch goes on
-                errors[r] = _error_reason(exc)
-    p = probs[ctx + np.repeat(row_start, ctx_per_row)] if len(ctx) else np.zeros(0, np.float32)
-    done = np.asarray([e is None for e in batch["_hl_invalid"].to_pylist()])
-    ms = batch["_hl_ms"].to_numpy(zero_copy_only=False) + np.where(
-        done, 1000.0 * (time.perf_counter() - t0) / max(1, int(done.sum())), 0.0)
-    out = batch.drop_columns([*TOKEN_COLUMNS, "_hl_error", "_hl_ms"])
-    return (out.append_column("_hl_p", _lists(p, ctx_per_row, pa.float32()))
-            .append_column("_hl_error", pa.array(errors, pa.string()))
-            .append_column("_hl_ms", pa.array(ms, pa.float64())))
-
-
-def failed_forward_table(batch: pa.Table, error: str) -> pa.Table:
-    """What the forward stage hands on for a batch it gave up on: the same columns as ``forward_table``'s, every
-    row with ``error`` (zero probabilities, never read)."""
-    _, ctx_per_row = _flat(batch["_hl_ctx"], np.int64)
-    n = batch.num_rows
-    out = batch.drop_columns([*TOKEN_COLUMNS, "_hl_error", "_hl_ms"])
-    return (out.append_column("_hl_p", _lists(np.zeros(int(ctx_per_row.sum())), ctx_per_row, pa.float32()))
-            .append_column("_hl_error", pa.array([error] * n, pa.string()))
-            .append_column("_hl_ms", pa.array([0.0] * n, pa.float64())))
-
-
-def scores_of(batch: pa.Table) -> ContextScores:
-    """The span stage's view of a forward stage's batch."""
-    offsets, _ = _flat(batch["_hl_off"], np.int64)
-    probs, _ = _flat(batch["_hl_p"], np.float32)
-    counts, win_per_row = _flat(batch["_hl_cnum"], np.int64)
-    errors = [a or b for a, b in zip(batch["_hl_invalid"].to_pylist(), batch["_hl_error"].to_pylist(), strict=True)]
-    window_pair = np.repeat(np.arange(batch.num_rows, dtype=np.int64), win_per_row)
-    return ContextScores(errors, offsets.reshape(-1, 2), probs, counts, window_pair)
-
-
-def spans_table(batch: pa.Table, stage: Any, config: HighlighterConfig) -> dict[str, pa.Table]:
-    """The span stage: spans (runs, merge, drop, trim) of every pair of a forward stage's batch, then the
-    verbatim gate and the rows (``PairExtractor.tables`` of ``stage``)."""
-    from ..tables import PAIR_INPUT
-
-    t0 = time.perf_counter()
-    results = scores_of(batch).results(batch["chunk"].to_pylist(), config.threshold, config.min_chars,
-                                       config.merge_gap)
-    invalid = batch["_hl_invalid"].to_pylist()
-    done = [i for i, e in enumerate(invalid) if e is None]
-    ms = 1000.0 * (time.perf_counter() - t0) / max(1, len(done))
-    latency = [v + ms for v in batch["_hl_ms"].to_pylist()]
-    rows = batch.select(PAIR_INPUT.names).to_pylist()
-    return stage.tables(rows, {i: results[i] for i in done}, invalid, latency)
-
-
-class HighlighterRows:
-    """The highlighter as the span stage sees it (``PairExtractor`` needs a name and ``describe``): no model,
-    the figures its rows carry, computed once by the driver (``host_describe``)."""
-
-    name = "highlighter"
-
-    def __init__(self, info: dict[str, Any]) -> None:
-        self.info = dict(info)
-
-    def describe(self) -> dict[str, Any]:
-        return dict(self.info)
-
-    def extract(self, queries: Sequence[str], chunks: Sequence[str]) -> list[PairResult]:
-        raise RuntimeError("the span stage builds spans from model outputs; it runs no model")
 
 
 def host_describe(config: HighlighterConfig) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from .. import storage
 from ..runs import committed_table_dir, expect_run, jsonable, manifest_config, read_manifest, read_table
 from ..tables import PAIR_INPUT, PAIRS, REJECTS, SPANS
 from .batches import strip_internal, with_counts, with_retries, with_retry_count
+from .pair_plan import query_blocks
 from .ray_env import cpu_actor_args, cpu_threads, model_actor_args
 from .retrieve import read_queries
 from .runner import Outcome, Plan, RunOptions, StageContext, StageResult, TableStage, Work, run_stage
@@ -168,25 +169,15 @@ def extract_counts(pairs: pa.Table, spans_rows: int) -> dict[str, int]:
     return dict(counts)
 
 
-def query_blocks(pairs: pa.Table, rows: int) -> list[pa.Table]:
-    """Blocks of about ``rows`` pairs that never split one query's run of pairs (LLM requests group them)."""
-    qids = pairs["query_id"].to_pylist()
-    blocks, start = [], 0
-    for i in range(1, len(qids) + 1):
-        if i == len(qids) or (i - start >= rows and qids[i] != qids[i - 1]):
-            blocks.append(pairs.slice(start, i - start))
-            start = i
-    return blocks or [pairs]
-
-
 # --- the highlighter in three stages: host work on CPU tasks, only the forward pass on the model actors -------
 
 _HOSTS: dict[Any, Any] = {}  # config -> HighlighterTokenizer, loaded once per worker process
 
 
 def _highlight_tokenize(batch: pa.Table, config, max_chunk_chars: int | None) -> pa.Table:
-    """CPU stage: validate and tokenise pairs into windows (``highlighter.encode_table``)."""
-    from ..extract.highlighter import HighlighterTokenizer, encode_table
+    """CPU stage: validate and tokenise pairs into windows (``highlighter_stages.encode_table``)."""
+    from ..extract.highlighter import HighlighterTokenizer
+    from ..extract.highlighter_stages import encode_table
     from ..extract.stage import DEFAULT_MAX_CHUNK_CHARS, DEFAULT_MAX_QUERY_CHARS
 
     if config not in _HOSTS:
@@ -211,7 +202,7 @@ class HighlightForwardActor:
         self.retries = retries
 
     def _forward(self, batch: pa.Table) -> pa.Table:
-        from ..extract.highlighter import forward_table
+        from ..extract.highlighter_stages import forward_table
 
         t0, before = time.perf_counter(), self.highlighter.stats["forward_s"]
         out = forward_table(self.highlighter, batch)
@@ -223,7 +214,7 @@ class HighlightForwardActor:
         try:
             return with_retries(self._forward, batch, self.retries, "extract")
         except Exception as exc:  # noqa: BLE001 - retries spent: error rows (the span stage writes them)
-            from ..extract.highlighter import failed_forward_table
+            from ..extract.highlighter_stages import failed_forward_table
 
             error = f"stage_failed: {type(exc).__name__}: {exc}"[:500]
             return with_retry_count(failed_forward_table(batch, error), self.retries)
@@ -231,8 +222,8 @@ class HighlightForwardActor:
 
 def _highlight_spans(batch: pa.Table, config, run_id: str, info: dict[str, Any],
                      max_chunk_chars: int | None) -> pa.Table:
-    """CPU stage: spans, the verbatim gate and the packed rows (``highlighter.spans_table``)."""
-    from ..extract.highlighter import HighlighterRows, spans_table
+    """CPU stage: spans, the verbatim gate and the packed rows (``highlighter_stages.spans_table``)."""
+    from ..extract.highlighter_stages import HighlighterRows, spans_table
     from ..extract.stage import DEFAULT_MAX_CHUNK_CHARS, PairExtractor, pack
 
     batch, carried = strip_internal(batch)  # counts and retries of the earlier stages ride on to the sink

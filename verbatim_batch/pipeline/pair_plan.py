@@ -18,9 +18,9 @@ join in tasks, in four steps, and the driver holds only object references and on
    only the unchanged pair ids come back.
 4. **rows** (``dataset``): per partition, a streaming task drops the skipped pairs, attaches the text, sorts by
    (query_id, rank) and yields the blocks the extractor reads: for an I/O extractor (the LLM) blocks of whole
-   queries (``pipeline.extract.query_blocks``: a query's pairs never split, as its requests group them; the
-   actor does each block's ``batch_rows`` query blocks one by one), else blocks of whole ``batch_rows``
-   batches. The blocks go to ``ray.data.from_arrow_refs``: they never reach the driver.
+   queries (``query_blocks``: a query's pairs never split, as its requests group them; the actor does each
+   block's ``batch_rows`` query blocks one by one), else blocks of whole ``batch_rows`` batches. The blocks go
+   to ``ray.data.from_arrow_refs``: they never reach the driver.
 
 Rows equal ``build_pairs``'s row for row (tests/test_pair_plan.py), errors included: a query missing from the
 query file is ``query_not_found`` (its chunk attached when found), a chunk missing from the chunk table
@@ -183,11 +183,20 @@ def _unchanged(queries: pa.Table, chunks: list[pa.Table], previous: pa.Table, *p
     return _flat(pairs["pair_id"].filter(pc.fill_null(same, False)))
 
 
+def query_blocks(pairs: pa.Table, rows: int) -> list[pa.Table]:
+    """Blocks of about ``rows`` pairs that never split one query's run of pairs (LLM requests group them)."""
+    qids = pairs["query_id"].to_pylist()
+    blocks, start = [], 0
+    for i in range(1, len(qids) + 1):
+        if i == len(qids) or (i - start >= rows and qids[i] != qids[i - 1]):
+            blocks.append(pairs.slice(start, i - start))
+            start = i
+    return blocks or [pairs]
+
+
 def _blocks(queries: pa.Table, chunks: list[pa.Table], skip: pa.Array | None, query_grouped: bool,
             batch_rows: int, *pieces: pa.Table) -> Iterator[pa.Table]:
     """One partition's to-do pairs as the extractor's blocks."""
-    from .extract import query_blocks
-
     pairs = _attach(list(pieces), queries, _resolved(chunks), skip)
     if not pairs.num_rows:
         return

@@ -106,7 +106,7 @@ class RerankStage(TableStage):
         return work.keys if manifest_config(previous).get("key") == plan.config["key"] else []
 
     def dataset(self, plan: Plan, work: Work, skip: pa.Array, ctx: StageContext) -> ray.data.Dataset:
-        from .extract import query_blocks
+        from .pair_plan import query_blocks
 
         job: RerankJob = self.job
         cands: pa.Table = work.data
