@@ -59,6 +59,17 @@ def test_runs_made_in_one_folder_give_the_same_results_from_another(ray_local, t
     there = pq.read_table(b / "spans" / "spans", columns=cols).sort_by("pair_id").to_pylist()
     assert there == pq.read_table(a / "spans" / "spans", columns=cols).sort_by("pair_id").to_pylist() and there
 
+    # verify takes the chain folder and checks every stage in it; a folder that is no run is one line, exit 2
+    capsys.readouterr()
+    code = main(["verify", "chain"])
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0, result["errors"]
+    assert set(result["stages"]) == {"chunks", "embeddings", "index", "retrieval", "spans"} and not result["errors"]
+    assert result["stages"]["spans"]["checked"]["spans_against_chunk_text"] == result["stages"]["spans"]["spans"]
+    assert main(["verify", str(b)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "not a committed run" in err and err.count("\n") == 0
+
     # labels that match no query of the run: one line and exit 2, not a table of zeros
     (b / "other.txt").write_text("q-unknown 0 some-chunk 1\n")
     capsys.readouterr()

@@ -43,7 +43,8 @@ class Option:
     high_open: bool = False
     choices: tuple[str, ...] | None = None
     parse: Callable[[str], Any] | None = None  # a flag's text (a YAML list: joined by commas) -> the value
-    path: bool = False  # a local path (made absolute where it is read) or a URI
+    path: bool = False  # a local path (made absolute where it is read) or a URI: an input, unless ``writes``
+    writes: bool = False  # a location the command writes (its output), not one it reads
     invert: bool = False  # a flag --no-x that sets the bool field x to False
     default_help: str | None = None  # the default in words, where the value alone says little
     metavar: str | None = None
@@ -305,6 +306,19 @@ def build(cls: type, values: dict[str, Any], label: Callable[[OptionField], str]
         except (TypeError, ValueError) as exc:
             raise OptionError(f"{name}: {exc}") from None
     return cls(**kwargs)
+
+
+def input_paths(job: Any) -> list[str]:
+    """The locations a job reads, by its declared path options (nested configs' included)."""
+    out = []
+    for of in options_of(type(job)):
+        if not of.option.path or of.option.writes:
+            continue
+        owner = getattr(job, of.group, None) if of.group else job
+        value = getattr(owner, of.field, None) if owner is not None else None
+        if isinstance(value, str) and value:
+            out.append(value)
+    return out
 
 
 def defaults(cls: type) -> dict[str, Any]:

@@ -62,16 +62,25 @@ def _rows(path: str) -> int:
 def check_folder(root: str, manifest: dict, errors: list[str]) -> dict[str, int]:
     """Files and rows of each table the manifest lists, against the folder; returns rows per table."""
     rows: dict[str, int] = {}
-    for table, entry in sorted(manifest.get("tables", {}).items()):
+    tables = manifest.get("tables")
+    for table, entry in sorted(tables.items() if isinstance(tables, dict) else []):
+        if not isinstance(table, str) or not table or "/" in table or "\\" in table or table.startswith("."):
+            errors.append(f"table {table!r}: not a table name (a forged manifest?); not read")
+            continue
+        if not isinstance(entry, dict):
+            entry = {}
         folder = storage.join(root, table)
-        if not storage.isdir(folder):
+        if storage.exists(folder + ".parquet") and not storage.isdir(folder):  # a one-file table (index ids)
+            files, folder = [table + ".parquet"], root
+        elif not storage.isdir(folder):
             errors.append(f"{table}/: listed in the manifest, missing from the folder")
             continue
-        names = storage.listdir(folder)
-        files = [n for n in names if n.endswith(".parquet")]
-        others = [n for n in names if not n.endswith(".parquet")]
-        if others:
-            errors.append(f"{table}/: files that are not Parquet: {others[:5]}")
+        else:
+            names = storage.listdir(folder)
+            files = [n for n in names if n.endswith(".parquet")]
+            others = [n for n in names if not n.endswith(".parquet")]
+            if others:
+                errors.append(f"{table}/: files that are not Parquet: {others[:5]}")
         if len(files) != entry.get("files"):
             errors.append(f"{table}/: {len(files)} Parquet files, the manifest says {entry.get('files')}")
         n = 0
@@ -322,8 +331,16 @@ def verify_run(run_dir: str, max_errors: int = 20) -> dict:
     """
     manifest = read_manifest(run_dir)
     root = storage.normalize(run_dir)
-    if manifest.get("command") == "extract":
+    command = manifest.get("command")
+    if command == "extract":
         return verify_span_run(run_dir, max_errors, manifest)
+    if command in COMPOSITES:
+        return verify_composite(root, manifest, max_errors)
+    if command != "chunk":
+        errors: list[str] = []
+        rows = check_folder(root, manifest, errors)
+        return {"tables": rows, "errors": errors[:max_errors], "n_errors": len(errors),
+                "checked": {"tables": len(rows)}, "unchecked": {}}
     for table in ("papers", "chunks"):
         if not storage.isdir(storage.join(root, table)):
             return {"papers": 0, "chunks": 0, "errors": [f"{run_dir} has no {table}/ table: not a chunk run"],
@@ -344,6 +361,27 @@ def verify_run(run_dir: str, max_errors: int = 20) -> dict:
         "unchecked": {k: v for k, v in (("papers_without_text", counts["papers_without_text"]),
                                          ("chunks_without_text", counts["chunks_without_text"])) if v},
     }
+
+
+COMPOSITES = ("run", "nightly", "silver")  # runs whose stages are committed runs in their subfolders
+
+
+def verify_composite(root: str, manifest: dict, max_errors: int = 20) -> dict:
+    """A chain, nightly or silver run: every stage run inside it, each checked as its own kind."""
+    listed = manifest.get("stages")
+    names = list(listed) if isinstance(listed, (dict, list)) and listed else sorted(
+        n for n in storage.listdir(root) if storage.exists(storage.join(root, n, "manifest.json")))
+    stages, errors, n_errors = {}, [], 0
+    for name in names:
+        if "/" in name or name in ("", ".", ".."):  # a forged manifest never leads outside the run
+            errors.append(f"stage {name!r}: not a folder of this run")
+            n_errors += 1
+            continue
+        result = verify_run(storage.join(root, name), max_errors)
+        stages[name] = result
+        n_errors += result["n_errors"]
+        errors.extend(f"{name}: {e}" for e in result["errors"])
+    return {"stages": stages, "errors": errors[:max_errors], "n_errors": n_errors}
 
 
 SPAN_COLUMNS = ["pair_id", "chunk_id", "paper_id", "start", "end", "paper_start", "paper_end", "text"]

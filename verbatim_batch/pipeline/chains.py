@@ -49,6 +49,18 @@ class Chain:
     def __post_init__(self) -> None:
         self.stages = {name: stage_options(name, values) for name, values in self.stages.items()}
 
+    def check(self) -> None:
+        """Everything the chain reads, checked before its first stage (a missing query file found after hours
+        of chunking is hours lost): the corpus, metadata and query files, and every stage's options. Raises
+        with one line."""
+        from .retrieve import read_queries
+
+        for what, path in (("input", self.input), ("metadata", self.metadata)):
+            if path and not storage.exists(path):
+                raise FileNotFoundError(f"{what} not found: {path}")
+        read_queries(self.queries)  # missing, unreadable or without a query column: refused here
+        self.stage_jobs()
+
     @property
     def reranks(self) -> bool:
         return self.stages.get("rerank", {}).get("model") is not None
@@ -72,7 +84,7 @@ class Chain:
         for stage in chain_stages(self):
             command, cls, _ = STAGE_JOBS[stage]
             values = self.stages.get(command, {}) | wiring[stage] | common | {"output": at(stage)}
-            jobs[stage] = build(cls, values, lambda of, c=command: f"{c}: {of.key}")
+            jobs[stage] = build(cls, values, lambda of, c=command: f"{of.flag} ({c}.{of.key})")
         return jobs
 
 
@@ -162,6 +174,7 @@ class ChainStage(CompositeStage):
 
     def plan(self) -> Plan:
         c: Chain = self.job.chain
+        c.check()
         config = {"input": c.input, "queries": c.queries, "metadata": c.metadata, "format": c.format,
                   "stages": jsonable(c.stages)}
         return Plan(config=config, inputs=(c.input, c.queries, *([c.metadata] if c.metadata else [])))

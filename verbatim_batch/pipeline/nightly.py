@@ -44,7 +44,7 @@ class NightlyJob(RunOptions):
     """A nightly run: a chain under ``root``. ``output`` is not set by the user: it is ``root/runs/<run id>``."""
 
     chain: Chain = group(Chain, required=True)
-    root: str = option(help="folder holding runs/ and the current pointer", path=True)
+    root: str = option(help="folder holding runs/ and the current pointer", path=True, writes=True)
     keep_runs: int = option(7, "committed runs kept (older ones are deleted)", low=1)
     output: str = ""
 
@@ -72,6 +72,7 @@ class NightlyStage(CompositeStage):
     def plan(self) -> Plan:
         job: NightlyJob = self.job
         c = job.chain
+        c.check()
         root = storage.normalize(job.root)
         # the base is part of the settings: a resumed night builds on the run it started from
         config = job.config() | {"base": current_run(root)}
