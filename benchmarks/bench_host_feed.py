@@ -362,14 +362,14 @@ def ray_pipelines(config: HighlighterConfig, pattern: str, pairs: pa.Table, grou
     import ray
 
     from verbatim_batch.pipeline import extract as px
-    from verbatim_batch.pipeline.ray_env import init_local
+    from verbatim_batch.pipeline.ray_env import init_ray
 
     class StubForwardActor(px.HighlightForwardActor):
         def __init__(self, config, pattern) -> None:
             super().__init__(config, threads=1, retries=0)
             self.highlighter.model = StubClassifier(pattern, max_rows=max(512, config.max_batch_rows))
 
-    init_local(num_cpus=2, log_to_driver=False)
+    init_ray(address="local", num_cpus=2, log_to_driver=False)
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False
     info = host_describe(config)
@@ -377,13 +377,14 @@ def ray_pipelines(config: HighlighterConfig, pattern: str, pairs: pa.Table, grou
 
     def in_actor():
         return ray.data.from_arrow(blocks).map_batches(
-            LegacyActor, batch_format="pyarrow", batch_size=group, concurrency=1, num_cpus=1,
-            fn_constructor_kwargs={"config": config, "pattern": pattern})
+            LegacyActor, batch_format="pyarrow", batch_size=group, compute=ray.data.ActorPoolStrategy(size=1),
+            num_cpus=1, fn_constructor_kwargs={"config": config, "pattern": pattern})
 
     def split():
         ds = ray.data.from_arrow(blocks).map_batches(px._highlight_tokenize, batch_format="pyarrow", batch_size=None,
                                                       fn_kwargs={"config": config, "max_chunk_chars": None})
-        ds = ds.map_batches(StubForwardActor, batch_format="pyarrow", batch_size=group, concurrency=1, num_cpus=1,
+        ds = ds.map_batches(StubForwardActor, batch_format="pyarrow", batch_size=group,
+                            compute=ray.data.ActorPoolStrategy(size=1), num_cpus=1,
                             fn_constructor_kwargs={"config": config, "pattern": pattern})
         return ds.map_batches(px._highlight_spans, batch_format="pyarrow", batch_size=None,
                               fn_kwargs={"config": config, "run_id": "bench", "info": info, "max_chunk_chars": None})

@@ -153,17 +153,17 @@ def measure(runs: dict[str, str], staging: str, placement: str) -> dict:
     from verbatim_batch.extract.semantic import SemanticConfig
     from verbatim_batch.pipeline import extract as ex
     from verbatim_batch.pipeline.pair_plan import query_blocks
-    from verbatim_batch.pipeline.ray_env import init_local
+    from verbatim_batch.pipeline.ray_env import init_ray
     from verbatim_batch.pipeline.runner import StageContext
 
-    def identity(job, pairs, run_id):  # the pairs dataset as the extractor would read it
+    def identity(setup, pairs):  # the pairs dataset as the extractor would read it
         if isinstance(pairs, pa.Table):  # the planner before issue 20's item 4: a table on the driver
-            return ray.data.from_arrow(query_blocks(pairs, job.batch_rows))
+            return ray.data.from_arrow(query_blocks(pairs, setup.resources.batch_rows))
         return pairs
 
     for kind in list(ex.PLACEMENTS):
         ex.PLACEMENTS[kind] = identity
-    init_local(num_cpus=2, log_to_driver=False)
+    init_ray(address="local", num_cpus=2, log_to_driver=False)
     extractor = SemanticConfig() if placement == "model" else LLMConfig(model="bench", base_url="http://127.0.0.1:9/v1")
     job = ex.ExtractJob(output=staging, extractor=extractor, retrieval=runs["retrieval"], method="hybrid",
                         top_k=TOP_K, previous=runs.get("previous"))

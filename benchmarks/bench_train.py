@@ -134,7 +134,9 @@ def main() -> None:
         evalp = make_pairs(tmp / "eval.jsonl", max(8, args.pairs // 16), 2)
         results = [plain(model, train, evalp, args, args.cpus)]
         print(json.dumps(results[-1]), flush=True)
-        ray.init(address="local", num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
+        from verbatim_batch.pipeline.ray_env import init_ray
+
+        init_ray(address="local", num_cpus=args.cpus, log_to_driver=False)
         results.append(ray_train(model, train, evalp, args, 1, float(args.cpus), tmp))
         print(json.dumps(results[-1]), flush=True)
         if args.cpus >= 2:

@@ -103,14 +103,14 @@ def in_cluster(model: Path, docs: list[str], structured: bool) -> dict:
     from verbatim_batch.extract.pairs import pairs_from_records
     from verbatim_batch.extract.stage import unpack
     from verbatim_batch.extract.vllm import LLMInterpret, vllm_dataset, vllm_requests
-    from verbatim_batch.pipeline.ray_env import init_local
+    from verbatim_batch.pipeline.ray_env import init_ray
 
     cfg = LLMConfig(model=str(model), backend="vllm", docs_per_request=1, max_tokens=64, engine_gpus=0,
                     kv_cache_gb=KV_CACHE_GB, enforce_eager=True, max_model_len=MAX_MODEL_LEN,
                     structured_output=structured)
     pairs = pairs_from_records([{"query": QUERY, "chunk": d, "paper_id": f"p{i}"} for i, d in enumerate(docs)])
     t0 = time.perf_counter()
-    init_local(num_cpus=2, log_to_driver=False)
+    init_ray(address="local", num_cpus=2, log_to_driver=False)
     t1 = time.perf_counter()
     requests, _ = vllm_requests(pairs, cfg, "bench")
     first = None

@@ -15,11 +15,12 @@ os.environ.setdefault("RAY_gcs_rpc_server_reconnect_timeout_s", "600")
 def _ensure_local_ray():
     import ray
 
-    from verbatim_batch.pipeline.ray_env import init_local
+    from verbatim_batch.pipeline.ray_env import init_ray
 
     if not ray.is_initialized():
         os.environ.pop("RAY_ADDRESS", None)
-        init_local(num_cpus=2, log_to_driver=False)  # retried with backoff when a loaded machine is slow to start it
+        # a local Ray (RAY_ADDRESS unset), retried with backoff when a loaded machine is slow to start it
+        init_ray(num_cpus=2, log_to_driver=False)
     return ray
 
 

@@ -9,6 +9,7 @@ import shutil
 from importlib import resources
 
 import pyarrow.parquet as pq
+import pytest
 
 from verbatim_batch.cli import main
 from verbatim_batch.runs import manifest_config
@@ -30,14 +31,25 @@ def _workspace(folder, n_papers: int = 3):
     return len(rows)
 
 
-def test_runs_made_in_one_folder_give_the_same_results_from_another(ray_local, tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    a, b = tmp_path / "a", tmp_path / "b"
+@pytest.fixture(scope="module")
+def chain(ray_local, tmp_path_factory):
+    """A `run` chain made from folder a/ with relative paths; b/ is another working directory."""
+    root = tmp_path_factory.mktemp("paths")
+    a, b = root / "a", root / "b"
     assert _workspace(a) > 0
     b.mkdir()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        mp.chdir(a)
+        assert main(["run", "--input", "corpus", "--queries", "queries.jsonl", "--output", "chain",
+                     "--embed-batch-rows", "64", "--extract-batch-rows", "16"]) == 0
+    return a, b
+
+
+def test_runs_made_in_one_folder_give_the_same_results_from_another(chain, monkeypatch, capsys):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    a, b = chain
     monkeypatch.chdir(a)
-    assert main(["run", "--input", "corpus", "--queries", "queries.jsonl", "--output", "chain",
-                 "--embed-batch-rows", "64", "--extract-batch-rows", "16"]) == 0
     config = manifest_config(str(a / "chain" / "retrieval"))
     assert config["queries"] == str(a / "queries.jsonl") and config["index"] == str(a / "chain" / "index")
     assert json.loads((a / "chain" / "manifest.json").read_text())["config"].count(str(a / "corpus")) == 1
@@ -79,3 +91,37 @@ def test_runs_made_in_one_folder_give_the_same_results_from_another(ray_local, t
     assert main(["evaluate-retrieval", "--retrieval", "chain/retrieval", "--qrels", "qrels.txt",
                  "--queries", "missing.jsonl"]) == 2
     assert f"queries not found: {a / 'missing.jsonl'} (from --queries)" in capsys.readouterr().err
+
+
+def test_evaluate_takes_gold_rows_that_name_their_chunk(chain, monkeypatch, capsys):
+    """Gold rows with paper_id + chunk_index (or chunk_id) and no chunk text: looked up in --chunks."""
+    a, _ = chain
+    monkeypatch.chdir(a)
+    chunks = pq.read_table(a / "chain" / "chunks" / "chunks", columns=["chunk_id", "text"]).to_pylist()
+    text = {r["chunk_id"]: r["text"] for r in chunks}
+    pairs = pq.read_table(a / "chain" / "spans" / "pairs",
+                          columns=["query", "paper_id", "chunk_id", "chunk_index", "n_spans"])
+    rows = pairs.sort_by([("n_spans", "descending"), ("chunk_id", "ascending")]).to_pylist()[:3]  # with spans first
+    gold = [{"query": r["query"], "paper_id": r["paper_id"], "chunk_index": r["chunk_index"], "relevant": True,
+             "gold_spans": [text[r["chunk_id"]][:40]]} for r in rows[:2]]
+    gold.append({"query": rows[2]["query"], "paper_id": rows[2]["paper_id"], "chunk_id": rows[2]["chunk_id"],
+                 "relevant": False, "gold_spans": []})
+    (a / "gold.jsonl").write_text("".join(json.dumps(g) + "\n" for g in gold))
+    capsys.readouterr()
+    code = main(["evaluate", "--gold", "gold.jsonl", "--chunks", "chain/chunks", "--predictions", "chain/spans",
+                 "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["diagnostics"]["gold_rows"] == 3, result["diagnostics"]
+    # the same rows need the chunk text without --chunks; a row whose chunk is not in the run is named
+    assert main(["evaluate", "--gold", "gold.jsonl", "--predictions", "chain/spans"]) == 2
+    assert "missing or non-string 'chunk'" in capsys.readouterr().err
+    (a / "bad.jsonl").write_text(json.dumps(gold[0] | {"chunk_index": 999}) + "\n")
+    assert main(["evaluate", "--gold", "bad.jsonl", "--chunks", "chain/chunks", "--predictions", "chain/spans"]) == 2
+    assert "chunk_index 999 is not in the chunk run" in capsys.readouterr().err
+    # evaluate-retrieval places the same rows by paper_id + chunk_index through the run's chunk table
+    code = main(["evaluate-retrieval", "--retrieval", "chain/retrieval", "--qrels", "gold.jsonl", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert json.loads(out)["judgments"] == 3

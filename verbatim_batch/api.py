@@ -20,9 +20,12 @@ the one a config describes, to apply later: ``processor = api.build_processor(ap
 preprocess=...)``; ``spans = processor(pairs)``.
 
 They compose in any pipeline without ``materialize()``, on any cluster size: chunking runs as tasks, and a
-model's actors claim no CPU (``ray_env.processor_actor_args``), so however many processors a pipeline chains,
-every CPU stays free for the reads, maps and writes around them (actors that each hold a CPU can take all of
-them on a small cluster, and then the read waits forever).
+model's actors claim no CPU (``pipeline.resources``: a stage's declared resources, applied inside a user's
+pipeline), so however many processors a pipeline chains, every CPU stays free for the reads, maps and writes
+around them (actors that each hold a CPU can take all of them on a small cluster, and then the read waits
+forever). Each processor runs the job's own path: the same actors (one model-actor base: threads, retries,
+``stage_failed`` error rows) and the same splits (embed: tokenize tasks -> forward actors; the highlighter:
+tokenize tasks -> forward actors -> span tasks).
 
 Outputs have exactly these columns:
 
@@ -50,9 +53,9 @@ from .embedding import EmbedderConfig
 from .extract.highlighter import HighlighterConfig
 from .extract.llm import LLMConfig
 from .extract.semantic import SemanticConfig
-from .pipeline.ray_env import cpu_threads, processor_actor_args
+from .pipeline.resources import Cluster
 from .retrieval import RetrieverConfig
-from .tables import RAW_RECORDS, SPAN_STRUCT, group_by
+from .tables import RAW_RECORDS, SPAN_STRUCT
 
 __all__ = [
     "ChunkerConfig", "EmbedderConfig", "RetrieverConfig", "SemanticConfig", "HighlighterConfig", "LLMConfig",
@@ -133,15 +136,19 @@ def chunk(papers: ray.data.Dataset, chunker: ChunkerConfig | None = None, *, sto
                            store_text=store_text, batch_size=batch_size)(papers)
 
 
+def _user_pipeline() -> Cluster:
+    """Where a processor runs: this driver's Ray, inside the caller's pipeline (its actors claim no CPU)."""
+    return Cluster.current(user_pipeline=True)
+
+
 def _embed(chunks: ray.data.Dataset, config: EmbedderConfig, *, batch_rows: int = 1024,
            concurrency: int | None = None) -> ray.data.Dataset:
     from .pipeline.batches import strip_internal_batch
-    from .pipeline.embed import EmbedActor, embed_tokenize
+    from .pipeline.embed import EmbedStage, embed_dataset
 
-    ds = chunks.select_columns(["chunk_id", "paper_id", "context", "text"]).map_batches(
-        embed_tokenize, fn_kwargs={"config": config}, batch_format="pyarrow").map_batches(  # tokens on CPU tasks
-        EmbedActor, fn_constructor_kwargs={"config": config, "threads": cpu_threads(None)}, batch_format="pyarrow",
-        **processor_actor_args(concurrency, batch_rows))
+    res = EmbedStage.resources.with_(batch_rows=batch_rows, actors=concurrency)
+    ds = embed_dataset(chunks.select_columns(["chunk_id", "paper_id", "context", "text"]), config, res,
+                       cluster=_user_pipeline())
     return ds.map_batches(strip_internal_batch, batch_format="pyarrow", batch_size=None)
 
 
@@ -157,13 +164,13 @@ def embed(chunks: ray.data.Dataset, config: EmbedderConfig | None = None, *, bat
 
 def _retrieve(queries: ray.data.Dataset, config: RetrieverConfig, *, batch_rows: int = 256,
               concurrency: int | None = None) -> ray.data.Dataset:
-    from .pipeline.retrieve import RetrieveActor
+    from .pipeline.retrieve import RetrieveStage, retrieve_dataset
     from .runs import expect_run
 
     config = dataclasses.replace(config, index_dir=storage.normalize(config.index_dir))  # actors run elsewhere
     expect_run(config.index_dir, "api.retrieve", "index")
-    return queries.map_batches(RetrieveActor, fn_constructor_kwargs={"config": config}, batch_format="pyarrow",
-                               **processor_actor_args(concurrency, batch_rows))
+    res = RetrieveStage.resources.with_(batch_rows=batch_rows, actors=concurrency)
+    return retrieve_dataset(queries, config, res, cluster=_user_pipeline())
 
 
 def retrieve(queries: ray.data.Dataset, index: str | RetrieverConfig, *, batch_rows: int = 256,
@@ -179,52 +186,56 @@ def retrieve(queries: ray.data.Dataset, index: str | RetrieverConfig, *, batch_r
 
 
 OUTPUT_COLUMNS = ("spans", "relevance", "error")  # what extract adds to each pair row
+PAIR_FIELDS = ("query", "chunk", "query_id", "paper_id", "chunk_id")  # the caller's columns a pair is made of
 
 
-class _Extract:
-    def __init__(self, config: Any, threads: int | None = None) -> None:
-        from .extract.registry import build_extractor
-        from .extract.stage import PairExtractor
+def _pairs_of(batch: pa.Table) -> pa.Table:
+    """The caller's rows -> ``PAIR_INPUT`` rows (``pairs_from_records``, as a pairs file's rows), each carrying
+    the caller's own columns through the extract stages (``pipeline.extract.INPUT_PREFIX``)."""
+    from .extract.pairs import pairs_from_records
+    from .pipeline.extract import INPUT_PREFIX
 
-        if threads:
-            import torch
+    pairs = pairs_from_records([{k: v for k, v in r.items() if k in PAIR_FIELDS} for r in batch.to_pylist()])
+    for name in batch.column_names:
+        pairs = pairs.append_column(INPUT_PREFIX + name, batch[name])
+    return pairs
 
-            torch.set_num_threads(threads)
-        self.stage = PairExtractor(build_extractor(config), run_id="api")
 
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        from .extract.pairs import pairs_from_records
+def _rows_of(packed: pa.Table) -> pa.Table:
+    """The extract stages' packed rows -> the caller's rows (its columns, in order) + ``spans`` (by start),
+    ``relevance`` and ``error``."""
+    from .pipeline.batches import strip_internal
+    from .pipeline.extract import INPUT_PREFIX
 
-        rows = batch.to_pylist()
-        pairs = pairs_from_records([{k: v for k, v in r.items() if k in ("query", "chunk", "query_id", "paper_id",
-                                                                             "chunk_id")} for r in rows])
-        out = self.stage(pairs)
-        by_pair = group_by(out["spans"].select(["pair_id", "start", "end", "text", "score"]).to_pylist())
-        result = out["pairs"].select(["pair_id", "relevance", "error"]).to_pylist()
-        if len(result) != len(rows):  # the stage writes one pair row per input row, in order
-            raise RuntimeError(f"extract: {len(rows)} pairs in, {len(result)} pair rows out")
-        spans = [sorted(by_pair.get(p["pair_id"], []), key=lambda s: s["start"]) for p in result]
-        batch = batch.drop_columns([c for c in OUTPUT_COLUMNS if c in batch.column_names])
-        return (batch.append_column("spans", pa.array(spans, pa.list_(SPAN_STRUCT)))
-                .append_column("relevance", pa.array([p["relevance"] for p in result], pa.float32()))
-                .append_column("error", pa.array([p["error"] for p in result], pa.string())))
+    packed = strip_internal(packed)[0]
+    if "spans" not in packed.column_names:  # a block with nothing in it
+        return packed
+    inputs = [c for c in packed.column_names if c.startswith(INPUT_PREFIX)]
+    rows = packed.select(inputs).rename_columns([c[len(INPUT_PREFIX):] for c in inputs])
+    rows = rows.drop_columns([c for c in OUTPUT_COLUMNS if c in rows.column_names])
+    spans = [sorted(({k: s[k] for k in ("start", "end", "text", "score")} for s in pair), key=lambda s: s["start"])
+             for pair in packed["spans"].to_pylist()]
+    return (rows.append_column("spans", pa.array(spans, pa.list_(SPAN_STRUCT)))
+            .append_column("relevance", packed["relevance"].cast(pa.float32()))
+            .append_column("error", packed["error"].cast(pa.string())))
 
 
 def _extract(pairs: ray.data.Dataset, config: Any, *, batch_rows: int = 64,
              concurrency: int | None = None) -> ray.data.Dataset:
+    """The extract job's placements (``pipeline.extract.PLACEMENTS``) over the caller's rows: the same actors and,
+    for the highlighter, the same tokenize -> forward -> spans split."""
     from .extract import registry
+    from .pipeline.extract import PLACEMENT_RESOURCES, PLACEMENTS, ExtractSetup
 
     where = registry.placement(config)
     if where == "vllm":
         raise ValueError("api.extract runs an LLM over HTTP (LLMConfig with a base_url); for in-cluster vLLM use "
                          "`verbatim-batch extract --backend vllm`, or ray.data.llm directly")
-    if where == "io":  # requests to an endpoint: I/O-bound actors, no model here
-        args = {"compute": ray.data.ActorPoolStrategy(size=concurrency or 2), "num_cpus": 0, "batch_size": batch_rows}
-        kwargs = {"config": config}
-    else:
-        args = processor_actor_args(concurrency, batch_rows)
-        kwargs = {"config": config, "threads": cpu_threads(None)}
-    return pairs.map_batches(_Extract, fn_constructor_kwargs=kwargs, batch_format="pyarrow", **args)
+    # the caller's rows come in any order: batches of batch_rows rows, not the job's blocks of whole queries
+    res = PLACEMENT_RESOURCES[where].with_(batch_rows=batch_rows, actors=concurrency, whole_blocks=False)
+    setup = ExtractSetup(config, res, "api", cluster=_user_pipeline())
+    ds = pairs.map_batches(_pairs_of, batch_format="pyarrow", batch_size=batch_rows)
+    return PLACEMENTS[where](setup, ds).map_batches(_rows_of, batch_format="pyarrow", batch_size=None)
 
 
 def extract(pairs: ray.data.Dataset, config: Any = None, *, batch_rows: int = 64, concurrency: int | None = None,

@@ -154,8 +154,49 @@ def normalize_gold_row(row: Mapping[str, Any], where: str = "") -> dict[str, Any
     return out
 
 
-def load_gold(path: str | Path) -> list[dict[str, Any]]:
-    """Read a pairs file (JSONL, Parquet or a folder of Parquet) into normalised gold rows.
+def fill_chunks(records: list[tuple[str, dict[str, Any]]], chunks: str) -> None:
+    """Rows that name their chunk (``chunk_id``, or ``paper_id`` + ``chunk_index``) instead of giving its text
+    get it from the chunk run ``chunks``; a row whose chunk is not there is named (raises)."""
+    import pyarrow as pa
+    import pyarrow.dataset as pads
+
+    from .runs import committed_table_dir
+
+    wanted = [(where, r) for where, r in records if isinstance(r, dict) and not isinstance(r.get("chunk"), str)]
+    if not wanted:
+        return
+    table_dir = committed_table_dir(chunks, "chunks")
+    ids = sorted({str(r["chunk_id"]) for _, r in wanted if r.get("chunk_id") is not None})
+    papers = sorted({str(r["paper_id"]) for _, r in wanted if r.get("chunk_id") is None and r.get("paper_id")})
+    found = pads.field("chunk_id").isin(pa.array(ids, pa.string())) | pads.field("paper_id").isin(
+        pa.array(papers, pa.string()))
+    rows = storage.dataset(table_dir).to_table(columns=["chunk_id", "paper_id", "chunk_index", "text"],
+                                               filter=found).to_pylist()
+    by_id = {r["chunk_id"]: r for r in rows}
+    by_index = {(r["paper_id"], r["chunk_index"]): r for r in rows}
+    for where, r in wanted:
+        if r.get("chunk_id") is not None:
+            hit = by_id.get(str(r["chunk_id"]))
+            name = f"chunk_id {r['chunk_id']}"
+        else:
+            try:
+                index = int(r.get("chunk_index"))
+            except (TypeError, ValueError):
+                raise ValueError(f"{where}: no 'chunk' text, and no chunk_id or paper_id + chunk_index to look it "
+                                 f"up in {chunks}") from None
+            hit = by_index.get((str(r.get("paper_id")), index))
+            name = f"paper_id {r.get('paper_id')!r} chunk_index {index}"
+        if hit is None:
+            raise ValueError(f"{where}: {name} is not in the chunk run {chunks}")
+        r["chunk"] = hit["text"]
+        r.setdefault("chunk_id", hit["chunk_id"])
+        r.setdefault("paper_id", hit["paper_id"])
+        r.setdefault("chunk_index", hit["chunk_index"])
+
+
+def load_gold(path: str | Path, chunks: str | None = None) -> list[dict[str, Any]]:
+    """Read a pairs file (JSONL, Parquet or a folder of Parquet) into normalised gold rows (with ``chunks``, a
+    chunk run: rows may name their chunk instead of giving its text, see ``fill_chunks``).
 
     Each row keeps its fields (``query``, ``chunk``, and when given ``query_id``,
     ``paper_id``, ``chunk_index``, ``chunk_id``, ``relevant``); ``gold_spans``
@@ -168,6 +209,8 @@ def load_gold(path: str | Path) -> list[dict[str, Any]]:
         records = [(f"{path} row {i}", r) for i, r in enumerate(storage.read_parquet(path).to_pylist())]
     else:
         records = [(f"{path}, line {n}", r) for n, r in _read_jsonl(path)]
+    if chunks:
+        fill_chunks(records, chunks)
     rows = [normalize_gold_row(r, where) for where, r in records]
     if not rows:
         raise ValueError(f"{path} holds no gold pairs: nothing to evaluate against")
@@ -417,10 +460,12 @@ def evaluate_predictions(
 
 
 def evaluate_files(gold_path: str | Path, predictions_path: str | Path,
-                   detail: list[dict[str, Any]] | None = None, **thresholds: Any) -> dict[str, Any]:
+                   detail: list[dict[str, Any]] | None = None, chunks: str | None = None,
+                   **thresholds: Any) -> dict[str, Any]:
     """Load a pairs file and predictions, match them, and return the metrics with ``diagnostics`` (and, into a
-    ``detail`` list, one :func:`row_details` entry per gold row)."""
-    gold = load_gold(gold_path)
+    ``detail`` list, one :func:`row_details` entry per gold row). ``chunks``: a chunk run the gold rows may
+    name their chunks in."""
+    gold = load_gold(gold_path, chunks)
     preds = load_predictions(predictions_path)
     return _score(gold, preds.records, _new_diagnostics(), detail, **thresholds)
 

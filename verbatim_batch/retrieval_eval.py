@@ -94,11 +94,17 @@ class ChunkKeys:
 
     def __init__(self, chunks_dir: str) -> None:
         table = storage.read_parquet(chunks_dir, columns=["chunk_id", "paper_id", "chunk_index", "text"])
-        self.by_text = {(p, t): c for c, p, t in zip(table["chunk_id"].to_pylist(), table["paper_id"].to_pylist(),
-                                                     table["text"].to_pylist(), strict=True)}
+        ids, papers = table["chunk_id"].to_pylist(), table["paper_id"].to_pylist()
+        self.by_text = dict(zip(zip(papers, table["text"].to_pylist(), strict=True), ids, strict=True))
+        self.by_index = dict(zip(zip(papers, table["chunk_index"].to_pylist(), strict=True), ids, strict=True))
 
-    def find(self, paper_id: Any, text: Any) -> str | None:
-        return self.by_text.get((str(paper_id), text)) if isinstance(text, str) else None
+    def find(self, paper_id: Any, text: Any, index: Any = None) -> str | None:
+        """The chunk id of a paper's chunk named by its text, else by its index."""
+        if isinstance(text, str):
+            return self.by_text.get((str(paper_id), text))
+        if isinstance(index, int) and not isinstance(index, bool):
+            return self.by_index.get((str(paper_id), index))
+        return None
 
 
 def read_qrels(path: str, *, level: str = "chunk", chunks: ChunkKeys | None = None,
@@ -130,7 +136,8 @@ def read_qrels(path: str, *, level: str = "chunk", chunks: ChunkKeys | None = No
                 if level == "paper":
                     doc = row["paper_id"]
                 else:
-                    doc = row.get("chunk_id") or (chunks.find(row["paper_id"], row.get("chunk")) if chunks else None)
+                    doc = row.get("chunk_id") or (
+                        chunks.find(row["paper_id"], row.get("chunk"), row.get("chunk_index")) if chunks else None)
                     if doc is None:
                         if chunks is None:
                             raise ValueError(f"{where}: a gold row without chunk_id needs the chunk table (--chunks, "
@@ -159,7 +166,11 @@ def read_qrels(path: str, *, level: str = "chunk", chunks: ChunkKeys | None = No
                 raise ValueError(f"{path}, line {lineno}: expected TREC qrels 'qid iter docid rel', got {line!r}")
             add(parts[0], parts[2], _relevance(parts[3], f"{path}, line {lineno}"))
     if not qrels:
-        raise ValueError(f"{path}: no judgments")
+        unplaced = counts["unplaced_gold_rows"]
+        raise ValueError(f"{path}: no judgments" + (
+            f": none of its {unplaced} gold rows names a chunk of the chunk table (by chunk_id, paper_id + chunk "
+            "text, or paper_id + chunk_index)" if unplaced else ": expected TREC qrels (qid iter docid rel), BEIR "
+            "TSV/JSONL (query-id, corpus-id, score) or gold rows (query, paper_id, chunk or chunk_index, relevant)"))
     return qrels, counts
 
 

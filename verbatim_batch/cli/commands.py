@@ -93,12 +93,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if thresholds is None:
         if not opts.predictions:
             raise ValueError("give --predictions, or --sweep-threshold to run an extractor on the gold pairs")
-        result = evaluate_files(opts.gold, opts.predictions, detail)
+        result = evaluate_files(opts.gold, opts.predictions, detail, chunks=opts.chunks)
         print(json.dumps(result, indent=2) if opts.json else format_table(result))
         if report_dir:
             _evaluation_report(report_dir, result, detail, None, f"evaluation of {opts.predictions}", opts.json)
         return 0
-    gold = load_gold(opts.gold)
+    gold = load_gold(opts.gold, opts.chunks)
     ext = build_extractor(opts.extractor)
     runs = ext.sweep([g["query"] for g in gold], [g["chunk"] for g in gold], thresholds)
     results, details = {}, {}

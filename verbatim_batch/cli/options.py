@@ -52,6 +52,8 @@ class EvaluateOptions:
     gold: str = option(help="pairs file with relevant and gold_spans",
                        path=True)
     predictions: str | None = option(None, "a span table / extract run folder, or JSONL rows with spans", path=True)
+    chunks: str | None = option(None, "a chunk run: gold rows may name their chunk (chunk_id, or paper_id and "
+                                "chunk_index) instead of giving its text", path=True)
     json: bool = option(False, "print the metrics as JSON")
     sweep_threshold: tuple[float, ...] | None = option(
         None, "run an extractor on the gold pairs at these thresholds, e.g. 0.2,0.3,0.4,0.5, and score each (needs "

@@ -153,7 +153,7 @@ NEEDS_LLM_EXTRA = ("the vllm backend needs vLLM where its engines run: pip insta
 
 
 def _local_ray() -> bool:
-    """Whether this driver's Ray is a local one on loopback (``pipeline.ray_env.init_local``), so the engines
+    """Whether this driver's Ray is a local one on loopback (``pipeline.ray_env.init_ray``), so the engines
     would run on this machine. On a cluster only the GPU nodes need vLLM (cluster.yaml), not the driver's."""
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     return len(nodes) == 1 and nodes[0].get("NodeManagerAddress") == "127.0.0.1"

@@ -13,14 +13,12 @@ import ray
 from .. import storage
 from ..runs import committed_table_dir, expect_run, manifest_config
 from ..tables import embeddings_schema
-from .batches import drop_keys, strip_internal, with_counts, with_retries
-from .ray_env import cpu_threads, model_actor_args
+from .batches import drop_keys, strip_internal, with_counts
+from .model_actor import ModelActor, host
+from .resources import Cluster, Resources, ray_args
 from .runner import Plan, RunOptions, StageContext, TableStage, Work, run_stage
 
 log = logging.getLogger(__name__)
-
-
-_HOSTS: dict[Any, Any] = {}  # config -> EmbedTokenizer, loaded once per worker process
 
 
 def embed_tokenize(batch: pa.Table, config) -> pa.Table:
@@ -30,41 +28,46 @@ def embed_tokenize(batch: pa.Table, config) -> pa.Table:
 
     from ..embedding import EmbedTokenizer
 
-    if config not in _HOSTS:
-        _HOSTS[config] = EmbedTokenizer(config)
+    tokenizer = host(EmbedTokenizer, config)
     t0 = time.perf_counter()
-    out = _HOSTS[config].tokenize_table(batch)
+    out = tokenizer.tokenize_table(batch)
     return with_counts(out, {"time_ms.tokenize": round(1000 * (time.perf_counter() - t0))})
 
 
-class EmbedActor:
+class EmbedActor(ModelActor):
     """One Embedder per actor (per GPU); torch threads sized to the node on CPU. Batches tokenized by
-    ``embed_tokenize`` go straight to the model; others are tokenized here."""
+    ``embed_tokenize`` go straight to the model; others are tokenized here. A batch that still fails after its
+    retries fails the job (a vector cannot be an error row)."""
 
-    def __init__(self, config, threads: int | None = None, retries: int = 2) -> None:
-        import torch
+    what = "embed"
 
         from ..embedding import Embedder
 
-        if threads:
-            torch.set_num_threads(threads)
-        self.embedder = Embedder(config)
-        self.retries = retries
+    def load(self, config):
+        return Embedder(config)
 
-    def _embed(self, batch: pa.Table) -> pa.Table:
+    @property
+    def embedder(self):
+        return self.model
+
+    def run(self, batch: pa.Table) -> tuple[pa.Table, dict[str, int]]:
         batch, carried = strip_internal(batch)  # the tokenize stage's time rides on to the sink
-        before = dict(self.embedder.stats)
-        out = self.embedder(batch)
-        after = self.embedder.stats
-        carried.update({
-            "padded_tokens": after["padded_tokens"] - before["padded_tokens"],
-            "time_ms.tokenize": round(1000 * (after["tokenize_s"] - before["tokenize_s"])),
-            "time_ms.forward": round(1000 * (after["forward_s"] - before["forward_s"]))})
         carried.pop("stage_retries", None)
-        return with_counts(out, dict(carried))
+        return self.model(batch), dict(carried)
 
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        return with_retries(self._embed, batch, self.retries, "embed")
+    def counts(self, before, after, wall_s: float) -> dict[str, int]:
+        return {"padded_tokens": after["padded_tokens"] - before["padded_tokens"],
+                "time_ms.tokenize": round(1000 * (after["tokenize_s"] - before["tokenize_s"])),
+                "time_ms.forward": round(1000 * (after["forward_s"] - before["forward_s"]))}
+
+
+def embed_dataset(chunks: ray.data.Dataset, config, res: Resources, retries: int = 2,
+                  cluster: Cluster | None = None) -> ray.data.Dataset:
+    """Chunk rows -> embeddings rows (with internal count columns): tokenised in CPU tasks
+    (``embed_tokenize``), then the forward pass alone on the model actors (the job's and ``api.embed``'s path)."""
+    ds = chunks.map_batches(embed_tokenize, batch_format="pyarrow", fn_kwargs={"config": config})
+    return ds.map_batches(EmbedActor, **ray_args(res, EmbedActor, cluster, batch_format="pyarrow",
+                                                 fn_constructor_kwargs={"config": config, "retries": retries}))
 
 
 @dataclass
@@ -107,6 +110,7 @@ class EmbedStage(TableStage):
     table_counts = staticmethod(embed_table_counts)
 
     tables = {"embeddings": embeddings_schema(1)}  # the vector width is the model's: see ``schemas``
+    resources = Resources(cpus=1, gpus=1, batch_rows=EmbedJob.batch_rows)  # one model per GPU, else CPU actors
 
     def schemas(self, plan: Plan) -> dict[str, pa.Schema]:
         return {"embeddings": plan.facts.schema}
@@ -142,10 +146,7 @@ class EmbedStage(TableStage):
         ds = ray.data.read_parquet(plan.facts.chunks_dir).select_columns(["chunk_id", "paper_id", "context", "text"])
         if len(skip):
             ds = ds.map_batches(drop_keys, fn_kwargs={"column": "chunk_id", "keys": skip}, batch_format="pyarrow")
-        ds = ds.map_batches(embed_tokenize, batch_format="pyarrow", fn_kwargs={"config": plan.facts.config})
-        return ds.map_batches(EmbedActor, batch_format="pyarrow", **model_actor_args(job.concurrency, job.batch_rows),
-                              fn_constructor_kwargs={"config": plan.facts.config, "threads": cpu_threads(job.threads),
-                                                     "retries": job.batch_retries})
+        return embed_dataset(ds, plan.facts.config, self.resources.with_job(job), job.batch_retries)
 
 
 def run_embed(job: EmbedJob) -> tuple[str, dict[str, Any]]:

@@ -22,40 +22,73 @@ import ray
 from .. import storage
 from ..runs import committed_table_dir, expect_run, jsonable, manifest_config, read_manifest, read_table
 from ..tables import PAIR_INPUT, PAIRS, REJECTS, SPANS
-from .batches import strip_internal, with_counts, with_retries, with_retry_count
+from .batches import drop_keys, strip_internal, with_counts, with_retry_count
+from .model_actor import ModelActor, host, stage_failed
 from .pair_plan import query_blocks
-from .ray_env import cpu_actor_args, cpu_threads, model_actor_args
+from .resources import Cluster, Resources, ray_args
 from .retrieve import read_queries
 from .runner import Outcome, Plan, RunOptions, StageContext, StageResult, TableStage, Work, run_stage
 
 EXTRACT_TABLES = {"spans": SPANS, "pairs": PAIRS, "rejects": REJECTS}
 
 
-class ExtractActor:
-    """One extractor (one model) per actor; batches of pairs in, packed pairs+spans out."""
+INPUT_PREFIX = "_input."  # columns that ride through the extract stages untouched (``api``: the caller's own)
+
+
+def _input_columns(batch: pa.Table) -> list[str]:
+    return [c for c in batch.column_names if c.startswith(INPUT_PREFIX)]
+
+
+def _with_inputs(packed: pa.Table, batch: pa.Table) -> pa.Table:
+    """``packed`` (one row per pair of ``batch``, in order) with ``batch``'s ``INPUT_PREFIX`` columns."""
+    for name in _input_columns(batch):
+        packed = packed.append_column(name, batch[name])
+    return packed
+
+
+def failed_pairs(stage, batch: pa.Table, error: str) -> pa.Table:
+    """The packed rows of pairs a stage gave up on (``PairExtractor`` ``stage``): one error row each."""
+    from ..extract.stage import pack
+
+    rows = batch.select(PAIR_INPUT.names).to_pylist()
+    return _with_inputs(pack(stage.tables(rows, {}, [error] * len(rows), None)), batch)
+
+
+class ExtractActor(ModelActor):
+    """One extractor (one model) per actor; batches of pairs in, packed pairs+spans out. A batch whose retries are
+    spent becomes one ``stage_failed`` error row per pair, and the job goes on."""
+
+    what = "extract"
 
     def __init__(self, config, run_id: str, threads: int | None = None, max_chunk_chars: int | None = None,
-                 retries: int = 2, query_block_rows: int | None = None) -> None:
+                 retries: int = 2, query_block_rows: int | None = None, token_budget: int | None = None) -> None:
+        self.run_id = run_id
+        self.max_chunk_chars = max_chunk_chars
+        self.query_block_rows = query_block_rows  # an I/O extractor's batch: split into query blocks of this size
+        super().__init__(config, threads, retries, token_budget)
+
+    def load(self, config):
         from ..extract.registry import build_extractor
         from ..extract.stage import DEFAULT_MAX_CHUNK_CHARS, PairExtractor
 
-        if threads:
-            import torch
+        return PairExtractor(build_extractor(config), self.run_id, self.max_chunk_chars or DEFAULT_MAX_CHUNK_CHARS)
 
-            torch.set_num_threads(threads)
-        self.stage = PairExtractor(build_extractor(config), run_id, max_chunk_chars or DEFAULT_MAX_CHUNK_CHARS)
-        self.retries = retries
-        self.query_block_rows = query_block_rows  # an I/O extractor's batch: split into query blocks of this size
+    @property
+    def stage(self):
+        return self.model
 
-    def _packed(self, batch: pa.Table) -> pa.Table:
+    def run(self, batch: pa.Table) -> tuple[pa.Table, dict[str, int]]:
         from ..extract.stage import pack
 
-        out = self.stage(batch)
+        out = self.model(batch)
         t0 = time.perf_counter()
-        packed = pack(out)
-        ms = dict(self.stage.last_ms)
+        packed = _with_inputs(pack(out), batch)
+        ms = dict(self.model.last_ms)
         ms["gate"] = ms.get("gate", 0) + round(1000 * (time.perf_counter() - t0))
-        return with_counts(packed, {f"time_ms.{part}": v for part, v in ms.items()})
+        return packed, {f"time_ms.{part}": v for part, v in ms.items()}
+
+    def failed_rows(self, batch: pa.Table, error: str) -> pa.Table:
+        return failed_pairs(self.model, batch, error)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         """Pairs -> packed rows. With ``query_block_rows``, a block of the planner (whole queries, larger than a
@@ -67,15 +100,8 @@ class ExtractActor:
         return pa.concat_tables([self._call(b) for b in blocks], promote_options="default")
 
     def _call(self, batch: pa.Table) -> pa.Table:
-        from ..extract.stage import pack
+        return ModelActor.__call__(self, batch)
 
-        try:
-            return with_retries(self._packed, batch, self.retries, "extract")
-        except Exception as exc:  # noqa: BLE001 - retries spent: error rows, the job goes on
-            rows = batch.select(PAIR_INPUT.names).to_pylist()
-            error = f"stage_failed: {type(exc).__name__}: {exc}"[:500]
-            out = pack(self.stage.tables(rows, {}, [error] * len(rows), None))
-            return with_retry_count(out, self.retries)
 
 
 @dataclass
@@ -171,53 +197,47 @@ def extract_counts(pairs: pa.Table, spans_rows: int) -> dict[str, int]:
 
 # --- the highlighter in three stages: host work on CPU tasks, only the forward pass on the model actors -------
 
-_HOSTS: dict[Any, Any] = {}  # config -> HighlighterTokenizer, loaded once per worker process
-
-
 def _highlight_tokenize(batch: pa.Table, config, max_chunk_chars: int | None) -> pa.Table:
     """CPU stage: validate and tokenise pairs into windows (``highlighter_stages.encode_table``)."""
     from ..extract.highlighter import HighlighterTokenizer
     from ..extract.highlighter_stages import encode_table
     from ..extract.stage import DEFAULT_MAX_CHUNK_CHARS, DEFAULT_MAX_QUERY_CHARS
 
-    if config not in _HOSTS:
-        _HOSTS[config] = HighlighterTokenizer(config)
+    tokenizer = host(HighlighterTokenizer, config)
     t0 = time.perf_counter()
-    out = encode_table(_HOSTS[config], batch.select(PAIR_INPUT.names), max_chunk_chars or DEFAULT_MAX_CHUNK_CHARS,
-                       DEFAULT_MAX_QUERY_CHARS)
+    out = encode_table(tokenizer, batch.select([*PAIR_INPUT.names, *_input_columns(batch)]),
+                       max_chunk_chars or DEFAULT_MAX_CHUNK_CHARS, DEFAULT_MAX_QUERY_CHARS)
     return with_counts(out, {"time_ms.tokenize": round(1000 * (time.perf_counter() - t0))})
 
 
-class HighlightForwardActor:
-    """The model stage of the split highlighter: one model per actor (per GPU), the forward pass alone."""
+class HighlightForwardActor(ModelActor):
+    """The model stage of the split highlighter: one model per actor (per GPU), the forward pass alone. A batch
+    whose retries are spent goes on with every row failed (the span stage writes the error rows)."""
 
-    def __init__(self, config, threads: int | None = None, retries: int = 2) -> None:
+    what = "extract"
+
+    def load(self, config):
         from ..extract.highlighter import Highlighter
 
-        if threads:
-            import torch
+        return Highlighter(config)
 
-            torch.set_num_threads(threads)
-        self.highlighter = Highlighter(config)
-        self.retries = retries
+    @property
+    def highlighter(self):
+        return self.model
 
-    def _forward(self, batch: pa.Table) -> pa.Table:
+    def run(self, batch: pa.Table) -> tuple[pa.Table, dict[str, int]]:
         from ..extract.highlighter_stages import forward_table
 
-        t0, before = time.perf_counter(), self.highlighter.stats["forward_s"]
-        out = forward_table(self.highlighter, batch)
-        forward = self.highlighter.stats["forward_s"] - before
-        return with_counts(out, {"time_ms.forward": round(1000 * forward),
-                                 "time_ms.model": round(1000 * (time.perf_counter() - t0))})
+        return forward_table(self.model, batch), {}
 
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        try:
-            return with_retries(self._forward, batch, self.retries, "extract")
-        except Exception as exc:  # noqa: BLE001 - retries spent: error rows (the span stage writes them)
-            from ..extract.highlighter_stages import failed_forward_table
+    def counts(self, before, after, wall_s: float) -> dict[str, int]:
+        return {"time_ms.forward": round(1000 * (after["forward_s"] - before["forward_s"])),
+                "time_ms.model": round(1000 * wall_s)}
 
-            error = f"stage_failed: {type(exc).__name__}: {exc}"[:500]
-            return with_retry_count(failed_forward_table(batch, error), self.retries)
+    def failed_rows(self, batch: pa.Table, error: str) -> pa.Table:
+        from ..extract.highlighter_stages import failed_forward_table
+
+        return failed_forward_table(batch, error)
 
 
 def _highlight_spans(batch: pa.Table, config, run_id: str, info: dict[str, Any],
@@ -235,32 +255,41 @@ def _highlight_spans(batch: pa.Table, config, run_id: str, info: dict[str, Any],
         batch = batch.set_column(batch.schema.get_field_index("_hl_invalid"), "_hl_invalid",
                                  pa.array(invalid, pa.string()))
     try:
-        out = pack(spans_table(batch, stage, config))
+        out = _with_inputs(pack(spans_table(batch, stage, config)), batch)
     except Exception as exc:  # noqa: BLE001 - error rows, the job goes on
-        error = f"stage_failed: {type(exc).__name__}: {exc}"[:500]
-        rows = batch.select(PAIR_INPUT.names).to_pylist()
-        out = pack(stage.tables(rows, {}, [error] * len(rows), None))
+        out = failed_pairs(stage, batch, stage_failed(exc))
     retries = carried.pop("stage_retries", 0)
     carried["time_ms.gate"] += round(1000 * (time.perf_counter() - t0))
     return with_retry_count(with_counts(out, dict(carried)), retries)
 
 
-def _highlighter_stages(job: ExtractJob, pairs: ray.data.Dataset, run_id: str) -> ray.data.Dataset:
+@dataclass(frozen=True)
+class ExtractSetup:
+    """How the placements below run an extractor: from a stage job (``extract_setup``) or ``api.extract``."""
+
+    extractor: Any  # HighlighterConfig | SemanticConfig | LLMConfig
+    resources: Resources  # the placement's declaration with the job's options applied (``PLACEMENT_RESOURCES``)
+    run_id: str
+    max_chunk_chars: int | None = None
+    retries: int = 2  # of a failed batch, before its rows become error rows
+    cluster: Cluster | None = None  # None: this driver's Ray, a stage job's own pipeline (api: a user's pipeline)
+
+
+def _highlighter_stages(setup: ExtractSetup, pairs: ray.data.Dataset) -> ray.data.Dataset:
     """Tokenize (CPU tasks) -> forward pass (one model actor per GPU, else CPU actors) -> spans and the verbatim
     gate (CPU tasks), as ``ray.data.llm`` splits its stages: the model's process does nothing but the model."""
     from ..extract.highlighter import host_describe
 
-    cfg = job.extractor
+    cfg = setup.extractor
     ds = pairs.map_batches(
         _highlight_tokenize, batch_format="pyarrow", batch_size=None,
-        fn_kwargs={"config": cfg, "max_chunk_chars": job.max_chunk_chars})
-    ds = ds.map_batches(HighlightForwardActor, batch_format="pyarrow",
-                        **model_actor_args(job.concurrency, job.batch_rows),
-                        fn_constructor_kwargs={"config": cfg, "threads": cpu_threads(job.threads),
-                                               "retries": job.batch_retries})
+        fn_kwargs={"config": cfg, "max_chunk_chars": setup.max_chunk_chars})
+    ds = ds.map_batches(HighlightForwardActor, **ray_args(
+        setup.resources, HighlightForwardActor, setup.cluster, batch_format="pyarrow",
+        fn_constructor_kwargs={"config": cfg, "retries": setup.retries}))
     return ds.map_batches(_highlight_spans, batch_format="pyarrow", batch_size=None,
-                          fn_kwargs={"config": cfg, "run_id": run_id, "info": host_describe(cfg),
-                                     "max_chunk_chars": job.max_chunk_chars})
+                          fn_kwargs={"config": cfg, "run_id": setup.run_id, "info": host_describe(cfg),
+                                     "max_chunk_chars": setup.max_chunk_chars})
 
 
 def pairs_dataset(pairs: pa.Table | ray.data.Dataset, batch_rows: int, query_grouped: bool) -> ray.data.Dataset:
@@ -273,30 +302,31 @@ def pairs_dataset(pairs: pa.Table | ray.data.Dataset, batch_rows: int, query_gro
     return ray.data.from_arrow([pairs.slice(i, batch_rows) for i in range(0, max(1, pairs.num_rows), batch_rows)])
 
 
-def _model_actors(job: ExtractJob, pairs: pa.Table | ray.data.Dataset, run_id: str) -> ray.data.Dataset:
+def _model_actors(setup: ExtractSetup, pairs: pa.Table | ray.data.Dataset) -> ray.data.Dataset:
     """One extractor (model) per GPU, else CPU actors; the highlighter's host work runs in CPU stages around its
     model actors (``_highlighter_stages``)."""
     from ..extract.highlighter import HighlighterConfig
 
-    ds = pairs_dataset(pairs, job.batch_rows, query_grouped=False)
-    if isinstance(job.extractor, HighlighterConfig):
-        return _highlighter_stages(job, ds, run_id)
-    kwargs = {"config": job.extractor, "run_id": run_id, "max_chunk_chars": job.max_chunk_chars,
-              "retries": job.batch_retries, "threads": cpu_threads(job.threads)}
-    return ds.map_batches(ExtractActor, batch_format="pyarrow", **model_actor_args(job.concurrency, job.batch_rows),
-                          fn_constructor_kwargs=kwargs)
+    ds = pairs_dataset(pairs, setup.resources.batch_rows, query_grouped=False)
+    if isinstance(setup.extractor, HighlighterConfig):
+        return _highlighter_stages(setup, ds)
+    kwargs = {"config": setup.extractor, "run_id": setup.run_id, "max_chunk_chars": setup.max_chunk_chars,
+              "retries": setup.retries}
+    return ds.map_batches(ExtractActor, **ray_args(setup.resources, ExtractActor, setup.cluster,
+                                                   batch_format="pyarrow", fn_constructor_kwargs=kwargs))
 
 
-def _io_actors(job: ExtractJob, pairs: pa.Table | ray.data.Dataset, run_id: str) -> ray.data.Dataset:
+def _io_actors(setup: ExtractSetup, pairs: pa.Table | ray.data.Dataset) -> ray.data.Dataset:
     """I/O-bound actors, no GPU (an HTTP endpoint); blocks keep a query's pairs together for its requests."""
-    kwargs = {"config": job.extractor, "run_id": run_id, "max_chunk_chars": job.max_chunk_chars,
-              "retries": job.batch_retries, "query_block_rows": job.batch_rows}
-    return pairs_dataset(pairs, job.batch_rows, query_grouped=True).map_batches(
-        ExtractActor, batch_format="pyarrow", batch_size=None, **cpu_actor_args(job.concurrency or 2, 0.5),
-        fn_constructor_kwargs=kwargs)
+    res = setup.resources
+    kwargs = {"config": setup.extractor, "run_id": setup.run_id, "max_chunk_chars": setup.max_chunk_chars,
+              "retries": setup.retries, "query_block_rows": res.batch_rows if res.whole_blocks else None}
+    return pairs_dataset(pairs, res.batch_rows, query_grouped=True).map_batches(
+        ExtractActor, **ray_args(res, ExtractActor, setup.cluster, batch_format="pyarrow",
+                                 fn_constructor_kwargs=kwargs))
 
 
-def _vllm(job: ExtractJob, pairs: pa.Table | ray.data.Dataset, run_id: str) -> ray.data.Dataset:
+def _vllm(setup: ExtractSetup, pairs: pa.Table | ray.data.Dataset) -> ray.data.Dataset:
     """In-cluster vLLM engines through ``ray.data.llm``; the interpretation actors take only the CPUs the
     engines leave (``extract.vllm.helper_cpus``), block by block (engine output blocks mix success and error
     rows, whose columns differ). Requests are formed block by block in tasks, from blocks that hold whole
@@ -305,15 +335,16 @@ def _vllm(job: ExtractJob, pairs: pa.Table | ray.data.Dataset, run_id: str) -> r
     from ..extract.vllm import LLMInterpret, helper_cpus, invalid_pairs, request_rows, vllm_dataset
     from .pair_plan import IO_BLOCK_PAIRS
 
-    cfg = job.extractor
-    blocks = pairs_dataset(pairs, max(job.batch_rows, IO_BLOCK_PAIRS), query_grouped=True)  # as the planner's
-    args = {"config": cfg, "run_id": run_id, "max_chunk_chars": job.max_chunk_chars or DEFAULT_MAX_CHUNK_CHARS}
+    cfg = setup.extractor
+    cluster = setup.cluster or Cluster.current()
+    res = setup.resources.with_(cpus=helper_cpus(cfg, cluster.cpus))
+    blocks = pairs_dataset(pairs, max(res.batch_rows, IO_BLOCK_PAIRS), query_grouped=True)  # as the planner's
+    args = {"config": cfg, "run_id": setup.run_id, "max_chunk_chars": setup.max_chunk_chars or DEFAULT_MAX_CHUNK_CHARS}
     requests = blocks.map_batches(request_rows, fn_kwargs=args, batch_format="pyarrow", batch_size=None)
     bad = blocks.map_batches(invalid_pairs, fn_kwargs=args, batch_format="pyarrow", batch_size=None)
-    ds = vllm_dataset(requests, cfg).map_batches(
-        LLMInterpret, fn_constructor_kwargs={"config": cfg, "run_id": run_id}, batch_format="pyarrow",
-        batch_size=None, concurrency=job.concurrency or 1,
-        num_cpus=helper_cpus(cfg, ray.cluster_resources().get("CPU", 1.0)))
+    ds = vllm_dataset(requests, cfg).map_batches(LLMInterpret, **ray_args(
+        res, LLMInterpret, cluster, batch_format="pyarrow",
+        fn_constructor_kwargs={"config": cfg, "run_id": setup.run_id}))
     return ds.union(bad)
 
 
@@ -325,7 +356,7 @@ def extract_dataset(job: ExtractJob, pairs: pa.Table | ray.data.Dataset, run_id:
     a table, or (model and I/O placements) the planner's dataset of blocks (``pairs_dataset``)."""
     from ..extract import registry
 
-    return PLACEMENTS[registry.placement(job.extractor)](job, pairs, run_id)
+    return PLACEMENTS[registry.placement(job.extractor)](extract_setup(job, run_id), pairs)
 
 
 def same_extractor(previous: str, config: dict[str, Any]) -> bool:
@@ -336,6 +367,23 @@ def same_extractor(previous: str, config: dict[str, Any]) -> bool:
 
 
 def unchanged_pairs(previous: str, pairs: pa.Table, config: dict[str, Any]) -> set[str]:
+# What each placement needs from Ray (the extract stage's declaration: the extractor's placement picks one)
+PLACEMENT_RESOURCES = {
+    "model": Resources(cpus=1, gpus=1, batch_rows=ExtractJob.batch_rows),  # one model per GPU, else CPU actors
+    # I/O-bound actors, two by default; each call one block of whole queries (about batch_rows pairs)
+    "io": Resources(cpus=0.5, actors=2, batch_rows=ExtractJob.batch_rows, whole_blocks=True),
+    # the interpretation actors beside the engines: their CPUs are what the engines leave (``_vllm``)
+    "vllm": Resources(cpus=1, actors=1, batch_rows=ExtractJob.batch_rows, whole_blocks=True),
+}
+
+
+def extract_setup(job: ExtractJob, run_id: str) -> ExtractSetup:
+    """The job's extractor, its placement's resources with the job's options applied, and its row settings."""
+    from ..extract import registry
+
+    res = PLACEMENT_RESOURCES[registry.placement(job.extractor)].with_job(job)
+    return ExtractSetup(job.extractor, res, run_id, job.max_chunk_chars, job.batch_retries)
+
     """Pair ids whose result ``previous`` holds for the same input (query, chunk text, paper, offset), the same
     retrieval rank and the same extractor (config hash and weights); failed pairs are extracted again.
 
@@ -388,6 +436,7 @@ class ExtractStage(TableStage):
         """A pairs file's pairs (a table), or a retrieval run's planned in Ray tasks (``pair_plan``): then the
         work holds the pair ids (an Arrow array) and object refs, no text."""
         t0 = time.perf_counter()
+    resources = PLACEMENT_RESOURCES  # by the extractor's placement; the job's options applied in ``extract_setup``
         data = pair_planner(self.job, plan.facts, ctx.ray)
         if isinstance(data, pa.Table):
             return Work(keys=data["pair_id"], n_in=data.num_rows, data=data,
@@ -409,11 +458,11 @@ class ExtractStage(TableStage):
 
         if isinstance(work.data, pa.Table):
             pairs: pa.Table = work.data
-            return extract_dataset(self.job, pairs.filter(pc.invert(pc.is_in(pairs["pair_id"], value_set=skip))),
-                                   ctx.run_id)
+            return extract_dataset(self.job, drop_keys(pairs, "pair_id", skip), ctx.run_id)
         placement = registry.placement(self.job.extractor)
         grouped = placement in ("io", "vllm")  # blocks of whole queries, for extractors that group them
-        return extract_dataset(self.job, work.data.dataset(skip, grouped, self.job.batch_rows), ctx.run_id)
+        rows = extract_setup(self.job, ctx.run_id).resources.batch_rows
+        return extract_dataset(self.job, work.data.dataset(skip, grouped, rows), ctx.run_id)
 
     def counts(self, plan: Plan, work: Work, outcome: Outcome) -> StageResult:
         written = storage.read_parquet(storage.join(outcome.staging, "pairs"),

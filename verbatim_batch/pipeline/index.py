@@ -12,7 +12,7 @@ import ray
 from .. import storage
 from ..index.folder import build_index_files, index_fingerprint, update_index_files
 from ..runs import committed_table_dir, expect_run, manifest_config, read_manifest
-from .ray_env import gpus
+from .resources import Resources, ray_args
 from .runner import Plan, RunOptions, Stage, StageContext, StageResult, run_stage
 
 
@@ -37,6 +37,7 @@ class IndexStage(Stage):
 
     def plan(self) -> Plan:
         job: IndexJob = self.job
+    resources = Resources(cpus=1, gpus=1)  # the build: one task, on a GPU where the cluster has one
         expect_run(job.embeddings, "--embeddings", "embed")
         expect_run(job.chunks, "--chunks", "chunk")
         facts = IndexFacts(emb_dir=committed_table_dir(job.embeddings, "embeddings"),
@@ -73,7 +74,7 @@ class IndexStage(Stage):
         stats = self._update(facts, ctx.staging) if job.previous else None
         if stats is None:
             ctx.ray()
-            task = ray.remote(num_cpus=1, num_gpus=1 if gpus() else 0)(build_index_files)
+            task = ray.remote(**ray_args(self.resources))(build_index_files)
             stats = ray.get(task.remote(facts.emb_dir, facts.chunks_dir, ctx.staging, job.dense or DenseSpec(),
                                         job.bm25))
         config = {

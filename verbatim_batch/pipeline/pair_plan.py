@@ -44,6 +44,8 @@ import pyarrow.compute as pc
 
 from .. import storage
 from ..tables import PAIR_INPUT, pair_id, pair_input_hash
+from .batches import drop_keys
+from .resources import Resources, ray_args
 
 PARTITION_PAIRS = 50_000  # pairs per planning partition (each hashes the wanted chunk ids once)
 MAX_PARTITIONS = 256
@@ -132,7 +134,7 @@ def _attach(pieces: list[pa.Table], queries: pa.Table, chunks: list[pa.Table], s
     (query_id, rank), query and chunk text attached; a query or chunk not found is an error row."""
     keys = pa.concat_tables([p.cast(_KEYS) for p in pieces]) if pieces else _KEYS.empty_table()
     if skip is not None and len(skip):
-        keys = keys.filter(pc.invert(pc.is_in(keys["pair_id"], value_set=skip)))
+        keys = drop_keys(keys, "pair_id", skip)
     keys = keys.sort_by([("query_id", "ascending"), ("rank", "ascending")])
     query = pc.take(queries["query"], pc.index_in(keys["query_id"], value_set=queries["query_id"]))
     known = pa.concat_tables([c.cast(_CHUNKS) for c in chunks]) if chunks else _CHUNKS.empty_table()
@@ -212,6 +214,7 @@ def _blocks(queries: pa.Table, chunks: list[pa.Table], skip: pa.Array | None, qu
 # --- the driver side --------------------------------------------------------------------------------------
 
 _REMOTE: dict[Any, Any] = {}
+PLAN_TASK = Resources(cpus=1)  # each planning task: one file or partition
 
 
 def _ray_up() -> bool:
@@ -229,7 +232,7 @@ def _call(fn, *args, num_returns: int | str = 1):
 
     if fn not in _REMOTE:
         _REMOTE[fn] = ray.remote(fn)
-    return _REMOTE[fn].options(num_cpus=1, num_returns=num_returns, max_retries=2).remote(*args)
+    return _REMOTE[fn].options(**ray_args(PLAN_TASK, num_returns=num_returns, max_retries=2)).remote(*args)
 
 
 def _get(value):

@@ -8,13 +8,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import ray
 
 from .. import storage
 from ..runs import committed_table_dir, expect_run, jsonable, read_table
 from ..tables import GENERATED_QUERIES
-from .ray_env import cpu_actor_args
+from .batches import drop_keys
+from .resources import Resources, ray_args
 from .runner import Outcome, Plan, RunOptions, StageContext, TableStage, Work, run_stage
 
 
@@ -54,6 +54,8 @@ class QueryGenStage(TableStage):
             raise ValueError("querygen talks to an OpenAI-compatible endpoint (e.g. `vllm serve` on the cluster): "
                              "use the http backend")
         expect_run(job.chunks, "--chunks", "chunk")
+    # I/O-bound actors (requests to an endpoint), two by default; each call one block of batch_rows chunks
+    resources = Resources(cpus=0.5, actors=2, batch_rows=QueryGenJob.batch_rows, whole_blocks=True)
         config = {"chunks": job.chunks, "n_papers": job.n_papers, "seed": job.seed, "llm": jsonable(job.llm.to_dict())}
         return Plan(config=config, inputs=(job.chunks,))
 
@@ -73,12 +75,13 @@ class QueryGenStage(TableStage):
     def dataset(self, plan: Plan, work: Work, skip: pa.Array, ctx: StageContext) -> ray.data.Dataset:
         job: QueryGenJob = self.job
         picked = work.data[0]
-        todo = picked.filter(pc.invert(pc.is_in(picked["chunk_id"], value_set=skip)))
-        rows = job.batch_rows
+        todo = drop_keys(picked, "chunk_id", skip)
+        res = self.resources.with_job(job)
+        rows = res.batch_rows
         blocks = [todo.slice(i, rows) for i in range(0, todo.num_rows, rows)]
         return ray.data.from_arrow(blocks).map_batches(
-            QueryGenActor, fn_constructor_kwargs={"config": job.llm}, batch_format="pyarrow", batch_size=None,
-            **cpu_actor_args(job.concurrency or 2, 0.5))
+            QueryGenActor, **ray_args(res, QueryGenActor, batch_format="pyarrow",
+                                      fn_constructor_kwargs={"config": job.llm}))
 
     def counts(self, plan: Plan, work: Work, outcome: Outcome) -> dict[str, int]:
         queries = storage.read_parquet(storage.join(outcome.staging, "queries"), columns=["error"])

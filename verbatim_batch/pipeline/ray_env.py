@@ -1,34 +1,36 @@
-"""The Ray environment a stage runs in: joining or starting Ray, and sizing model actors."""
+"""The Ray environment a stage runs in: joining or starting Ray (``init_ray``, the one place), the cluster's
+CPUs and GPUs, and the CPU actor-pool rule (``actor_pool``) that ``resources.ray_args`` applies."""
 
 from __future__ import annotations
 
 import os
 import socket
 import time
-from typing import Any
 
 import ray
 
 LOCAL_START_ATTEMPTS = 3  # a local Ray that fails to start (a loaded machine) is retried with backoff
 
 
-def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
-    """Join the cluster at ``address`` (or ``RAY_ADDRESS``; ``auto`` finds one on this machine), else start a
-    fresh local Ray that listens on loopback only (never silently joining whatever ``ray start`` left
-    running here). On a cluster, Ray's own node address settings apply."""
+def init_ray(address: str | None = None, num_cpus: int | None = None, log_to_driver: bool = True) -> None:
+    """The one place Ray is started (jobs, ``verify``, ``api``, tests, benchmarks): join the cluster at
+    ``address`` (or ``RAY_ADDRESS``; ``auto`` finds one on this machine), else start a fresh local Ray that
+    listens on loopback only (``_start_local``; also for ``address="local"``), never silently joining
+    whatever ``ray start`` left running here. On a cluster, Ray's own node address settings apply. A no-op
+    when this process already has Ray up."""
     if ray.is_initialized():
         return
     quiet_ray_data()
     address = address or os.environ.get("RAY_ADDRESS")
-    if address:
+    if address and address != "local":
         check_reachable(address)
         try:
-            ray.init(address=address, log_to_driver=True)
+            ray.init(address=address, log_to_driver=log_to_driver)
         except (ConnectionError, TimeoutError) as exc:
             raise ConnectionError(f"cannot join the Ray cluster at {address}: {str(exc).splitlines()[0][:200]}") \
                 from None
     else:
-        init_local(num_cpus)
+        _start_local(num_cpus, log_to_driver)
 
 
 def quiet_ray_data() -> None:
@@ -73,8 +75,8 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
                               "start one, or unset it to run on a local Ray") from None
 
 
-def init_local(num_cpus: int | None = None, log_to_driver: bool = True) -> None:
-    """A local Ray whose servers all bind 127.0.0.1.
+def _start_local(num_cpus: int | None = None, log_to_driver: bool = True) -> None:
+    """A local Ray whose servers all bind 127.0.0.1 (through ``init_ray``).
 
     Ray's C++ servers bind loopback only when the node's address is exactly 127.0.0.1, but ``ray.init``
     swaps a loopback ``_node_ip_address`` for the machine's routable address first (so that other nodes
@@ -84,7 +86,6 @@ def init_local(num_cpus: int | None = None, log_to_driver: bool = True) -> None:
     """
     if num_cpus is not None and num_cpus < 1:
         raise ValueError(f"--num-cpus must be at least 1, got {num_cpus}")
-    quiet_ray_data()
     from ray._private import services
 
     resolve = getattr(services, "resolve_ip_for_localhost", None)
@@ -148,41 +149,3 @@ def actor_pool(n_cpus: int, concurrency: int, cpus_per_actor: float) -> tuple[in
         return 1, 0.0
     actors = min(concurrency, max(1, int(spare // cpus_per_actor))) if cpus_per_actor > 0 else concurrency
     return actors, min(cpus_per_actor, spare / actors)
-
-
-def model_actor_args(concurrency: int | None, batch_rows: int) -> dict[str, Any]:
-    """``map_batches`` arguments for a model actor pool: one model per GPU when the cluster has GPUs, else
-    CPU actors sized by ``actor_pool``."""
-    n = gpus()
-    if n:
-        return {"concurrency": concurrency or n, "num_gpus": 1, "batch_size": batch_rows}
-    return cpu_actor_args(concurrency or 1, 1.0) | {"batch_size": batch_rows}
-
-
-def processor_actor_args(concurrency: int | None, batch_rows: int) -> dict[str, Any]:
-    """``map_batches`` arguments for a model actor pool inside someone else's Ray Data pipeline (``api``).
-
-    A stage job knows its whole pipeline and sizes its one pool to leave a CPU to the tasks around it
-    (``model_actor_args``). A processor does not: the pipeline may hold other processors' pools and the
-    user's own, and an actor holds its CPU for the whole run, so pools that each claim one can take every
-    CPU, leaving none to read with (``Active & requested resources: 3/2 CPU`` and no progress). So a
-    processor's actors claim no CPU: on GPU clusters one model per GPU (``num_gpus=1``), else ``concurrency``
-    (default 1) CPU actors. Ray's CPU count is a scheduling figure, not a limit: the actor's torch threads
-    still use the cores (set with ``cpu_threads``), and every CPU slot stays free for the reads, maps and
-    writes around it, however many processors the pipeline chains. The pool size goes in ``compute`` (Ray
-    2.51 deprecated ``concurrency``)."""
-    n = gpus()
-    size = concurrency or n or 1
-    gpu = {"num_gpus": 1} if n else {}
-    return {"compute": ray.data.ActorPoolStrategy(size=size), "num_cpus": 0, **gpu, "batch_size": batch_rows}
-
-
-def cpu_actor_args(concurrency: int, cpus_per_actor: float) -> dict[str, Any]:
-    """``concurrency`` and ``num_cpus`` of a CPU actor pool on this cluster (``actor_pool``)."""
-    actors, per_actor = actor_pool(cpus(), concurrency, cpus_per_actor)
-    return {"concurrency": actors, "num_cpus": per_actor}
-
-
-def cpu_threads(threads: int | None) -> int | None:
-    """Torch threads per model actor: as given, else none set on GPU clusters and every CPU on CPU ones."""
-    return threads or (None if gpus() else cpus())

@@ -20,34 +20,33 @@ import ray
 
 from ..runs import committed_table_dir, expect_run, jsonable, manifest_config, read_table
 from ..tables import RERANKED, stable_hash
-from .batches import with_counts, with_retries
-from .ray_env import cpu_threads, model_actor_args
+from .batches import drop_keys
+from .model_actor import ModelActor
+from .resources import Resources, ray_args
 from .runner import Outcome, Plan, RunOptions, StageContext, StageResult, TableStage, Work, run_stage
 
 
-class RerankActor:
-    """One cross-encoder per actor (per GPU); batches of whole queries' candidates in, ranked rows out."""
+class RerankActor(ModelActor):
+    """One cross-encoder per actor (per GPU); batches of whole queries' candidates in, ranked rows out. A batch
+    that still fails after its retries fails the job."""
 
-    def __init__(self, config, threads: int | None = None, retries: int = 2) -> None:
+    what = "rerank"
+
+    def load(self, config):
         from ..rerank import Reranker
 
-        if threads:
-            import torch
+        return Reranker(config)
 
-            torch.set_num_threads(threads)
-        self.reranker = Reranker(config)
-        self.retries = retries
+    @property
+    def reranker(self):
+        return self.model
 
-    def _rerank(self, batch: pa.Table) -> pa.Table:
-        before = dict(self.reranker.stats)
-        out = self.reranker(batch)
-        after = self.reranker.stats
+    def run(self, batch: pa.Table) -> tuple[pa.Table, dict[str, int]]:
+        return self.model(batch), {}
+
+    def counts(self, before, after, wall_s: float) -> dict[str, int]:
         delta = {k: int(after[k] - before[k]) for k in ("tokens", "padded_tokens", "truncated")}
-        delta |= {f"time_ms.{k[:-3]}": int(after[k] - before[k]) for k in ("tokenize_ms", "forward_ms")}
-        return with_counts(out, delta)
-
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        return with_retries(self._rerank, batch, self.retries, "rerank")
+        return delta | {f"time_ms.{k[:-3]}": int(after[k] - before[k]) for k in ("tokenize_ms", "forward_ms")}
 
 
 @dataclass
@@ -77,6 +76,8 @@ class RerankStage(TableStage):
     key_column = "query_id"
 
     def plan(self) -> Plan:
+    # one cross-encoder per GPU, else CPU actors; each call one block of whole queries (about batch_rows rows)
+    resources = Resources(cpus=1, gpus=1, batch_rows=RerankJob.batch_rows, whole_blocks=True)
         from ..rerank import weights_fingerprint
 
         job: RerankJob = self.job
@@ -110,11 +111,11 @@ class RerankStage(TableStage):
 
         job: RerankJob = self.job
         cands: pa.Table = work.data
-        todo = cands.filter(pc.invert(pc.is_in(cands["query_id"], value_set=skip)))
-        kwargs = {"config": job.reranker, "threads": cpu_threads(job.threads), "retries": job.batch_retries}
-        actors = model_actor_args(job.concurrency, job.batch_rows) | {"batch_size": None}  # whole queries per call
-        return ray.data.from_arrow(query_blocks(todo, job.batch_rows)).map_batches(
-            RerankActor, batch_format="pyarrow", fn_constructor_kwargs=kwargs, **actors)
+        todo = drop_keys(cands, "query_id", skip)
+        res = self.resources.with_job(job)
+        return ray.data.from_arrow(query_blocks(todo, res.batch_rows)).map_batches(
+            RerankActor, **ray_args(res, RerankActor, batch_format="pyarrow",
+                                    fn_constructor_kwargs={"config": job.reranker, "retries": job.batch_retries}))
 
     def counts(self, plan: Plan, work: Work, outcome: Outcome) -> StageResult:
         cands: pa.Table = work.data

@@ -9,14 +9,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import ray
 
 from .. import storage
 from ..records import iter_records
 from ..runs import expect_run, jsonable, manifest_config
 from ..tables import QUERIES, RETRIEVAL, query_id_for, stable_hash
-from .ray_env import model_actor_args
+from .batches import drop_keys
+from .resources import Cluster, Resources, ray_args
 from .runner import Outcome, Plan, RunOptions, StageContext, TableStage, Work, run_stage
 
 
@@ -32,6 +32,13 @@ class RetrieveActor:
 
 @dataclass
 class RetrieveJob(RunOptions):
+def retrieve_dataset(queries: ray.data.Dataset, config, res: Resources,
+                     cluster: Cluster | None = None) -> ray.data.Dataset:
+    """Query rows -> ``RETRIEVAL`` rows on retriever actors (the job's and ``api.retrieve``'s path)."""
+    return queries.map_batches(RetrieveActor, **ray_args(res, RetrieveActor, cluster, batch_format="pyarrow",
+                                                         fn_constructor_kwargs={"config": config}))
+
+
     index: str
     queries: str  # JSONL/Parquet/CSV with query (and query_id)
     retriever: Any = None  # RetrieverConfig fields other than index_dir
@@ -87,6 +94,7 @@ class RetrieveStage(TableStage):
     table_counts = staticmethod(retrieval_table_counts)
 
     def plan(self) -> Plan:
+    resources = Resources(cpus=1, gpus=1, batch_rows=RetrieveJob.batch_rows)  # one per GPU, else CPU actors
         from ..retrieval import RetrieverConfig
 
         job: RetrieveJob = self.job
@@ -110,12 +118,11 @@ class RetrieveStage(TableStage):
     def dataset(self, plan: Plan, work: Work, skip: pa.Array, ctx: StageContext) -> ray.data.Dataset:
         job: RetrieveJob = self.job
         queries = plan.facts.queries
-        todo = queries.filter(pc.invert(pc.is_in(queries["query_id"], value_set=skip)))
-        rows = job.batch_rows
+        todo = drop_keys(queries, "query_id", skip)
+        res = self.resources.with_job(job)
+        rows = res.batch_rows
         blocks = [todo.slice(i, rows) for i in range(0, todo.num_rows, rows)]
-        return ray.data.from_arrow(blocks).map_batches(
-            RetrieveActor, fn_constructor_kwargs={"config": plan.facts.config}, batch_format="pyarrow",
-            **model_actor_args(job.concurrency, rows))
+        return retrieve_dataset(ray.data.from_arrow(blocks), plan.facts.config, res)
 
     def counts(self, plan: Plan, work: Work, outcome: Outcome) -> dict[str, int]:
         return {"queries": work.n_in, "rejected_empty_query": plan.facts.rejected,

@@ -33,6 +33,7 @@ from ..runs import (
 from ..runs import record_keys as keys_of_records
 from ..tables import stable_hash
 from .batches import strip_internal
+from .resources import Resources, ray_args
 
 log = logging.getLogger(__name__)
 TableCounter = Callable[[str, pa.Table], dict[str, int]]
@@ -249,6 +250,9 @@ def carry_rows(previous: str, tables: dict[str, pa.Schema], key_column: str, key
     return pc.unique(pa.chunked_array(found, pa.string())), rows
 
 
+IO_TASK = Resources(cpus=1)  # a task of ``in_tasks``: one file's read, hash or rewrite
+
+
 def in_tasks(fn: Callable, calls: list[tuple]) -> list:
     """``fn(*args)`` for each call: as Ray tasks when this driver has Ray up (the work leaves the driver and
     runs on every node), else here."""
@@ -256,7 +260,7 @@ def in_tasks(fn: Callable, calls: list[tuple]) -> list:
 
     if not ray.is_initialized() or len(calls) < 2:
         return [fn(*args) for args in calls]
-    task = ray.remote(num_cpus=1)(fn)
+    task = ray.remote(**ray_args(IO_TASK))(fn)
     shared: dict[int, Any] = {}  # an array every call takes (the keys) goes to the object store once
     calls = [tuple(shared.setdefault(id(a), ray.put(a)) if isinstance(a, pa.Array) else a for a in args)
              for args in calls]
