@@ -44,6 +44,7 @@ def test_a_chain_with_a_missing_input_stops_before_chunking_and_leaves_nothing(t
 
 def test_an_output_inside_the_input_is_refused_before_the_input_is_listed(tmp_path, corpus, capsys):
     """`chunk --input /` used to list every file on the machine before refusing; the output is checked first."""
-    _refused(capsys, ["chunk", "--input", "/", "--output", str(tmp_path / "runs" / "z")], "is inside the input folder /")
+    _refused(capsys, ["chunk", "--input", "/", "--output", str(tmp_path / "runs" / "z")],
+             "is inside the input folder /")
     _refused(capsys, ["chunk", "--input", str(tmp_path / "nope"), "--output", str(tmp_path / "y")], "input not found")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus", "queries.jsonl"]
