@@ -41,9 +41,9 @@ class EmbedActor(ModelActor):
 
     what = "embed"
 
+    def load(self, config):
         from ..embedding import Embedder
 
-    def load(self, config):
         return Embedder(config)
 
     @property
@@ -108,9 +108,9 @@ class EmbedStage(TableStage):
     command = "embed"
     key_column = "chunk_id"
     table_counts = staticmethod(embed_table_counts)
+    resources = Resources(cpus=1, gpus=1, batch_rows=EmbedJob.batch_rows)  # one model per GPU, else CPU actors
 
     tables = {"embeddings": embeddings_schema(1)}  # the vector width is the model's: see ``schemas``
-    resources = Resources(cpus=1, gpus=1, batch_rows=EmbedJob.batch_rows)  # one model per GPU, else CPU actors
 
     def schemas(self, plan: Plan) -> dict[str, pa.Schema]:
         return {"embeddings": plan.facts.schema}

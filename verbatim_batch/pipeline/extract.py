@@ -350,23 +350,6 @@ def _vllm(setup: ExtractSetup, pairs: pa.Table | ray.data.Dataset) -> ray.data.D
 
 PLACEMENTS = {"model": _model_actors, "io": _io_actors, "vllm": _vllm}  # extract.registry.PLACEMENTS
 
-
-def extract_dataset(job: ExtractJob, pairs: pa.Table | ray.data.Dataset, run_id: str) -> ray.data.Dataset:
-    """Packed pairs+spans+rejects blocks for the job's extractor, run the way its registration says. ``pairs``:
-    a table, or (model and I/O placements) the planner's dataset of blocks (``pairs_dataset``)."""
-    from ..extract import registry
-
-    return PLACEMENTS[registry.placement(job.extractor)](extract_setup(job, run_id), pairs)
-
-
-def same_extractor(previous: str, config: dict[str, Any]) -> bool:
-    """Whether ``previous`` ran the extractor of ``config`` (config hash and weights): else nothing carries."""
-    prev = manifest_config(previous)
-    return prev.get("extractor_hash") == config["extractor_hash"] and not (
-        config.get("model_revision") and prev.get("model_revision") != config["model_revision"])
-
-
-def unchanged_pairs(previous: str, pairs: pa.Table, config: dict[str, Any]) -> set[str]:
 # What each placement needs from Ray (the extract stage's declaration: the extractor's placement picks one)
 PLACEMENT_RESOURCES = {
     "model": Resources(cpus=1, gpus=1, batch_rows=ExtractJob.batch_rows),  # one model per GPU, else CPU actors
@@ -384,6 +367,23 @@ def extract_setup(job: ExtractJob, run_id: str) -> ExtractSetup:
     res = PLACEMENT_RESOURCES[registry.placement(job.extractor)].with_job(job)
     return ExtractSetup(job.extractor, res, run_id, job.max_chunk_chars, job.batch_retries)
 
+
+def extract_dataset(job: ExtractJob, pairs: pa.Table | ray.data.Dataset, run_id: str) -> ray.data.Dataset:
+    """Packed pairs+spans+rejects blocks for the job's extractor, run the way its registration says. ``pairs``:
+    a table, or (model and I/O placements) the planner's dataset of blocks (``pairs_dataset``)."""
+    from ..extract import registry
+
+    return PLACEMENTS[registry.placement(job.extractor)](extract_setup(job, run_id), pairs)
+
+
+def same_extractor(previous: str, config: dict[str, Any]) -> bool:
+    """Whether ``previous`` ran the extractor of ``config`` (config hash and weights): else nothing carries."""
+    prev = manifest_config(previous)
+    return prev.get("extractor_hash") == config["extractor_hash"] and not (
+        config.get("model_revision") and prev.get("model_revision") != config["model_revision"])
+
+
+def unchanged_pairs(previous: str, pairs: pa.Table, config: dict[str, Any]) -> set[str]:
     """Pair ids whose result ``previous`` holds for the same input (query, chunk text, paper, offset), the same
     retrieval rank and the same extractor (config hash and weights); failed pairs are extracted again.
 
@@ -419,6 +419,7 @@ class ExtractStage(TableStage):
     key_column = "pair_id"
     key_tables = ("pairs",)
     table_counts = staticmethod(extract_table_counts)
+    resources = PLACEMENT_RESOURCES  # by the extractor's placement; the job's options applied in ``extract_setup``
 
     def plan(self) -> Plan:
         from ..extract import registry
@@ -436,7 +437,6 @@ class ExtractStage(TableStage):
         """A pairs file's pairs (a table), or a retrieval run's planned in Ray tasks (``pair_plan``): then the
         work holds the pair ids (an Arrow array) and object refs, no text."""
         t0 = time.perf_counter()
-    resources = PLACEMENT_RESOURCES  # by the extractor's placement; the job's options applied in ``extract_setup``
         data = pair_planner(self.job, plan.facts, ctx.ray)
         if isinstance(data, pa.Table):
             return Work(keys=data["pair_id"], n_in=data.num_rows, data=data,

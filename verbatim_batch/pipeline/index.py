@@ -34,10 +34,10 @@ class IndexFacts:
 
 class IndexStage(Stage):
     command = "index"
+    resources = Resources(cpus=1, gpus=1)  # the build: one task, on a GPU where the cluster has one
 
     def plan(self) -> Plan:
         job: IndexJob = self.job
-    resources = Resources(cpus=1, gpus=1)  # the build: one task, on a GPU where the cluster has one
         expect_run(job.embeddings, "--embeddings", "embed")
         expect_run(job.chunks, "--chunks", "chunk")
         facts = IndexFacts(emb_dir=committed_table_dir(job.embeddings, "embeddings"),

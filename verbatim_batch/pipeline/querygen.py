@@ -47,6 +47,8 @@ class QueryGenStage(TableStage):
     tables = {"queries": GENERATED_QUERIES}
     key_column = "chunk_id"  # a write covers whole chunks: a rerun skips them
     takes_previous = False
+    # I/O-bound actors (requests to an endpoint), two by default; each call one block of batch_rows chunks
+    resources = Resources(cpus=0.5, actors=2, batch_rows=QueryGenJob.batch_rows, whole_blocks=True)
 
     def plan(self) -> Plan:
         job: QueryGenJob = self.job
@@ -54,8 +56,6 @@ class QueryGenStage(TableStage):
             raise ValueError("querygen talks to an OpenAI-compatible endpoint (e.g. `vllm serve` on the cluster): "
                              "use the http backend")
         expect_run(job.chunks, "--chunks", "chunk")
-    # I/O-bound actors (requests to an endpoint), two by default; each call one block of batch_rows chunks
-    resources = Resources(cpus=0.5, actors=2, batch_rows=QueryGenJob.batch_rows, whole_blocks=True)
         config = {"chunks": job.chunks, "n_papers": job.n_papers, "seed": job.seed, "llm": jsonable(job.llm.to_dict())}
         return Plan(config=config, inputs=(job.chunks,))
 

@@ -74,10 +74,10 @@ class RerankStage(TableStage):
     command = "rerank"
     tables = {"retrieval": RERANKED}
     key_column = "query_id"
-
-    def plan(self) -> Plan:
     # one cross-encoder per GPU, else CPU actors; each call one block of whole queries (about batch_rows rows)
     resources = Resources(cpus=1, gpus=1, batch_rows=RerankJob.batch_rows, whole_blocks=True)
+
+    def plan(self) -> Plan:
         from ..rerank import weights_fingerprint
 
         job: RerankJob = self.job

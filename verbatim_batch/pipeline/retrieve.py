@@ -30,8 +30,6 @@ class RetrieveActor:
         return self.retriever(batch)
 
 
-@dataclass
-class RetrieveJob(RunOptions):
 def retrieve_dataset(queries: ray.data.Dataset, config, res: Resources,
                      cluster: Cluster | None = None) -> ray.data.Dataset:
     """Query rows -> ``RETRIEVAL`` rows on retriever actors (the job's and ``api.retrieve``'s path)."""
@@ -39,6 +37,8 @@ def retrieve_dataset(queries: ray.data.Dataset, config, res: Resources,
                                                          fn_constructor_kwargs={"config": config}))
 
 
+@dataclass
+class RetrieveJob(RunOptions):
     index: str
     queries: str  # JSONL/Parquet/CSV with query (and query_id)
     retriever: Any = None  # RetrieverConfig fields other than index_dir
@@ -92,9 +92,9 @@ class RetrieveStage(TableStage):
     tables = {"retrieval": RETRIEVAL}
     key_column = "query_id"
     table_counts = staticmethod(retrieval_table_counts)
+    resources = Resources(cpus=1, gpus=1, batch_rows=RetrieveJob.batch_rows)  # one per GPU, else CPU actors
 
     def plan(self) -> Plan:
-    resources = Resources(cpus=1, gpus=1, batch_rows=RetrieveJob.batch_rows)  # one per GPU, else CPU actors
         from ..retrieval import RetrieverConfig
 
         job: RetrieveJob = self.job
