@@ -14,7 +14,7 @@ from verbatim_batch.runs import record_write
 
 def test_status_line_and_durations():
     assert status(250, 1000, 10.0) == "250/1,000 rows (25.0%) in 10s, 25.0 rows/s, ETA 30s"
-    assert status(0, 1000, 10.0).endswith("0.0 rows/s, ETA ?")
+    assert status(0, 1000, 10.0) == "0/1,000 rows: starting (workers start, models load) for 10s"
     assert [duration(s) for s in (4.2, 185, 7620)] == ["4s", "3m05s", "2h07m"]
 
 

@@ -48,3 +48,42 @@ def test_an_output_inside_the_input_is_refused_before_the_input_is_listed(tmp_pa
              "is inside the input folder /")
     _refused(capsys, ["chunk", "--input", str(tmp_path / "nope"), "--output", str(tmp_path / "y")], "input not found")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus", "queries.jsonl"]
+
+
+def test_ctrl_c_ends_a_run_with_one_line_and_no_traceback(tmp_path):
+    """SIGINT to the command's process group (what Ctrl-C sends) while a stage runs: exit 130, one line."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    cmd = [sys.executable, "-c", "import sys; from verbatim_batch.cli import main; sys.exit(main())", "run",
+           "--input", str(EXAMPLES / "corpus"), "--queries", str(EXAMPLES / "queries.jsonl"), "--output",
+           str(tmp_path / "chain"), "--num-cpus", "2"]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    lines: list[str] = []
+    started = threading.Event()
+
+    def read() -> None:
+        for line in proc.stderr:
+            lines.append(line)
+            if line.startswith("[embed]"):
+                started.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert started.wait(300), "".join(lines[-20:])
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(120) == 130, "".join(lines[-20:])
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    reader.join(10)
+    err = "".join(lines)
+    assert "Traceback" not in err, err[-3000:]
+    assert lines[-1].startswith("verbatim-batch run: interrupted; committed work is kept")
+    assert (tmp_path / "chain" / "chunks" / "manifest.json").is_file()  # the committed stage stays

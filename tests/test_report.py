@@ -106,7 +106,8 @@ def chain(ray_local, tmp_path_factory):
         (corpus / f"{name}.md").write_text(text, encoding="utf-8")
     queries = root / "queries.jsonl"
     queries.write_text("\n".join(json.dumps(q) for q in QUERIES) + "\n")
-    results, _ = run_chain(Chain(input=str(corpus), queries=str(queries), format="md", top_k=2), str(root / "out"))
+    chain = Chain(input=str(corpus), queries=str(queries), format="md", stages={"extract": {"top_k": 2}})
+    results, _ = run_chain(chain, str(root / "out"))
     return {name: path for name, (path, _) in results.items()}
 
 
@@ -249,6 +250,11 @@ def test_extract_report_groups_spans_by_query_in_context(chain):
         page = fh.read()
     sections = re.findall(r'<section class="query" data-query-id="([^"]+)">(.*?)</section>', page, re.S)
     assert sorted(q for q, _ in sections) == sorted({p["query_id"] for p in pairs})
+    assert [q for q, _ in sections] == [q["query_id"] for q in QUERIES]  # as given, not alphabetical
+    # the evidence leads: the first heading after the title is the spans', the timings come after them
+    assert re.findall(r"<h[12]>([^<]*)", page)[1].startswith("Spans")
+    assert page.index('class="query"') < page.index("Where the extract time went")
+    assert re.search(r"<h1>verbatim-batch extract · [^<]+</h1>", page)
     chunk_of = {p["pair_id"]: chunks[p["chunk_id"]] for p in pairs}
     for _, body in sections:
         for pair_id, inner in re.findall(r'<div class="pair" data-pair="([^"]+)">(.*?)</div></div>', body, re.S):

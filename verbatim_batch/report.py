@@ -172,13 +172,16 @@ def _time_html(command: str, breakdown: dict[str, Any], title: str | None = None
 
 
 def render_html(report: dict[str, Any], sections: Sequence[str] = ()) -> str:
-    """A self-contained static page: run summary, where the time went, then the run's own sections."""
+    """A self-contained static page: the run's own sections (spans by query, retrieval hits), then its summary,
+    where the time went and its counts."""
     command = str(report.get("command"))
     summary = {k: report.get(k) for k in ("run_id", "command", "created_at", "status")}
     for key in ("abstention_rate", "verbatim_violations", "rejects", "spans_per_pair"):
         if key in report:
             summary[key] = report[key]
-    body = [f"<h1>verbatim-batch {html.escape(command)} run</h1>",
+    # what the run found comes first; how it ran (time, counts) after
+    body = [f"<h1>verbatim-batch {html.escape(command)} · {html.escape(str(report.get('run_id')))}</h1>",
+            *sections,
             kv_table("Summary", summary), kv_table("Tables (rows)", report.get("tables", {})),
             _time_html(command, report.get("time_breakdown", {})),
             *(_time_html(stage, b, f"Where the {stage} stage's time went")
@@ -188,7 +191,6 @@ def render_html(report: dict[str, Any], sections: Sequence[str] = ()) -> str:
             kv_table("Quarantined by reason", report.get("quarantine_by_reason", {})),
             kv_table("Errors by reason", report.get("errors_by_reason", {})),
             kv_table("Rejects by reason", report.get("rejects_by_reason", {})),
-            *sections,
             kv_table("Counts", report.get("counts", {}))]
     return html_page(f"{command} {report.get('run_id')}", body)
 
@@ -203,7 +205,7 @@ def write_report(run_dir: str, manifest: dict[str, Any] | None = None, n_samples
     sections = []
     targets = [(run_dir, manifest)]
     if command in COMPOSITES:
-        targets = [(storage.join(run_dir, s), m) for s in ("retrieval", "spans") if (m := _sub_manifest(run_dir, s))]
+        targets = [(storage.join(run_dir, s), m) for s in ("spans", "retrieval") if (m := _sub_manifest(run_dir, s))]
     for where, m in targets:
         if m.get("command") == "retrieve":
             figures, section = retrieval_section(where, m)

@@ -28,6 +28,20 @@ HITS_SHOWN = 10  # retrieval hits shown per query and method
 SNIPPET_CHARS = 240
 
 
+def query_positions(path: str | None) -> dict[str, int]:
+    """``query_id -> position`` in the query file a run was made from (queries are shown as given); empty when
+    the file is gone or unreadable."""
+    if not path:
+        return {}
+    from .pipeline.retrieve import read_queries
+
+    try:
+        ids = read_queries(path)[0]["query_id"].to_pylist()
+    except (OSError, ValueError):
+        return {}
+    return {q: i for i, q in reversed(list(enumerate(ids)))}
+
+
 def extract_section(run_dir: str, manifest: dict[str, Any], per_query: int = 12,
                     max_queries: int = MAX_QUERIES) -> tuple[dict[str, Any], str]:
     """Figures and HTML of an extract run: span score and length histograms, then a section per query with
@@ -47,7 +61,8 @@ def extract_section(run_dir: str, manifest: dict[str, Any], per_query: int = 12,
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in pairs.to_pylist():
         groups[r.get("query_id") or r.get("query") or ""].append(r)
-    order = sorted(groups, key=lambda q: (not (groups[q][0].get("query") or "").strip(),
+    given = query_positions(json.loads(manifest.get("config") or "{}").get("queries"))
+    order = sorted(groups, key=lambda q: (given.get(q, math.inf), not (groups[q][0].get("query") or "").strip(),
                                           (groups[q][0].get("query") or "").casefold(), q))
     figures: dict[str, Any] = {
         "queries": len(groups),
@@ -141,7 +156,8 @@ def retrieval_section(run_dir: str, manifest: dict[str, Any], hits: int = HITS_S
                                                                       join_type="inner")
         found = Counter(m for m in hits_.group_by(["method", "query_id"]).aggregate([])["method"].to_pylist())
         recall = {m: found.get(m, 0) / len(asked) for m in sorted(pc.unique(table["method"]).to_pylist())}
-    order_all = sorted(query_ids, key=lambda q: ((texts.get(q) or "").casefold(), q))
+    given = query_positions(config.get("queries"))
+    order_all = sorted(query_ids, key=lambda q: (given.get(q, math.inf), (texts.get(q) or "").casefold(), q))
     order = order_all[:max_queries]
     shown = table.filter(pc.and_(pc.less_equal(table["rank"], hits),
                                  pc.is_in(table["query_id"], value_set=pa.array(order, pa.string()))))

@@ -70,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         return HANDLERS[args.command](args)
+    except KeyboardInterrupt:  # Ctrl-C: one line; committed work stays, a run's staging is resumable
+        print(f"verbatim-batch {args.command}: interrupted; committed work is kept (rerun with the same --run-id "
+              "to resume)", file=sys.stderr)
+        return 130
     except (FileNotFoundError, FileExistsError, PermissionError, ConnectionError, ValueError,
             NotImplementedError) as exc:
         print(f"verbatim-batch {args.command}: error: {exc}", file=sys.stderr)

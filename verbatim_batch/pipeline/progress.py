@@ -55,6 +55,8 @@ def duration(seconds: float) -> str:
 def status(done: int, total: int, elapsed: float) -> str:
     """``1,234/5,000 rows (24.7%) in 30s, 41.2 rows/s, ETA 1m31s``: rows/s over the stage so far (model
     loading included, so the ETA errs long)."""
+    if not done:  # nothing written yet: say what that time is spent on
+        return f"0/{total:,} rows: starting (workers start, models load) for {duration(elapsed)}"
     rate = done / elapsed if elapsed > 0 else 0.0
     share = f" ({100 * done / total:.1f}%)" if total else ""
     eta = duration((total - done) / rate) if rate > 0 and total >= done else "?"
