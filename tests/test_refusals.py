@@ -87,3 +87,31 @@ def test_ctrl_c_ends_a_run_with_one_line_and_no_traceback(tmp_path):
     assert "Traceback" not in err, err[-3000:]
     assert lines[-1].startswith("verbatim-batch run: interrupted; committed work is kept")
     assert (tmp_path / "chain" / "chunks" / "manifest.json").is_file()  # the committed stage stays
+
+
+@pytest.mark.parametrize("argv", [
+    ["extract", "--pairs", "{fifo}", "--output", "{tmp}/o"],
+    ["evaluate", "--gold", "{fifo}", "--predictions", "{tmp}/p"],
+    ["evaluate-retrieval", "--retrieval", "{tmp}/r", "--qrels", "{fifo}"],
+    ["retrieve", "--index", "{tmp}/i", "--queries", "{fifo}", "--output", "{tmp}/o"],
+    ["chunk", "--input", "/dev/zero", "--output", "{tmp}/o"],
+    ["train", "--train", "{fifo}", "--output", "{tmp}/o"],
+])
+def test_special_files_as_option_files_are_refused_before_they_are_opened(tmp_path, capsys, argv):
+    """A named pipe given as a file option used to hang (nothing ever writes to it); every path option is
+    checked where the options are read."""
+    import os
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    _refused(capsys, [a.format(fifo=fifo, tmp=tmp_path) for a in argv], "is not a regular file or a folder")
+
+
+def test_a_pipe_named_in_a_manifest_is_never_opened(tmp_path):
+    import os
+
+    from verbatim_batch.records import iter_records
+
+    os.mkfifo(tmp_path / "q.jsonl")
+    with pytest.raises(ValueError, match="not a regular file"):
+        next(iter_records(str(tmp_path / "q.jsonl")))

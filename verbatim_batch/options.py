@@ -249,9 +249,15 @@ def _bounds(opt: Option, value: Any) -> None:
 
 
 def resolve_path(value: str | None) -> str | None:
-    """A local path made absolute (a URI as given): what manifests record, whatever the working directory."""
+    """A local path made absolute (a URI as given): what manifests record, whatever the working directory. An
+    existing local path that is neither a regular file nor a folder (a named pipe, a device, a socket) is
+    refused here, before anything opens it: reading one can hang or never end."""
     if value is None or storage.is_remote(value):
         return value
+    try:
+        storage.refuse_special(value)
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
     return storage.normalize(value)
 
 

@@ -23,7 +23,9 @@ LINE = "__line__"
 
 
 def iter_records(path: str) -> Iterator[dict[str, Any]]:
-    """Every record of a small table; a malformed JSON line is an error record (``ERROR``)."""
+    """Every record of a small table; a malformed JSON line is an error record (``ERROR``). A pipe or device
+    is refused, never opened (``storage.refuse_special``): such a path may come from a manifest."""
+    storage.refuse_special(path)
     if path.endswith(".parquet") or storage.isdir(path):
         rows = storage.dataset(path).to_table().to_pylist()
     elif path.endswith(".csv"):

@@ -15,6 +15,7 @@ a ``CURRENT`` pointer moved after it), never by what a folder lists.
 from __future__ import annotations
 
 import os
+import stat
 import posixpath
 import re
 import shutil
@@ -39,6 +40,19 @@ LAST_FILES = ("manifest.json",)  # copied after everything else by move_dir: the
 
 def is_remote(loc: str) -> bool:
     return "://" in loc and not loc.startswith("file://")
+
+
+def refuse_special(loc: str) -> None:
+    """A local path that exists and is neither a regular file nor a folder (a named pipe, a device, a socket)
+    is refused before it is opened: reading one can block forever or never end. Absent paths and URIs pass."""
+    if is_remote(loc):
+        return
+    try:
+        mode = os.stat(normalize(loc)).st_mode
+    except OSError:
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise ValueError(f"{loc} is not a regular file or a folder (a pipe, device or socket is never read)")
 
 
 def normalize(loc: str) -> str:
