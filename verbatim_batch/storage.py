@@ -15,10 +15,10 @@ a ``CURRENT`` pointer moved after it), never by what a folder lists.
 from __future__ import annotations
 
 import os
-import stat
 import posixpath
 import re
 import shutil
+import stat
 import tempfile
 import time
 import uuid
