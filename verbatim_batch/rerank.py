@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from . import tables
 from .models import fingerprint, load_model, resolve_device, resolve_dtype, resolve_model_dir, safetensors_files
+from .options import option
 
 RERANK_VERSION = 1
 METHOD = "rerank"  # the ``method`` of reranked rows
@@ -35,14 +36,16 @@ _RUNTIME_FIELDS = ("device", "token_budget", "max_batch_rows")
 class RerankerConfig:
     """Settings of the reranker. ``hash`` covers what can change a score."""
 
-    model: str  # hub id or local directory of a sequence classifier (a cross-encoder)
-    revision: str | None = None
-    max_length: int = 512  # tokens per (query, chunk) input; the chunk is cut to fit
-    dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
+    model: str = option(help="the cross-encoder: hub id or local path (safetensors; a sequence classifier with 1 or "
+                        "2 labels)")
+    revision: str | None = option(None, "model revision (hub)")
+    max_length: int = option(512, "tokens per (query, chunk) input; the chunk is cut to fit", low=2)
+    dtype: str = option("auto", "weights' type (auto: bfloat16 on CUDA, float32 on CPU)",
+                        choices=("auto", "float32", "bfloat16", "float16"))
     device: str = "auto"
-    token_budget: int = 16384  # padded tokens per forward pass
+    token_budget: int = option(16384, "padded tokens per forward pass", low=1)
     max_batch_rows: int = 256
-    trust_remote_code: bool = False
+    trust_remote_code: bool = option(False, "allow model code from the hub (off by default)")
 
     def __post_init__(self) -> None:
         if not self.model:

@@ -59,6 +59,7 @@ import numpy as np
 
 from .. import tables
 from ..models import fingerprint, load_model, resolve_device, resolve_dtype, resolve_model_dir, safetensors_files
+from ..options import option
 from .highlighter_spans import ContextScores, TokenScores, highlight_spans
 from .registry import ExtractorKind
 from .spans import PairResult
@@ -74,20 +75,22 @@ class HighlighterConfig:
 
     kind: ClassVar[str] = "highlighter"
 
-    model: str = PAPER_STUDENT  # hub id or local directory
-    revision: str | None = None
-    threshold: float = 0.2
-    min_chars: int = 10
-    merge_gap: int = 20
-    max_length: int = 8192  # tokens per window, query included
-    stride: int = 256  # tokens shared by neighbouring windows
+    model: str = option(PAPER_STUDENT, "the extractor's model: hub id or local path; for an LLM, the name the "
+                        "endpoint serves")
+    revision: str | None = option(None, "model revision (hub)")
+    threshold: float = option(0.2, "keep tokens / sentences scoring at least this", low=0, high=1)
+    min_chars: int = option(10, "drop spans shorter than this", low=0)
+    merge_gap: int = option(20, "merge spans at most this many characters apart", low=0)
+    max_length: int = option(8192, "tokens per window, query included", low=16)
+    stride: int = option(256, "tokens shared by neighbouring windows", low=0)
     max_query_tokens: int | None = None  # None: min(512, max_length // 4); longer queries are error rows
     device: str = "auto"
-    dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
+    dtype: str = option("auto", "weights' type (auto: bfloat16 on CUDA, float32 on CPU)",
+                        choices=("auto", "float32", "bfloat16", "float16"))
     attn_implementation: str = "auto"
-    token_budget: int = 32768  # padded tokens per forward pass
+    token_budget: int = option(32768, "padded tokens per forward pass", low=1)
     max_batch_rows: int = 128
-    trust_remote_code: bool = False
+    trust_remote_code: bool = option(False, "allow model code from the hub (off by default)")
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.threshold <= 1.0:

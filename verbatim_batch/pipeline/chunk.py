@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -18,7 +18,8 @@ import pyarrow.compute as pc
 
 from .. import corpus, storage
 from ..chunking import FORCED_SPLIT, OVERSIZED_BLOCK, UNDERSIZED, ChunkerConfig
-from ..ingest import DEFAULT_MAX_PAPER_BYTES, METADATA_FIELDS, UNCHANGED, IngestStage, paper_fingerprint
+from ..ingest import DEFAULT_MAX_PAPER_MB, METADATA_FIELDS, UNCHANGED, IngestStage, paper_fingerprint
+from ..options import group, option
 from ..runs import committed_table_dir, manifest_config, read_manifest
 from ..tables import CHUNKS, PAPERS, QUARANTINE
 from ..verify import check_papers
@@ -34,13 +35,18 @@ INGEST_TABLES = {"papers": PAPERS, "chunks": CHUNKS, "quarantine": QUARANTINE}
 class ChunkJob(RunOptions):
     """Settings of the chunk job (the CLI and jobs/chunk.py build one of these)."""
 
-    input: str
-    format: str = "auto"
-    metadata: str | None = None
-    chunker: ChunkerConfig = field(default_factory=ChunkerConfig)
-    max_paper_bytes: int = DEFAULT_MAX_PAPER_BYTES
-    store_text: bool = True
-    concurrency: int | None = None
+    input: str = option(help="the corpus: a folder of .md files, or a Parquet/JSONL file or folder", path=True)
+    format: str = option("auto", "input format (auto: from file extensions)", choices=("auto", *corpus.FORMATS))
+    metadata: str | None = option(None, "metadata table (.parquet/.jsonl/.csv) joined by paper id", path=True)
+    chunker: ChunkerConfig = group(ChunkerConfig, default_factory=ChunkerConfig)
+    max_paper_mb: float = option(DEFAULT_MAX_PAPER_MB, "quarantine papers larger than this (MB)", low=0,
+                                 low_open=True)
+    store_text: bool = option(True, "do not keep paper text in the papers table", name="no_store_text", invert=True)
+    concurrency: int | None = option(None, "parallel ingest tasks", low=1, default_help="as many as Ray schedules")
+
+    @property
+    def max_paper_bytes(self) -> int:
+        return int(self.max_paper_mb * 1024 * 1024)
 
     def config(self) -> dict[str, Any]:
         return {

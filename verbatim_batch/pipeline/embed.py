@@ -11,6 +11,8 @@ import pyarrow.compute as pc
 import ray
 
 from .. import storage
+from ..embedding import EmbedderConfig
+from ..options import group, option
 from ..runs import committed_table_dir, expect_run, manifest_config
 from ..tables import embeddings_schema
 from .batches import drop_keys, strip_internal, with_counts
@@ -72,11 +74,11 @@ def embed_dataset(chunks: ray.data.Dataset, config, res: Resources, retries: int
 
 @dataclass
 class EmbedJob(RunOptions):
-    chunks: str  # a committed chunk run folder
-    embedder: Any = None  # EmbedderConfig; None: the offline default
-    batch_rows: int = 1024
-    concurrency: int | None = None
-    threads: int | None = None
+    chunks: str = option(help="a committed chunk run folder", path=True)
+    embedder: Any = group(EmbedderConfig)  # None: the offline default
+    batch_rows: int = option(1024, "chunks per actor call, sorted and packed inside", low=1)
+    concurrency: int | None = option(None, "model actors", low=1, default_help="one per GPU, else 1")
+    threads: int | None = option(None, "torch threads per CPU actor", low=1, default_help="all CPUs")
 
 
 def unchanged_chunks(previous: str, chunks_dir: str, config: dict[str, Any]) -> tuple[pa.Array, str | None]:

@@ -20,6 +20,11 @@ import pyarrow.compute as pc
 import ray
 
 from .. import storage
+from ..extract.highlighter import HighlighterConfig
+from ..extract.llm import LLMConfig
+from ..extract.semantic import SemanticConfig
+from ..extract.stage import DEFAULT_MAX_CHUNK_CHARS
+from ..options import group, option
 from ..runs import committed_table_dir, expect_run, jsonable, manifest_config, read_manifest, read_table
 from ..tables import PAIR_INPUT, PAIRS, REJECTS, SPANS
 from .batches import drop_keys, strip_internal, with_counts, with_retry_count
@@ -103,22 +108,31 @@ class ExtractActor(ModelActor):
         return ModelActor.__call__(self, batch)
 
 
+def extractor_group() -> Any:
+    """The extractor options: one of three configs, chosen by ``--extractor``."""
+    return group(SemanticConfig, HighlighterConfig, LLMConfig, select="extractor", select_default=SemanticConfig.kind,
+                 select_help="semantic: offline sentence scorer (bundled MiniLM); highlighter: ModernBERT token "
+                 "classifier; llm: an LLM through an OpenAI-compatible endpoint or in-cluster vLLM")
+
 
 @dataclass
 class ExtractJob(RunOptions):
     """Settings of the extract job: pairs from a pairs file or a retrieval run, one extractor."""
 
-    extractor: Any  # HighlighterConfig | SemanticConfig | LLMConfig
-    pairs: str | None = None  # JSONL/Parquet pairs file
-    retrieval: str | None = None  # a committed retrieval run
-    chunks: str | None = None  # chunk run (default: found through the retrieval/index manifests)
-    queries: str | None = None  # query file of the retrieval run (default: from its manifest)
-    method: str | None = None  # None: "rerank" for a rerank run, else "hybrid" (pair_method)
-    top_k: int = 5
-    batch_rows: int = 64
-    concurrency: int | None = None
-    threads: int | None = None
-    max_chunk_chars: int | None = None
+    extractor: Any = extractor_group()
+    pairs: str | None = option(None, "JSONL/Parquet pairs file (query + chunk or chunk_id per row)", path=True)
+    retrieval: str | None = option(None, "a committed retrieval (or rerank) run: pairs are query x top-k", path=True)
+    chunks: str | None = option(None, "the chunk run", path=True, default_help="found through the run's manifests")
+    queries: str | None = option(None, "the retrieval run's query file", path=True,
+                                 default_help="from its manifest")
+    method: str | None = option(None, "retrieval method whose top-k rows become pairs",
+                                default_help="rerank for a rerank run, else hybrid")
+    top_k: int = option(5, "retrieved chunks per query to extract from", low=1)
+    batch_rows: int = option(64, "pairs per actor call, sorted and packed inside", low=1)
+    concurrency: int | None = option(None, "model actors", low=1, default_help="one per GPU, else 1; 2 for LLM "
+                                     "requests")
+    threads: int | None = option(None, "torch threads per CPU actor", low=1, default_help="all CPUs")
+    max_chunk_chars: int = option(DEFAULT_MAX_CHUNK_CHARS, "pairs with longer chunks become error rows", low=1)
 
 
 def pair_sources(job: ExtractJob) -> dict[str, Any]:
@@ -134,6 +148,9 @@ def pair_sources(job: ExtractJob) -> dict[str, Any]:
         return {"pairs": job.pairs, "chunks": job.chunks}
     expect_run(job.retrieval, "--retrieval", "retrieve", "rerank")
     retrieval_cfg = manifest_config(job.retrieval)
+    if job.queries is None and not storage.exists(retrieval_cfg["queries"]):
+        raise FileNotFoundError(f"the query file {retrieval_cfg['queries']} that {job.retrieval} was made from is "
+                                "not found (moved, or recorded relative to another folder): give --queries")
     return {"retrieval": job.retrieval, "queries": job.queries or retrieval_cfg["queries"],
             "chunks": job.chunks or retrieval_cfg.get("chunks") or manifest_config(retrieval_cfg["index"])["chunks"]}
 

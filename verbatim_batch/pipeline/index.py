@@ -10,7 +10,9 @@ from typing import Any
 import ray
 
 from .. import storage
+from ..index.dense import DenseSpec
 from ..index.folder import build_index_files, index_fingerprint, update_index_files
+from ..options import group, option
 from ..runs import committed_table_dir, expect_run, manifest_config, read_manifest
 from .resources import Resources, ray_args
 from .runner import Plan, RunOptions, Stage, StageContext, StageResult, run_stage
@@ -18,11 +20,12 @@ from .runner import Plan, RunOptions, Stage, StageContext, StageResult, run_stag
 
 @dataclass
 class IndexJob(RunOptions):
-    embeddings: str  # a committed embed run folder
-    chunks: str  # the chunk run it came from (for BM25 text and paper ids)
-    dense: Any = None  # index.DenseSpec; None: auto by size
-    bm25: bool = True
-    max_drift: float = 0.2  # (removed + added) / old vectors above which the index is rebuilt
+    embeddings: str = option(help="a committed embed run folder", path=True)
+    chunks: str = option(help="the chunk run it came from (for BM25 text and paper ids)", path=True)
+    dense: Any = group(DenseSpec)  # None: auto by size
+    bm25: bool = option(True, "skip the full-text index", name="no_bm25", invert=True)
+    max_drift: float = option(0.2, "with --previous: rebuild the index when (removed + added) / vectors since the "
+                              "last build exceeds this", low=0)
 
 
 @dataclass(frozen=True)

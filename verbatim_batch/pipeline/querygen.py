@@ -11,6 +11,8 @@ import pyarrow as pa
 import ray
 
 from .. import storage
+from ..extract.llm import LLMConfig
+from ..options import group, option
 from ..runs import committed_table_dir, expect_run, jsonable, read_table
 from ..tables import GENERATED_QUERIES
 from .batches import drop_keys
@@ -32,14 +34,19 @@ class QueryGenActor:
         return self.generator(batch)
 
 
+# the LLM options of a job that asks an endpoint (querygen, silver): the model and the HTTP settings
+HTTP_OPTIONS = ("model", "base_url", "api_key_env", "max_tokens", "no_structured_output", "max_in_flight", "timeout",
+                "request_retries")
+
+
 @dataclass
 class QueryGenJob(RunOptions):
-    chunks: str  # a committed chunk run (papers + chunks tables)
-    llm: Any  # extract.llm.LLMConfig (http backend)
-    n_papers: int = 100
-    seed: int = 0
+    chunks: str = option(help="a committed chunk run", path=True)
+    llm: Any = group(LLMConfig, required=True, only=HTTP_OPTIONS, fixed={"backend": "http"})
+    n_papers: int = option(100, "papers to sample, one chunk each", low=1)
+    seed: int = option(0, "sampling seed", low=0)
     batch_rows: int = 16
-    concurrency: int | None = None
+    concurrency: int | None = option(None, "parallel request actors", low=1, default_help="2")
 
 
 class QueryGenStage(TableStage):

@@ -9,6 +9,8 @@ import time
 
 import ray
 
+# transformers' and the hub's progress bars (model loading) in workers: off
+QUIET_ENV = ("HF_HUB_DISABLE_PROGRESS_BARS",)
 LOCAL_START_ATTEMPTS = 3  # a local Ray that fails to start (a loaded machine) is retried with backoff
 
 
@@ -45,16 +47,30 @@ def quiet_ray_data() -> None:
       pools always leave a CPU to the tasks around them (``actor_pool``), so it was never true here; a job
       that truly cannot progress fails by Ray Data's own no-progress timeout, and its progress line shows
       0 rows/s meanwhile. It is consumed (``log_once``) before any dataset runs.
+    - Each dataset's start ("Starting execution of Dataset ... Execution plan of ...") is not printed: the
+      stage's own progress line says what runs. Ray Data's INFO lines about finished datasets stay.
+    - Ray's "Token authentication is enabled for this Ray cluster" WARNING, printed at every local start, is
+      not: a local Ray always uses it (nothing for the user to do). Token auth itself stays on.
+    - Model loading bars from transformers ("Loading weights: 100%") are off in every worker
+      (``HF_HUB_DISABLE_PROGRESS_BARS``, which transformers reads; a local Ray's workers inherit it).
     """
+    import logging
+
     from ray.data import DataContext
     from ray.util.debug import log_once
 
     from .progress import mode
 
+    ctx = DataContext.get_current()
     if mode() != "ray":
-        DataContext.get_current().enable_progress_bars = False
+        ctx.enable_progress_bars = False
         log_once("ray_data_progress_manager_disabled")
+    if hasattr(ctx, "print_on_execution_start"):
+        ctx.print_on_execution_start = False
     log_once("cpu_warning")
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+    for name in QUIET_ENV:
+        os.environ.setdefault(name, "1")  # inherited by the workers of a local Ray
 
 
 def check_reachable(address: str, timeout_s: float = 5.0) -> None:

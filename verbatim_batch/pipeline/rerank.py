@@ -18,6 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import ray
 
+from ..options import group, option
+from ..rerank import RerankerConfig
 from ..runs import committed_table_dir, expect_run, jsonable, manifest_config, read_table
 from ..tables import RERANKED, stable_hash
 from .batches import drop_keys
@@ -53,15 +55,15 @@ class RerankActor(ModelActor):
 class RerankJob(RunOptions):
     """Settings of the rerank job."""
 
-    retrieval: str  # a committed retrieval run
-    reranker: Any  # rerank.RerankerConfig
-    method: str = "hybrid"  # the retrieval method whose lists are reranked
-    top_k: int = 20  # candidates per query that the cross-encoder scores
-    chunks: str | None = None  # chunk run (default: found through the retrieval and index manifests)
-    queries: str | None = None  # the retrieval run's query file (default: from its manifest)
-    batch_rows: int = 256  # candidates per actor call (whole queries)
-    concurrency: int | None = None
-    threads: int | None = None
+    retrieval: str = option(help="a committed retrieval run", path=True)
+    reranker: Any = group(RerankerConfig, required=True)
+    method: str = option("hybrid", "retrieval method whose lists are reranked")
+    top_k: int = option(20, "candidates per query the cross-encoder scores", low=1)
+    chunks: str | None = option(None, "the chunk run", path=True, default_help="found through the run's manifests")
+    queries: str | None = option(None, "the retrieval run's query file", path=True, default_help="from its manifest")
+    batch_rows: int = option(256, "candidates per actor call (whole queries)", low=1)
+    concurrency: int | None = option(None, "model actors", low=1, default_help="one per GPU, else 1")
+    threads: int | None = option(None, "torch threads per CPU actor", low=1, default_help="all CPUs")
 
 
 @dataclass(frozen=True)

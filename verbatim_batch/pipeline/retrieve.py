@@ -12,7 +12,9 @@ import pyarrow as pa
 import ray
 
 from .. import storage
+from ..options import group, option
 from ..records import iter_records
+from ..retrieval import RetrieverConfig
 from ..runs import expect_run, jsonable, manifest_config
 from ..tables import QUERIES, RETRIEVAL, query_id_for, stable_hash
 from .batches import drop_keys
@@ -39,11 +41,11 @@ def retrieve_dataset(queries: ray.data.Dataset, config, res: Resources,
 
 @dataclass
 class RetrieveJob(RunOptions):
-    index: str
-    queries: str  # JSONL/Parquet/CSV with query (and query_id)
-    retriever: Any = None  # RetrieverConfig fields other than index_dir
-    batch_rows: int = 256
-    concurrency: int | None = None
+    index: str = option(help="an index run folder from `verbatim-batch index`", path=True)
+    queries: str = option(help="query file (JSONL, Parquet or CSV) with query (and query_id)", path=True)
+    retriever: Any = group(RetrieverConfig)  # its index_dir is the job's index
+    batch_rows: int = option(256, "queries per actor call", low=1)
+    concurrency: int | None = option(None, "retriever actors", low=1, default_help="one per GPU, else 1")
 
 
 def read_queries(path: str) -> tuple[pa.Table, int]:

@@ -38,6 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import storage
+from ..options import input_paths, option
 from ..runs import (
     acquire_lock,
     build_manifest,
@@ -58,19 +59,30 @@ from .sink import StageTableSink, TableSinkResult, carry_rows, compact, no_count
 STANDARD_COUNTS = ("rows_in", "rows_new", "rows_carried", "rows_resumed")
 
 
+def _run_id(run_id: str) -> str:
+    from ..runs import safe_run_id
+
+    return safe_run_id(run_id)
+
+
 @dataclass(kw_only=True)
 class RunOptions:
-    """What every run-writing job takes; the CLI's run and Ray option groups fill these."""
+    """What every run-writing job takes: where it writes, how it resumes, which Ray it runs on."""
 
-    output: str
-    overwrite: bool = False  # replace an existing run folder this tool wrote
-    run_id: str | None = None  # rerunning with the same id resumes a killed run / skips a committed one
-    previous: str | None = None  # an earlier run of the same stage: unchanged work is carried, not redone
-    address: str | None = None  # Ray cluster address (default: RAY_ADDRESS, else a local Ray)
-    num_cpus: int | None = None  # CPUs of a local Ray
-    batch_retries: int = 2  # retries of a failed batch before its rows become error rows (or the run fails)
-    target_file_mb: float = 128  # compaction merges a table's small files toward files of this size
-    max_small_files: int = 16  # ... once a table has more files under a quarter of that size than this
+    output: str = option(help="run folder to create (atomically)", path=True, writes=True)
+    overwrite: bool = option(False, "replace an existing run folder that this tool wrote (anything else is refused)")
+    run_id: str | None = option(None, "name the run; rerunning with the same id after a crash resumes it (committed "
+                                "work is skipped) and a committed run is left as is", parse=_run_id)
+    previous: str | None = option(None, "an earlier run of this stage: its results for unchanged input are carried "
+                                  "over instead of computed again", path=True)
+    address: str | None = option(None, "Ray cluster address", default_help="RAY_ADDRESS, else a local Ray")
+    num_cpus: int | None = option(None, "CPUs for a local Ray", low=1, default_help="all")
+    batch_retries: int = option(2, "retries of a failed batch of rows before its rows become error rows (recorded "
+                                "in the manifest)", low=0)
+    target_file_mb: float = option(128.0, "compaction merges a table's small files toward files of this size (MB)",
+                                   low=0, low_open=True)
+    max_small_files: int = option(16, "compaction starts once a table has more files under a quarter of "
+                                  "--target-file-mb than this", low=1)
 
 
 @dataclass(frozen=True)
@@ -244,6 +256,7 @@ def run_stage(stage: Stage) -> tuple[str, dict[str, Any]]:
     output = storage.normalize(job.output)
     if done := committed_run(output, job.run_id):
         return output, stage.on_committed(output, done) if isinstance(stage, CompositeStage) else done
+    refuse_output_inside_inputs(output, input_paths(job))  # before any input is listed or read
     plan = stage.plan()
     config = dict(plan.config) | ({"previous": job.previous} if job.previous else {})
     inputs = [*plan.inputs, *([job.previous] if job.previous else [])]

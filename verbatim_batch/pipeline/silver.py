@@ -17,10 +17,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import storage
+from ..extract.highlighter import HighlighterConfig
+from ..extract.llm import LLMConfig
+from ..options import group, option
 from ..runs import committed_table_dir, expect_run, jsonable, read_table
 from ..tables import group_by
 from .extract import ExtractJob, run_extract
-from .querygen import QueryGenJob, run_querygen
+from .querygen import HTTP_OPTIONS, QueryGenJob, run_querygen
 from .retrieve import RetrieveJob, run_retrieve
 from .runner import CompositeStage, Plan, RunOptions, Stage, StageContext, StageResult, run_stage
 
@@ -29,16 +32,17 @@ from .runner import CompositeStage, Plan, RunOptions, Stage, StageContext, Stage
 class SilverJob(RunOptions):
     """``output``: a folder for the job's runs: querygen/, retrieval/, teacher/, data/."""
 
-    chunks: str  # committed chunk run
-    index: str  # index folder built from that chunk run
-    llm: Any  # LLMConfig for query generation and the teacher (the teacher uses the paragraph prompt)
-    n_papers: int = 2000
-    seed: int = 0
-    top_k: int = ExtractJob.top_k
-    dev_fraction: float = 0.1
-    tokenizer: str | None = None  # hub id or path; None: no tokenized windows
-    max_length: int = 8192
-    stride: int = 256
+    chunks: str = option(help="a committed chunk run", path=True)
+    index: str = option(help="an index run built from that chunk run", path=True)
+    # for query generation and the teacher (the teacher uses the paragraph prompt)
+    llm: Any = group(LLMConfig, required=True, only=HTTP_OPTIONS, fixed={"backend": "http"})
+    n_papers: int = option(2000, "papers to sample, one chunk each", low=1)
+    seed: int = option(0, "sampling seed", low=0)
+    top_k: int = option(ExtractJob.top_k, "retrieved chunks per query the teacher reads", low=1)
+    dev_fraction: float = option(0.1, "queries held out for the dev split", low=0, high=1)
+    tokenizer: str | None = option(None, "write tokenized windows for this tokenizer (hub id or path)")
+    max_length: int = option(HighlighterConfig.max_length, "tokens per window of the tokenized windows", low=16)
+    stride: int = option(HighlighterConfig.stride, "tokens shared by neighbouring windows", low=0)
 
 
 def silver_pairs(queries: pa.Table, retrieval: pa.Table, top_k: int) -> list[dict[str, Any]]:
