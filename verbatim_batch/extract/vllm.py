@@ -226,8 +226,11 @@ def check_fits(config, resources: dict[str, float], local: bool) -> None:
                          "Ray more (--num-cpus)")
 
 
-def vllm_dataset(requests: pa.Table | ray.data.Dataset, config) -> ray.data.Dataset:
-    """Generation with vLLM engines inside the cluster, through ``ray.data.llm`` (needs vLLM installed)."""
+def vllm_dataset(requests: pa.Table | ray.data.Dataset, config, helper_cpus_each: float | None = None
+                 ) -> ray.data.Dataset:
+    """Generation with vLLM engines inside the cluster, through ``ray.data.llm`` (needs vLLM installed).
+    ``helper_cpus_each``: the CPUs of each actor beside the engines, as the extract stage's resources resolved
+    them (default: ``helper_cpus`` of this cluster)."""
     try:
         from ray.data.llm import build_processor, vLLMEngineProcessorConfig
     except ImportError as exc:
@@ -238,7 +241,8 @@ def vllm_dataset(requests: pa.Table | ray.data.Dataset, config) -> ray.data.Data
     check_fits(config, ray.cluster_resources(), local)
     from .prompts import build_messages
 
-    helpers = helper_cpus(config, ray.cluster_resources().get("CPU", 1.0))
+    helpers = helper_cpus(config, ray.cluster_resources().get("CPU", 1.0)) if helper_cpus_each is None \
+        else helper_cpus_each
     stage = {"num_cpus": helpers}
     engine = vLLMEngineProcessorConfig(
         model_source=config.model, concurrency=config.engines, batch_size=config.batch_size,

@@ -359,7 +359,7 @@ def _vllm(setup: ExtractSetup, pairs: pa.Table | ray.data.Dataset) -> ray.data.D
     args = {"config": cfg, "run_id": setup.run_id, "max_chunk_chars": setup.max_chunk_chars or DEFAULT_MAX_CHUNK_CHARS}
     requests = blocks.map_batches(request_rows, fn_kwargs=args, batch_format="pyarrow", batch_size=None)
     bad = blocks.map_batches(invalid_pairs, fn_kwargs=args, batch_format="pyarrow", batch_size=None)
-    ds = vllm_dataset(requests, cfg).map_batches(LLMInterpret, **ray_args(
+    ds = vllm_dataset(requests, cfg, res.cpus).map_batches(LLMInterpret, **ray_args(
         res, LLMInterpret, cluster, batch_format="pyarrow",
         fn_constructor_kwargs={"config": cfg, "run_id": setup.run_id}))
     return ds.union(bad)
