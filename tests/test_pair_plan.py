@@ -216,7 +216,7 @@ def test_vllm_extract_forms_requests_in_tasks_from_planned_blocks(ray_local, run
     def no_gather(self, skip=None):
         raise AssertionError("the vLLM path gathered every pair on the driver")
 
-    def engine(requests, config):
+    def engine(requests, config, helper_cpus_each=None):
         def answer(block: pa.Table) -> pa.Table:
             texts = []
             for chunks, members in zip(block["chunks"].to_pylist(), block["pairs_json"].to_pylist(), strict=True):
