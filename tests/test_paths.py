@@ -125,3 +125,22 @@ def test_evaluate_takes_gold_rows_that_name_their_chunk(chain, monkeypatch, caps
     out, err = capsys.readouterr()
     assert code == 0, err
     assert json.loads(out)["judgments"] == 3
+
+
+def test_api_retrieve_with_text_feeds_extract_without_joins(chain):
+    """api.retrieve(with_text=True) rows carry the query and the chunk text: straight into api.extract."""
+    import ray
+
+    from verbatim_batch import api
+
+    a, _ = chain
+    queries = [json.loads(line) for line in (a / "queries.jsonl").read_text().splitlines()][:2]
+    hits = api.retrieve(ray.data.from_items([{"query": q["query"]} for q in queries]), str(a / "chain" / "index"),
+                        with_text=True).filter(lambda r: r["method"] == "hybrid" and r["rank"] <= 2)
+    spans = api.extract(hits).take_all()
+    chunks = {r["chunk_id"]: r["text"] for r in pq.read_table(a / "chain" / "chunks" / "chunks").to_pylist()}
+    assert len(spans) == 2 * len(queries)
+    assert {r["query"] for r in spans} == {q["query"] for q in queries}
+    for r in spans:
+        assert r["chunk"] == chunks[r["chunk_id"]] and r["error"] is None
+        assert all(r["chunk"][s["start"]:s["end"]] == s["text"] for s in r["spans"])

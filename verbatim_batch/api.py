@@ -163,26 +163,32 @@ def embed(chunks: ray.data.Dataset, config: EmbedderConfig | None = None, *, bat
 
 
 def _retrieve(queries: ray.data.Dataset, config: RetrieverConfig, *, batch_rows: int = 256,
-              concurrency: int | None = None) -> ray.data.Dataset:
+              concurrency: int | None = None, with_text: bool = False) -> ray.data.Dataset:
     from .pipeline.retrieve import RetrieveStage, retrieve_dataset
     from .runs import expect_run
 
     config = dataclasses.replace(config, index_dir=storage.normalize(config.index_dir))  # actors run elsewhere
     expect_run(config.index_dir, "api.retrieve", "index")
     res = RetrieveStage.resources.with_(batch_rows=batch_rows, actors=concurrency)
-    return retrieve_dataset(queries, config, res, cluster=_user_pipeline())
+    return retrieve_dataset(queries, config, res, cluster=_user_pipeline(), with_text=with_text)
 
 
 def retrieve(queries: ray.data.Dataset, index: str | RetrieverConfig, *, batch_rows: int = 256,
-             concurrency: int | None = None, preprocess: RowFn | None = None,
+             concurrency: int | None = None, with_text: bool = False, preprocess: RowFn | None = None,
              postprocess: RowFn | None = None) -> ray.data.Dataset:
     """Queries (``query``, optional ``query_id``: else the id the jobs give that text) -> the top-k chunks of
     an index run (``verbatim-batch index``), as rows of ``tables.RETRIEVAL``: ``k`` per query and method.
     ``index``: the index run folder (default settings), or a ``RetrieverConfig`` naming it (methods, k,
-    weights)."""
+    weights). ``with_text``: each row also carries ``query`` and ``chunk`` (the chunk's text, from the index's
+    chunk run), so its rows go straight into ``extract``::
+
+        hits = api.retrieve(queries, "runs/index", with_text=True).filter(
+            lambda r: r["method"] == "hybrid" and r["rank"] <= 5)
+        spans = api.extract(hits)
+    """
     config = index if isinstance(index, RetrieverConfig) else RetrieverConfig(index_dir=index)
     return build_processor(config, preprocess=preprocess, postprocess=postprocess, batch_rows=batch_rows,
-                           concurrency=concurrency)(queries)
+                           concurrency=concurrency, with_text=with_text)(queries)
 
 
 OUTPUT_COLUMNS = ("spans", "relevance", "error")  # what extract adds to each pair row

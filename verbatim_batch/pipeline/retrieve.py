@@ -23,20 +23,41 @@ from .runner import Outcome, Plan, RunOptions, StageContext, TableStage, Work, r
 
 
 class RetrieveActor:
-    def __init__(self, config) -> None:
+    """Query rows -> ``RETRIEVAL`` rows. ``with_text``: each row also carries its ``query`` and its ``chunk``
+    text (from the index's chunk run), what ``api.extract`` takes, so retrieve -> extract needs no join."""
+
+    def __init__(self, config, with_text: bool = False) -> None:
         from ..retrieval import Retriever
 
         self.retriever = Retriever(config)
+        self.chunks_dir = None
+        if with_text:
+            from ..runs import committed_table_dir
+
+            self.chunks_dir = committed_table_dir(manifest_config(config.index_dir)["chunks"], "chunks")
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        return self.retriever(batch)
+        out = self.retriever(batch)
+        if self.chunks_dir is None:
+            return out
+        from ..extract.pairs import chunk_lookup
+
+        queries = [q or "" for q in batch["query"].to_pylist()]
+        given = batch["query_id"].to_pylist() if "query_id" in batch.column_names else [None] * len(queries)
+        text = {qid or query_id_for(q): q for qid, q in zip(given, queries, strict=True)}
+        chunks = chunk_lookup(self.chunks_dir, out["chunk_id"].to_pylist())
+        out = out.append_column("query", pa.array([text.get(q) for q in out["query_id"].to_pylist()], pa.string()))
+        return out.append_column("chunk", pa.array([chunks[c]["text"] if c in chunks else None
+                                                    for c in out["chunk_id"].to_pylist()], pa.string()))
 
 
 def retrieve_dataset(queries: ray.data.Dataset, config, res: Resources,
-                     cluster: Cluster | None = None) -> ray.data.Dataset:
-    """Query rows -> ``RETRIEVAL`` rows on retriever actors (the job's and ``api.retrieve``'s path)."""
+                     cluster: Cluster | None = None, with_text: bool = False) -> ray.data.Dataset:
+    """Query rows -> ``RETRIEVAL`` rows on retriever actors (the job's and ``api.retrieve``'s path; ``with_text``:
+    with the query and chunk text too)."""
+    kwargs = {"config": config} | ({"with_text": True} if with_text else {})
     return queries.map_batches(RetrieveActor, **ray_args(res, RetrieveActor, cluster, batch_format="pyarrow",
-                                                         fn_constructor_kwargs={"config": config}))
+                                                         fn_constructor_kwargs=kwargs))
 
 
 @dataclass
