@@ -11,6 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers import reindex_files
 
 from verbatim_batch import verify
 from verbatim_batch.chunking import ChunkerConfig
@@ -24,6 +25,7 @@ def _small_groups(run: Path) -> None:
     for table, size in (("papers", 2), ("chunks", 5)):
         for f in sorted((run / table).glob("*.parquet")):
             pq.write_table(pq.read_table(f), f, row_group_size=size)
+    reindex_files(run)  # the rows are as committed; their files.json follows the new row groups
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +46,7 @@ def _tampered(run: Path, dest: Path, table: str, change) -> str:
     shutil.copytree(run, dest)
     f = sorted((dest / table).glob("*.parquet"))[0]
     pq.write_table(change(pq.read_table(f)), f, row_group_size=2 if table == "papers" else 5)
+    reindex_files(dest)  # the rows' own checks are under test here, not the byte check
     return str(dest)
 
 
@@ -102,6 +105,7 @@ def test_verify_in_ray_tasks_equals_in_process(split_run, monkeypatch, tmp_path)
     extra = tmp_path / "extra"
     shutil.copytree(run, extra)
     shutil.copy(sorted((extra / "chunks").glob("*.parquet"))[0], extra / "chunks" / "part-extra.parquet")
+    reindex_files(extra)
     in_ray, here, _ = _both(str(extra), monkeypatch)
     assert in_ray == here and "appears twice" in in_ray["errors"][2]
 

@@ -177,6 +177,46 @@ def read_text(loc: str) -> str:
     return read_bytes(loc).decode("utf-8")
 
 
+class TooLargeError(ValueError):
+    """A file over the size its reader allows (``read_bytes_bounded``)."""
+
+
+def read_bytes_bounded(loc: str, max_bytes: int) -> bytes:
+    """The bytes of a file of at most ``max_bytes``; ``TooLargeError`` for a larger one, found without reading
+    more than ``max_bytes + 1`` bytes (a file that grows, or lies about its size, is never read whole)."""
+    fs, path = resolve(loc)
+    with fs.open_input_stream(path) as fh:
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise TooLargeError(f"{loc} is over {max_bytes:,} bytes")
+    return data
+
+
+def read_text_bounded(loc: str, max_bytes: int) -> str:
+    return read_bytes_bounded(loc, max_bytes).decode("utf-8")
+
+
+def regular_file(loc: str) -> bool:
+    """Whether ``loc`` is a plain file: locally a regular file that is not a symbolic link (a run folder holds
+    none: one there was put by someone else, and may lead anywhere), on a store an object."""
+    if not is_remote(loc):
+        try:
+            return stat.S_ISREG(os.lstat(normalize(loc)).st_mode)
+        except OSError:
+            return False
+    return isfile(loc)
+
+
+def real_dir(loc: str) -> bool:
+    """Whether ``loc`` is a folder and not a symbolic link to one (locally; on a store, a prefix)."""
+    if not is_remote(loc):
+        try:
+            return stat.S_ISDIR(os.lstat(normalize(loc)).st_mode)
+        except OSError:
+            return False
+    return isdir(loc)
+
+
 def write_bytes(loc: str, data: bytes) -> None:
     """Readers see the old content or the whole new one, never a part (local: temp file + rename;
     object stores: one object written in one request). Parent folders are created as needed."""

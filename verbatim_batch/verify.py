@@ -22,6 +22,13 @@ then every span against the text it claims to quote: ``chunk[start:end] == text`
 run named in the run's config, or from its pairs file), ``paper_start``/``paper_end`` equal to the chunk's
 paper offset plus ``start``/``end`` and ``markdown[paper_start:paper_end] == text`` where the chunk run stored
 the paper text; every span's pair is in the pairs table, whose ``n_spans`` counts its spans.
+
+A run folder is input like any other: a file that cannot be read (a flipped byte, a truncated footer), whose
+bytes differ from the run's ``files.json``, or that is not a plain file of the run (a symbolic link, a pipe, a
+device) is a finding, one line each, never a traceback, and is never opened when it is not a plain file. Only
+the run folder is read, whatever its manifest names (tables and stages are plain names inside it); an extract
+run's chunk run and pairs file, which its config names, are read only when they are a committed chunk run and
+a regular file.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import sys
 from collections import Counter, defaultdict
 
@@ -41,7 +49,7 @@ import pyarrow.parquet as pq
 
 from . import storage
 from .chunking import Chunk, ChunkInvariantError, verify_chunks
-from .runs import read_manifest
+from .runs import manifest_problems, plain_relpath, read_files_index, read_manifest
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +58,22 @@ CHUNK_COLUMNS = ["chunk_id", "paper_id", "chunk_index", "start", "end", "byte_st
                  "paper_sha256"]
 
 
+READ_ERRORS = (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError,
+               pa.ArrowException)  # what a damaged or forged file can raise while it is read and checked
+
+
+def _one_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+
+
 def _parquet_files(folder: str) -> list[str]:
     return [n for n in storage.listdir(folder) if n.endswith(".parquet")]
+
+
+def _short(path: str) -> str:
+    """``table/file`` of a file path, for a finding."""
+    parts = path.replace("\\", "/").rstrip("/").split("/")
+    return "/".join(parts[-2:])
 
 
 def _rows(path: str) -> int:
@@ -59,36 +81,61 @@ def _rows(path: str) -> int:
     return pq.ParquetFile(local, filesystem=fs).metadata.num_rows
 
 
-def check_folder(root: str, manifest: dict, errors: list[str]) -> dict[str, int]:
-    """Files and rows of each table the manifest lists, against the folder; returns rows per table."""
+def check_folder(root: str, manifest: dict, errors: list[str], bad: set[str] | None = None) -> dict[str, int]:
+    """Files and rows of each table the manifest lists, against the folder, and each file's bytes against the
+    run's ``files.json``; returns rows per table. Files that are not plain files of the run or cannot be read
+    are findings, and their ``table/name`` go into ``bad`` (the checks after this one leave them alone)."""
+    bad = set() if bad is None else bad
     rows: dict[str, int] = {}
     tables = manifest.get("tables")
-    for table, entry in sorted(tables.items() if isinstance(tables, dict) else []):
-        if not isinstance(table, str) or not table or "/" in table or "\\" in table or table.startswith("."):
-            errors.append(f"table {table!r}: not a table name (a forged manifest?); not read")
+    index, problems = read_files_index(root)
+    errors.extend(problems)
+    for table, entry in sorted(tables.items() if isinstance(tables, dict) else [], key=lambda kv: str(kv[0])):
+        if not plain_relpath(table) or "/" in table:
+            errors.append(f"table {str(table)[:80]!r}: not a table name (a forged manifest?); not read")
             continue
         if not isinstance(entry, dict):
             entry = {}
         folder = storage.join(root, table)
         if storage.exists(folder + ".parquet") and not storage.isdir(folder):  # a one-file table (index ids)
-            files, folder = [table + ".parquet"], root
-        elif not storage.isdir(folder):
-            errors.append(f"{table}/: listed in the manifest, missing from the folder")
+            files, folder, rel = [table + ".parquet"], root, ""
+        elif not storage.real_dir(folder):
+            errors.append(f"{table}/: a link or file, not a folder of the run; not read" if storage.exists(folder)
+                          else f"{table}/: listed in the manifest, missing from the folder")
+            bad.add(table)
             continue
         else:
             names = storage.listdir(folder)
             files = [n for n in names if n.endswith(".parquet")]
             others = [n for n in names if not n.endswith(".parquet")]
+            rel = table + "/"
             if others:
                 errors.append(f"{table}/: files that are not Parquet: {others[:5]}")
         if len(files) != entry.get("files"):
             errors.append(f"{table}/: {len(files)} Parquet files, the manifest says {entry.get('files')}")
+        listed = index.get(table) if index is not None else None
         n = 0
         for name in files:
+            path = storage.join(folder, name)
+            if not storage.regular_file(path):
+                errors.append(f"{rel}{name}: not a plain file (a link, pipe or device); not read")
+                bad.add(rel + name)
+                continue
+            if listed is not None:
+                known = listed.get(name)
+                if known is None:
+                    errors.append(f"{rel}{name}: not in files.json (added after the commit?)")
+                elif storage.file_digest(path) != known["digest"]:
+                    errors.append(f"{rel}{name}: its bytes differ from files.json (damaged or edited after the "
+                                  "commit)")
             try:
-                n += _rows(storage.join(folder, name))
-            except (OSError, pa.ArrowException) as exc:
-                errors.append(f"{table}/{name}: unreadable ({exc})")
+                n += _rows(path)
+            except READ_ERRORS as exc:
+                errors.append(f"{rel}{name}: unreadable ({_one_line(exc)})")
+                bad.add(rel + name)
+        if listed is not None:
+            errors.extend(f"{rel}{name}: in files.json, missing from the folder" for name in sorted(set(listed)
+                                                                                                   - set(files)))
         rows[table] = n
         if n != entry.get("rows"):
             errors.append(f"{table}/: {n} rows, the manifest says {entry.get('rows')}")
@@ -112,28 +159,55 @@ def _first_occurrences(values: pa.Array) -> pa.Array:
     return idx.filter(pc.invert(pc.is_in(idx, value_set=firsts["i_min"].combine_chunks())))
 
 
-def check_units(root: str) -> tuple[list[str], list[tuple], list[str]]:
+def check_units(root: str, bad: set[str] | None = None) -> tuple[list[str], list[tuple], list[str]]:
     """``(problems before, units, problems after)`` of a chunk run folder's papers check, planned from ids alone.
 
     Each unit is one papers row group: ``(papers file name, row group, [(chunks file name, row group)] that
     hold its papers' chunks, its rows that repeat an earlier paper id)``, what ``check_unit`` takes. Chunk
     files are indexed by row group from their ``chunk_id`` and ``paper_id`` columns, in Arrow (no Python
     object per row): chunk ids seen twice come first (in file order, like every report), chunks whose paper
-    has no row last."""
+    has no row last. A file that is not a plain file or cannot be read is a problem before, never opened or
+    read further (its ``table/name`` is added to ``bad``, which also names files found bad already)."""
     papers_dir, chunks_dir = storage.join(root, "papers"), storage.join(root, "chunks")
+    bad = set() if bad is None else bad
+    unreadable: list[str] = []
+
+    def readable(table: str, name: str) -> bool:
+        """A plain file (never a pipe or link) that ``check_folder`` did not already find bad."""
+        if f"{table}/{name}" in bad:
+            return False
+        if not storage.regular_file(storage.join(root, table, name)):
+            unreadable.append(f"{table}/{name}: not a plain file (a link, pipe or device); not read")
+            bad.add(f"{table}/{name}")
+            return False
+        return True
+
     groups: list[tuple[str, int]] = []
     cids, cpids, cgs = [], [], []
     for name in _parquet_files(chunks_dir):
         path = storage.join(chunks_dir, name)
-        for group in range(_row_groups(path)):
-            t = _read_group(path, group, ["chunk_id", "paper_id"])
-            cids.append(t["chunk_id"].combine_chunks().cast(pa.string()))
-            cpids.append(t["paper_id"].combine_chunks().cast(pa.string()))
-            cgs.append(pa.repeat(pa.scalar(len(groups), pa.int32()), t.num_rows))
+        if not readable("chunks", name):
+            continue
+        try:
+            parts = []
+            for group in range(_row_groups(path)):
+                t = _read_group(path, group, ["chunk_id", "paper_id"])
+                parts.append((t["chunk_id"].combine_chunks().cast(pa.string()),
+                              t["paper_id"].combine_chunks().cast(pa.string()), group))
+        except READ_ERRORS as exc:  # its chunks are missing from their papers: those papers do not verify
+            unreadable.append(f"chunks/{name}: unreadable ({_one_line(exc)})")
+            bad.add(f"chunks/{name}")
+            continue
+        for cid, cpid, group in parts:
+            cids.append(cid)
+            cpids.append(cpid)
+            cgs.append(pa.repeat(pa.scalar(len(groups), pa.int32()), len(cid)))
             groups.append((name, group))
     chunk_ids = pa.concat_arrays(cids) if cids else pa.array([], pa.string())
     chunk_pids = pa.concat_arrays(cpids) if cpids else pa.array([], pa.string())
-    before = [f"chunk id {cid} appears twice" for cid in chunk_ids.take(_first_occurrences(chunk_ids)).to_pylist()]
+    before = unreadable + [f"chunk id {cid} appears twice"
+                           for cid in chunk_ids.take(_first_occurrences(chunk_ids)).to_pylist()]
+    unreadable.clear()
     del chunk_ids, cids
     chunk_groups = pa.table({"paper_id": chunk_pids, "cg": pa.concat_arrays(cgs) if cgs else pa.array([], pa.int32())}
                             ).group_by(["paper_id", "cg"], use_threads=False).aggregate([])
@@ -141,13 +215,22 @@ def check_units(root: str) -> tuple[list[str], list[tuple], list[str]]:
     ppids, pus = [], []
     for name in _parquet_files(papers_dir):
         path = storage.join(papers_dir, name)
-        for group in range(_row_groups(path)):
-            ids = _read_group(path, group, ["paper_id"])["paper_id"].combine_chunks().cast(pa.string())
+        if not readable("papers", name):
+            continue
+        try:
+            parts = [(group, _read_group(path, group, ["paper_id"])["paper_id"].combine_chunks().cast(pa.string()))
+                     for group in range(_row_groups(path))]
+        except READ_ERRORS as exc:  # its papers cannot be checked, nor carried
+            unreadable.append(f"papers/{name}: unreadable ({_one_line(exc)})")
+            bad.add(f"papers/{name}")
+            continue
+        for group, ids in parts:
             if not len(ids):
                 continue
             ppids.append(ids)
             pus.append(pa.repeat(pa.scalar(len(units), pa.int32()), len(ids)))
             units.append((name, group))
+    before += unreadable
     paper_ids = pa.concat_arrays(ppids) if ppids else pa.array([], pa.string())
     unit_of = pa.concat_arrays(pus) if pus else pa.array([], pa.int32())
     offsets = [0]
@@ -180,25 +263,48 @@ def check_unit(fs: pafs.FileSystem, papers_file: str, group: int, chunk_groups: 
     def read(path: str, g: int, columns: list[str]) -> pa.Table:
         return pq.ParquetFile(fs.open_input_file(path)).read_row_group(g, columns=columns)
 
-    papers = read(papers_file, group, PAPER_COLUMNS)
-    value_set = pa.array(sorted(set(papers["paper_id"].to_pylist())), pa.string())
+    try:
+        papers = read(papers_file, group, PAPER_COLUMNS)
+        papers_rows = papers.to_pylist()
+    except READ_ERRORS as exc:  # a damaged row group: a finding; its papers (if their ids read) are rejected
+        try:
+            ids = read(papers_file, group, ["paper_id"])["paper_id"].to_pylist()
+        except READ_ERRORS:
+            ids = []
+        return {"counts": {"papers": len(ids)}, "n_errors": 1,
+                "errors": [f"{_short(papers_file)} row group {group}: unreadable ({_one_line(exc)})"][:max_errors],
+                "rejected": [i for i in ids if isinstance(i, str)] if want_rejected else []}
+    value_set = pa.array(sorted({p for p in papers["paper_id"].to_pylist() if isinstance(p, str)}), pa.string())
     by_paper: dict[str, list[dict]] = defaultdict(list)
+    errors: list[str] = []
+    n_errors = 0
+    lost = False  # a chunk row group could not be read: none of this unit's papers is trusted
     for f, g in chunk_groups:
-        t = read(f, g, CHUNK_COLUMNS)
-        for row in t.filter(pc.is_in(t["paper_id"], value_set=value_set)).to_pylist():
+        try:
+            t = read(f, g, CHUNK_COLUMNS)
+            rows = t.filter(pc.is_in(t["paper_id"].cast(pa.string()), value_set=value_set)).to_pylist()
+        except READ_ERRORS as exc:
+            n_errors += 1
+            errors.append(f"{_short(f)} row group {g}: unreadable ({_one_line(exc)})")
+            lost = True
+            continue
+        for row in rows:
             by_paper[row["paper_id"]].append(row)
     counts: Counter = Counter()
-    errors: list[str] = []
     rejected: list[str] = []
-    n_errors = 0
     skip = set(repeats)
-    for i, paper in enumerate(papers.to_pylist()):
+    for i, paper in enumerate(papers_rows):
         pid = paper["paper_id"]
         if i in skip:
             problems, with_text, n_chunks = [f"paper id {pid} appears twice"], False, 0
         else:
-            rows = sorted(by_paper.pop(pid, []), key=lambda r: r["chunk_index"])
-            problems, with_text, n_chunks = check_paper(paper, rows), paper["markdown"] is not None, len(rows)
+            try:
+                rows = sorted(by_paper.pop(pid, []), key=lambda r: r["chunk_index"])
+                problems, with_text, n_chunks = check_paper(paper, rows), paper["markdown"] is not None, len(rows)
+            except READ_ERRORS as exc:  # values of the wrong type (a forged file)
+                problems, with_text, n_chunks = [f"{pid}: values of the wrong type ({_one_line(exc)})"], False, 0
+        if lost and not problems and want_rejected:
+            rejected.append(pid)
         counts["papers"] += 1
         counts["chunks"] += n_chunks
         counts["papers_with_text" if with_text else "papers_without_text"] += 1
@@ -207,7 +313,7 @@ def check_unit(fs: pafs.FileSystem, papers_file: str, group: int, chunk_groups: 
         errors.extend(problems[: max(0, max_errors - len(errors))])
         if want_rejected and (problems or not with_text):
             rejected.append(pid)
-    return {"counts": dict(counts), "n_errors": n_errors, "errors": errors, "rejected": rejected}
+    return {"counts": dict(counts), "n_errors": n_errors, "errors": errors[:max_errors], "rejected": rejected}
 
 
 def _in_tasks(fn, calls: list[tuple]) -> list:
@@ -236,7 +342,7 @@ def _units_in_tasks(calls: list[tuple], root: str) -> list:
         return [check_unit(*c) for c in calls]
 
 
-def check_papers(root: str, max_errors: int = 20, want_rejected: bool = False) -> dict:
+def check_papers(root: str, max_errors: int = 20, want_rejected: bool = False, bad: set[str] | None = None) -> dict:
     """Every paper and chunk row of a chunk run folder checked (``check_paper``) and the ids across files:
     ``{"counts", "n_errors", "errors" (the first max_errors), "rejected"}``.
 
@@ -246,7 +352,7 @@ def check_papers(root: str, max_errors: int = 20, want_rejected: bool = False) -
     first errors, never rows. Memory per unit is a papers row group and the few chunk row groups (written in
     paper order) that hold its chunks.
     """
-    before, units, after = check_units(root)
+    before, units, after = check_units(root, bad)
     fs = storage.resolve(root)[0]
 
     def where(table: str, name: str) -> str:
@@ -278,9 +384,12 @@ def paper_units(run_dir: str) -> int:
         return 0
     n = 0
     for name in _parquet_files(papers_dir):
+        path = storage.join(papers_dir, name)
+        if not storage.regular_file(path):  # never opened: verify_run reports it
+            continue
         try:
-            n += _row_groups(storage.join(papers_dir, name))
-        except (OSError, pa.ArrowException):  # verify_run reports it
+            n += _row_groups(path)
+        except READ_ERRORS:  # verify_run reports it
             continue
     return n
 
@@ -327,9 +436,23 @@ def verify_run(run_dir: str, max_errors: int = 20) -> dict:
 
     ``errors`` lists the first ``max_errors`` problems (``n_errors`` counts all); ``checked`` counts what
     was checked against stored text; ``unchecked`` counts what could not be (papers without stored text
-    and their chunks): a non-zero ``unchecked`` means the run is only partly verified.
+    and their chunks): a non-zero ``unchecked`` means the run is only partly verified. A folder that is not
+    a run (no manifest, or one that is not a run manifest) raises; anything wrong inside a run is a finding.
     """
-    manifest = read_manifest(run_dir)
+    manifest = read_manifest(run_dir, strict=False)
+    problems = [f"manifest.json: {p} (a forged or damaged manifest?)" for p in manifest_problems(manifest)]
+    try:
+        result = _verify(run_dir, manifest, max_errors)
+    except READ_ERRORS as exc:  # whatever a damaged run raises that no check above caught: one finding
+        result = {"errors": [f"could not be checked to the end: {_one_line(exc)}"], "n_errors": 1, "checked": {},
+                  "unchecked": {}}
+    if problems:
+        result["errors"] = (problems + result["errors"])[:max_errors]
+        result["n_errors"] += len(problems)
+    return result
+
+
+def _verify(run_dir: str, manifest: dict, max_errors: int) -> dict:
     root = storage.normalize(run_dir)
     command = manifest.get("command")
     if command == "extract":
@@ -342,12 +465,13 @@ def verify_run(run_dir: str, max_errors: int = 20) -> dict:
         return {"tables": rows, "errors": errors[:max_errors], "n_errors": len(errors),
                 "checked": {"tables": len(rows)}, "unchecked": {}}
     for table in ("papers", "chunks"):
-        if not storage.isdir(storage.join(root, table)):
+        if not storage.real_dir(storage.join(root, table)):
             return {"papers": 0, "chunks": 0, "errors": [f"{run_dir} has no {table}/ table: not a chunk run"],
                     "n_errors": 1, "checked": {}, "unchecked": {}}
     errors: list[str] = []
-    rows = check_folder(root, manifest, errors)
-    checked = check_papers(root, max_errors=max(0, max_errors - len(errors)))
+    bad: set[str] = set()
+    rows = check_folder(root, manifest, errors, bad)
+    checked = check_papers(root, max_errors=max(0, max_errors - len(errors)), bad=bad)
     counts = checked["counts"]
     n_errors = len(errors) + checked["n_errors"]
     errors.extend(checked["errors"])
@@ -367,17 +491,29 @@ COMPOSITES = ("run", "nightly", "silver")  # runs whose stages are committed run
 
 
 def verify_composite(root: str, manifest: dict, max_errors: int = 20) -> dict:
-    """A chain, nightly or silver run: every stage run inside it, each checked as its own kind."""
+    """A chain, nightly or silver run: every stage run inside it, each checked as its own kind. Stage names
+    come from the manifest, but only folders of the run are read: a name that is not a plain folder name, a
+    stage folder that is a link, and a stage that is not a committed run are findings."""
     listed = manifest.get("stages")
     names = list(listed) if isinstance(listed, (dict, list)) and listed else sorted(
         n for n in storage.listdir(root) if storage.exists(storage.join(root, n, "manifest.json")))
     stages, errors, n_errors = {}, [], 0
     for name in names:
-        if "/" in name or name in ("", ".", ".."):  # a forged manifest never leads outside the run
-            errors.append(f"stage {name!r}: not a folder of this run")
+        problem = None
+        if not isinstance(name, str) or not plain_relpath(name) or "/" in name:
+            problem = f"stage {str(name)[:80]!r}: not a folder of this run"  # a forged manifest never leads out
+        elif not storage.real_dir(storage.join(root, name)):
+            problem = (f"stage {name}: a link or file, not a folder of this run; not read"
+                       if storage.exists(storage.join(root, name)) else f"stage {name}: missing from the folder")
+        if problem is None:
+            try:
+                result = verify_run(storage.join(root, name), max_errors)
+            except (FileNotFoundError, ValueError) as exc:  # not a committed run: the composite is not whole
+                problem = f"stage {name}: {_one_line(exc)}"
+        if problem is not None:
+            errors.append(problem)
             n_errors += 1
             continue
-        result = verify_run(storage.join(root, name), max_errors)
         stages[name] = result
         n_errors += result["n_errors"]
         errors.extend(f"{name}: {e}" for e in result["errors"])
@@ -388,13 +524,27 @@ SPAN_COLUMNS = ["pair_id", "chunk_id", "paper_id", "start", "end", "paper_start"
 
 
 def _span_sources(manifest: dict) -> tuple[str | None, str | None]:
-    """``(chunk run, pairs file)`` an extract run read its chunk texts from (either may be None)."""
-    config = json.loads(manifest.get("config") or "{}")
-    chunks_run = storage.normalize(config["chunks"]) if config.get("chunks") else None
-    if chunks_run is not None and not storage.isdir(storage.join(chunks_run, "chunks")):
-        chunks_run = None
+    """``(chunk run, pairs file)`` an extract run read its chunk texts from (either may be None): the chunk run
+    only when it is a committed chunk run, the pairs file only when it is a regular file (never a pipe or a
+    device, whatever a forged config names)."""
+    try:
+        config = json.loads(manifest.get("config") or "{}")
+    except (TypeError, ValueError, RecursionError):
+        return None, None
+    config = config if isinstance(config, dict) else {}
+    chunks_run = storage.normalize(config["chunks"]) if isinstance(config.get("chunks"), str) else None
+    if chunks_run is not None:
+        try:
+            is_chunk_run = read_manifest(chunks_run, strict=False)["command"] == "chunk"
+        except (OSError, ValueError):
+            is_chunk_run = False
+        if not is_chunk_run or not storage.real_dir(storage.join(chunks_run, "chunks")):
+            chunks_run = None
     pairs = config.get("pairs")
-    return chunks_run, (pairs if pairs and storage.exists(pairs) else None)
+    if not isinstance(pairs, str) or not pairs:
+        return chunks_run, None
+    ok = storage.isfile(pairs) if storage.is_remote(pairs) else os.path.isfile(storage.normalize(pairs))
+    return chunks_run, (pairs if ok else None)
 
 
 def _pair_chunks(pairs_file: str, chunks_dir: str | None, pair_ids: set[str]) -> dict[str, dict]:
@@ -459,14 +609,15 @@ def verify_span_run(run_dir: str, max_errors: int = 20, manifest: dict | None = 
     folder against the manifest, each span against its chunk's text (and its paper's, where stored), each span's
     pair in the pairs table with ``n_spans`` spans. Spans whose chunk text cannot be found (the chunk run or
     pairs file gone) are counted in ``unchecked``, not errors."""
-    manifest = manifest or read_manifest(run_dir)
+    manifest = manifest or read_manifest(run_dir, strict=False)
     root = storage.normalize(run_dir)
     errors: list[str] = []
     for table in ("spans", "pairs"):
-        if not storage.isdir(storage.join(root, table)):
+        if not storage.real_dir(storage.join(root, table)):
             return {"spans": 0, "pairs": 0, "errors": [f"{run_dir} has no {table}/ table: not an extract run"],
                     "n_errors": 1, "checked": {}, "unchecked": {}}
-    rows = check_folder(root, manifest, errors)
+    bad: set[str] = set()
+    rows = check_folder(root, manifest, errors, bad)
     n_errors = len(errors)
 
     def add(problems: list[str]) -> None:
@@ -474,35 +625,58 @@ def verify_span_run(run_dir: str, max_errors: int = 20, manifest: dict | None = 
         n_errors += len(problems)
         errors.extend(problems[: max(0, max_errors - len(errors))])
 
-    pairs = storage.read_parquet(storage.join(root, "pairs"), columns=["pair_id", "n_spans"])
+    def table_files(table: str) -> list[str]:
+        """The plain, readable files of a table of this run (a bad one was reported by check_folder)."""
+        folder = storage.join(root, table)
+        return [storage.join(folder, n) for n in _parquet_files(folder)
+                if f"{table}/{n}" not in bad and storage.regular_file(storage.join(folder, n))]
+
     expected: dict[str, int] = {}
-    for pid, n in zip(pairs["pair_id"].to_pylist(), pairs["n_spans"].to_pylist(), strict=True):
-        if pid in expected:
-            add([f"pair id {pid} appears twice in pairs/"])
-        expected[pid] = n
+    for path in table_files("pairs"):
+        try:
+            pairs = storage.read_parquet(path, columns=["pair_id", "n_spans"]).to_pydict()
+        except READ_ERRORS as exc:
+            add([f"{_short(path)}: unreadable ({_one_line(exc)})"])
+            continue
+        for pid, n in zip(pairs["pair_id"], pairs["n_spans"], strict=True):
+            if pid in expected:
+                add([f"pair id {pid} appears twice in pairs/"])
+            expected[pid] = n
     chunks_run, pairs_file = _span_sources(manifest)
     chunks_dir = storage.join(chunks_run, "chunks") if chunks_run else None
     pair_chunks: dict[str, dict] | None = None
     found: Counter = Counter()
     counts: Counter = Counter()
-    spans_dir = storage.join(root, "spans")
-    for name in _parquet_files(spans_dir):
-        spans = storage.read_parquet(storage.join(spans_dir, name), columns=SPAN_COLUMNS).to_pylist()
+    for path in table_files("spans"):
+        try:
+            spans = storage.read_parquet(path, columns=SPAN_COLUMNS).to_pylist()
+        except READ_ERRORS as exc:
+            add([f"{_short(path)}: unreadable ({_one_line(exc)})"])
+            continue
         if not spans:
             continue
         found.update(s["pair_id"] for s in spans)
         chunks: dict[str, dict] = {}
-        if pairs_file is not None:
-            if pair_chunks is None:
-                pair_chunks = _pair_chunks(pairs_file, chunks_dir, set(expected))
-            chunks.update(pair_chunks)
-        if chunks_dir is not None:
-            from .extract.pairs import chunk_lookup
+        papers: dict[str, str | None] = {}
+        try:  # what the run read its texts from: outside the run, so a failure there is named as such
+            if pairs_file is not None:
+                if pair_chunks is None:
+                    pair_chunks = _pair_chunks(pairs_file, chunks_dir, set(expected))
+                chunks.update(pair_chunks)
+            if chunks_dir is not None:
+                from .extract.pairs import chunk_lookup
 
-            chunks.update(chunk_lookup(chunks_dir, [s["chunk_id"] for s in spans if s["pair_id"] not in chunks]))
-        papers = _paper_texts(chunks_run, {s["paper_id"] for s in spans if s["paper_start"] is not None}) \
-            if chunks_run else {}
-        problems, c = check_spans(spans, chunks, papers)
+                chunks.update(chunk_lookup(chunks_dir, [s["chunk_id"] for s in spans if s["pair_id"] not in chunks]))
+            if chunks_run:
+                papers = _paper_texts(chunks_run, {s["paper_id"] for s in spans if s["paper_start"] is not None})
+        except READ_ERRORS as exc:
+            add([f"the chunk run or pairs file this run read ({chunks_run or pairs_file}) is unreadable "
+                 f"({_one_line(exc)}): spans of {_short(path)} not checked against it"])
+            chunks, papers = {}, {}
+        try:
+            problems, c = check_spans(spans, chunks, papers)
+        except READ_ERRORS as exc:  # values of the wrong type (a forged file)
+            problems, c = [f"{_short(path)}: values of the wrong type ({_one_line(exc)})"], Counter()
         counts.update(c)
         add(problems)
     add([f"span of pair {pid}: no such pair in pairs/" for pid in sorted(set(found) - set(expected))])

@@ -7,6 +7,7 @@ metadata are unchanged are not chunked: their rows are carried from that run.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import Counter
 from dataclasses import dataclass
@@ -20,13 +21,15 @@ from .. import corpus, storage
 from ..chunking import FORCED_SPLIT, OVERSIZED_BLOCK, UNDERSIZED, ChunkerConfig
 from ..ingest import DEFAULT_MAX_PAPER_MB, METADATA_FIELDS, UNCHANGED, IngestStage, paper_fingerprint
 from ..options import group, option
-from ..runs import committed_table_dir, manifest_config, read_manifest
+from ..runs import committed_table_dir, manifest_config, read_manifest, read_readable
 from ..tables import CHUNKS, PAPERS, QUARANTINE
 from ..verify import check_papers
 from .ray_env import cpus
 from .runner import Outcome, Plan, RunOptions, StageContext, StageResult, TableStage, Work, run_stage
 from .sink import changed_files
 from .source import CorpusDatasource, file_digests, find_duplicates, read_corpus
+
+log = logging.getLogger(__name__)
 
 INGEST_TABLES = {"papers": PAPERS, "chunks": CHUNKS, "quarantine": QUARANTINE}
 
@@ -93,8 +96,17 @@ def unchanged_map(job: ChunkJob) -> tuple[dict[str, PreviousPaper], int]:
     papers_dir = committed_table_dir(job.previous, "papers")
     if set(_table_columns(papers_dir)) != set(PAPERS.names):
         return {}, 0
-    papers = storage.read_parquet(papers_dir, columns=["paper_id", "sha256", "source", "source_sha256",
-                                                       *METADATA_FIELDS]).to_pydict()
+    # a papers file that cannot be read (damaged, or not a plain file) carries nothing: its papers are chunked
+    # again, and carry_rows counts the file (carried_files.unreadable)
+    table, unreadable = read_readable(papers_dir, columns=["paper_id", "sha256", "source", "source_sha256",
+                                                          *METADATA_FIELDS])
+    n_lost = _footer_rows(papers_dir, unreadable)  # counted with the rejected papers, when their footers read
+    if unreadable:
+        log.warning("%s: papers files %s are unreadable: their papers are chunked again", job.previous,
+                    unreadable[:5])
+    if table is None:
+        return {}, n_lost
+    papers = table.to_pydict()
     if changed_files(job.previous, ("papers", "chunks")) == []:
         rejected: set[str] = set()
     else:
@@ -103,7 +115,19 @@ def unchanged_map(job: ChunkJob) -> tuple[dict[str, PreviousPaper], int]:
                                    papers["source"][i], papers["source_sha256"][i])
                 for i, (pid, sha) in enumerate(zip(papers["paper_id"], papers["sha256"], strict=True))
                 if pid not in rejected}
-    return previous, len(rejected)
+    return previous, len(rejected) + n_lost
+
+
+def _footer_rows(table_dir: str, names: list[str]) -> int:
+    """Rows of files whose data cannot be read, from the footers that can (plain files only)."""
+    n = 0
+    for name in names:
+        path = storage.join(table_dir, name)
+        try:
+            n += storage.parquet_file(path).metadata.num_rows if storage.regular_file(path) else 0
+        except (OSError, ValueError, pa.ArrowException):
+            continue
+    return n
 
 
 def _looks_changed(job: ChunkJob, files: list[corpus.SourceFile]) -> bool:
@@ -121,8 +145,14 @@ def _looks_changed(job: ChunkJob, files: list[corpus.SourceFile]) -> bool:
 
 def _table_columns(table_dir: str) -> list[str]:
     """Column names of a committed table (its first file's schema)."""
-    files = sorted(f for f in storage.listdir(table_dir) if f.endswith(".parquet"))
-    return storage.read_parquet_schema(storage.join(table_dir, files[0])).names if files else []
+    for f in sorted(f for f in storage.listdir(table_dir) if f.endswith(".parquet")):
+        path = storage.join(table_dir, f)
+        try:  # the first file that can be read (a damaged one is not carried, see unchanged_map)
+            if storage.regular_file(path):
+                return storage.read_parquet_schema(path).names
+        except (OSError, ValueError, pa.ArrowException):
+            continue
+    return []
 
 
 def unchanged_sources(fs, files: list[corpus.SourceFile], duplicates: dict[str, str],
@@ -260,7 +290,7 @@ class ChunkStage(TableStage):
         w: ChunkWork = work.data
         rows = outcome.result.rows
         incremental: dict[str, int] = {}
-        if self.job.previous and w.previous_ids:
+        if self.job.previous and (w.previous_ids or w.rejected):
             same = set(outcome.carried.to_pylist())  # papers: thousands, not millions
             known = w.previous_ids
             new_ids = _ids(outcome.staging, "papers") - same

@@ -34,7 +34,18 @@ from typing import Any
 from .. import storage
 from ..faults import fault_point
 from ..options import group, option
-from ..runs import RUNS_DIR, current_run, jsonable, new_run_id, publish, safe_run_id
+from ..runs import (
+    RUNS_DIR,
+    OutputBusyError,
+    acquire_lock,
+    current_run,
+    jsonable,
+    lock_holder,
+    new_run_id,
+    publish,
+    release_lock,
+    safe_run_id,
+)
 from .chains import Chain, chain_result, run_chain
 from .runner import CompositeStage, Plan, RunOptions, StageContext, StageResult, run_stage
 
@@ -95,9 +106,26 @@ class NightlyStage(CompositeStage):
 
 
 def run_nightly(job: NightlyJob) -> tuple[str, dict[str, Any]]:
-    """One incremental run under ``job.root``; moves ``current`` to it once it is committed."""
+    """One incremental run under ``job.root``; moves ``current`` to it once it is committed.
+
+    One night at a time per root: a night holds the root's lock (``ROOT/.runs.lock``, naming its run id and
+    base) from before it plans until it has published, so a second night on the same root (a cron overlap)
+    stops at once with one line, before it reads or writes anything, and no night's retention can remove
+    the base another night reads (``runs.prune_runs`` also keeps the base a live lock names)."""
     root = storage.normalize(job.root)
     run_id = safe_run_id(job.run_id or new_run_id("nightly", {"root": root}))
-    return run_stage(NightlyStage(dataclasses.replace(job, run_id=run_id,
-                                                      output=storage.join(root, RUNS_DIR, run_id))))
+    runs = storage.join(root, RUNS_DIR)
+    try:
+        lock = acquire_lock(runs, run_id, info={"base": current_run(root)})
+    except OutputBusyError:
+        held = lock_holder(runs) or {}
+        raise OutputBusyError(
+            f"another nightly is running on {root} (run {held.get('run_id')}, pid {held.get('pid')} on "
+            f"{held.get('host')}): this one stops before doing anything; wait for it to finish (if no such "
+            f"run is going, delete {storage.join(root, '.' + RUNS_DIR + '.lock')})") from None
+    try:
+        return run_stage(NightlyStage(dataclasses.replace(job, run_id=run_id,
+                                                          output=storage.join(root, RUNS_DIR, run_id))))
+    finally:
+        release_lock(lock)
 

@@ -28,6 +28,7 @@ is written last, and ``on_committed`` runs after the commit (and on a no-op reru
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -55,6 +56,8 @@ from ..tables import config_hash
 from .progress import Progress
 from .ray_env import init_ray
 from .sink import StageTableSink, TableSinkResult, carry_rows, compact, no_counts, write_files_index
+
+log = logging.getLogger(__name__)
 
 STANDARD_COUNTS = ("rows_in", "rows_new", "rows_carried", "rows_resumed")
 
@@ -315,7 +318,13 @@ def _run_table_stage(stage: TableStage, plan: Plan, ctx: StageContext) -> StageR
     carried_files: dict[str, int] = {}
 
     def carry() -> None:
-        keys = stage.unchanged(plan, work, job.previous, ctx.staging)
+        try:
+            keys = stage.unchanged(plan, work, job.previous, ctx.staging)
+        except (OSError, pa.ArrowException) as exc:  # a damaged previous run: nothing carried, all done again
+            log.warning("%s: cannot read what it holds (%s): nothing is carried from it", job.previous,
+                        (str(exc).splitlines() or [type(exc).__name__])[0][:200])
+            keys = []
+            carried_files["carried_files.previous_unreadable"] = 1
         tables = {k: v for k, v in schemas.items() if k not in stage.scratch_tables}
         nonlocal carried
         carried, rows = carry_rows(job.previous, tables, stage.key_column, keys, ctx.staging,

@@ -27,6 +27,7 @@ from ..runs import (
     WRITES_DIR,
     committed_table_dir,
     live_files,
+    read_files_index,
     read_writes,
     record_write,
 )
@@ -170,7 +171,13 @@ def _carry_file(previous: str, prev_dir: str, name: str, f: str, schema: pa.Sche
     record = f"{part}-{name}"
     path = f"{name}/{part}.parquet"
     columns = [key_column] + ([record_keys] if record_keys and record_keys != key_column else [])
-    ids = storage.read_parquet(src, columns=columns)
+    try:
+        if not storage.regular_file(src):
+            raise ValueError("not a regular file")
+        ids = storage.read_parquet(src, columns=columns)
+    except (OSError, ValueError, KeyError, pa.ArrowException) as exc:  # damaged, or not a file we wrote
+        log.warning("%s: unreadable (%s): not carried, its rows are done again", src, _one_line(exc))
+        return pa.array([], pa.string()), 0, "unreadable"
     mask = _wanted(ids[key_column].combine_chunks(), value_set)
     n = pc.sum(mask).as_py() or 0
     if not n:
@@ -189,12 +196,20 @@ def _carry_file(previous: str, prev_dir: str, name: str, f: str, schema: pa.Sche
         how = storage.link_file(src, storage.join(staging, path))
         stats = {"table": name, **{k: known[k] for k in ("rows", "bytes", "digest", "counts") if k in known}}
     else:
-        table = storage.read_parquet(src).filter(mask)
+        try:
+            table = storage.read_parquet(src).filter(mask)
+        except (OSError, ValueError, pa.ArrowException) as exc:  # its keys read, the rest of it does not
+            log.warning("%s: unreadable (%s): not carried, its rows are done again", src, _one_line(exc))
+            return pa.array([], pa.string()), 0, "unreadable"
         path, stats = write_table_file(staging, name, part, table, schema, table_counts)
         how = "rewritten"
     record_write(staging, record, {"rows": {name: n}, "files": {name: path}, "counts": {}, "stats": {path: stats}},
                  keys=keys)
     return found[key_column].combine_chunks(), n, how
+
+
+def _one_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
 
 
 def _wanted(keys: pa.Array, value_set: pa.Array) -> pa.Array:
@@ -226,7 +241,7 @@ def carry_rows(previous: str, tables: dict[str, pa.Schema], key_column: str, key
         value_set = pa.array(sorted(set(keys)), pa.string())
     if not len(value_set):
         return pa.array([], pa.string()), Counter()
-    index = files_index(previous)
+    index = files_index(previous)  # entries that are not what this tool writes are left out: not carried
     found: list[pa.Array] = []
     rows: Counter = Counter()
     calls = []
@@ -244,9 +259,11 @@ def carry_rows(previous: str, tables: dict[str, pa.Schema], key_column: str, key
     for (name, _), got in zip(calls, in_tasks(_carry_file, [args for _, args in calls]), strict=True):
         if got is None:
             continue
+        rows[f"files_{got[2]}"] += 1
+        if got[2] == "unreadable":  # counted (carried_files.unreadable), its rows done again
+            continue
         found.append(got[0].cast(pa.string()))
         rows[name] += got[1]
-        rows[f"files_{got[2]}"] += 1
     return pc.unique(pa.chunked_array(found, pa.string())), rows
 
 
@@ -322,7 +339,8 @@ def changed_files(run_dir: str, tables: Iterable[str]) -> list[str] | None:
     bad, calls = [], []
     for name in tables:
         listed = index.get(name, {})
-        present = {f for f in storage.listdir(storage.join(root, name)) if f.endswith(".parquet")}
+        present = {f for f in storage.listdir(storage.join(root, name))  # a pipe or link is never hashed: changed
+                   if f.endswith(".parquet") and storage.regular_file(storage.join(root, name, f))}
         bad += [f"{name}/{f}" for f in sorted(present ^ set(listed))]
         calls += [(f"{name}/{f}", listed[f]["digest"]) for f in sorted(present & set(listed))]
     digests = in_tasks(storage.file_digest, [(storage.join(root, rel),) for rel, _ in calls])
@@ -333,11 +351,13 @@ FILES_INDEX = "files.json"  # a committed run's files: table -> name -> rows, by
 
 
 def files_index(run_dir: str) -> dict[str, dict[str, dict[str, Any]]] | None:
-    """The ``files.json`` of a committed run, or None for a run written without one."""
-    path = storage.join(storage.normalize(run_dir), FILES_INDEX)
-    if not storage.exists(path):
-        return None
-    return json.loads(storage.read_text(path))
+    """The ``files.json`` of a committed run, or None for a run written without one; validated
+    (``runs.read_files_index``): an entry that is not what this tool writes is left out (its file is then
+    not trusted), an unreadable ``files.json`` trusts no file."""
+    index, problems = read_files_index(run_dir)
+    for p in problems[:3]:
+        log.warning("%s: %s", run_dir, p)
+    return index
 
 
 def write_files_index(staging: str, result: TableSinkResult, tables: Iterable[str]) -> None:

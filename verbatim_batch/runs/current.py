@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import logging
 import os
 import uuid
 
 import pyarrow as pa
 
 from .. import storage
-from .folder import BINDING_FILE, replaceable
+from .folder import BINDING_FILE, lock_holder, replaceable, safe_run_id
 from .manifest import MANIFEST_FILE, read_manifest, read_table
+
+log = logging.getLogger(__name__)
 
 RUNS_DIR = "runs"
 CURRENT_FILE = "CURRENT"  # the current run's id, for object stores and scripts
@@ -19,10 +22,22 @@ CURRENT_LINK = "current"  # symlink to runs/<id>: pd.read_parquet("ROOT/current/
 
 
 def current_run(root: str) -> str | None:
-    """The id of the run ``root``'s ``current`` pointer names (None before the first commit)."""
+    """The id of the run ``root``'s ``current`` pointer names (None before the first commit, and when the
+    pointer is not a run id this tool writes: a damaged or edited ``CURRENT`` never leads outside ``runs/``)."""
+    path = storage.join(storage.normalize(root), CURRENT_FILE)
     try:
-        return storage.read_text(storage.join(storage.normalize(root), CURRENT_FILE)).strip() or None
+        if not storage.is_remote(path) and os.path.exists(path) and not storage.regular_file(path):
+            raise ValueError("not a regular file")
+        run_id = storage.read_text_bounded(path, 4096).strip()
     except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("%s: unreadable (%s): no current run", path, str(exc)[:200])
+        return None
+    try:
+        return safe_run_id(run_id) if run_id else None
+    except ValueError:
+        log.warning("%s does not hold a run id: no current run", path)
         return None
 
 
@@ -63,9 +78,12 @@ def _started(run_dir: str) -> float:
 
 def _ours_unfinished(path: str, name: str) -> bool:
     """A run folder this tool started and never committed: its binding file names this run id."""
+    where = storage.join(path, BINDING_FILE)
     try:
-        bound = json.loads(storage.read_text(storage.join(path, BINDING_FILE)))
-    except (OSError, ValueError):
+        if not storage.regular_file(where):
+            return False
+        bound = json.loads(storage.read_text_bounded(where, 1 << 16))
+    except (OSError, ValueError, RecursionError):
         return False
     return isinstance(bound, dict) and bound.get("run_id") == name
 
@@ -74,8 +92,11 @@ def prune_runs(root: str, keep: int, protect: tuple[str, ...] = ()) -> list[str]
     """Delete committed runs beyond the ``keep`` newest and unfinished runs older than the newest commit.
 
     Only runs this tool wrote are candidates: a committed run has a valid manifest of ours, an unfinished
-    one our binding file with its own id; anything else under ``runs/`` (a user's folder, a symlink) is never
-    touched. The current run and ``protect`` are never deleted. Returns the ids removed.
+    one our binding file with its own id; anything else under ``runs/`` (a user's folder, a symlink, a run
+    whose manifest is damaged or forged) is never touched. The current run and ``protect`` are never
+    deleted, nor is an unfinished run whose lock is held by a live process (a night still going), nor the
+    base that such a night builds on (the run it named as ``base`` in the root's lock). Returns the ids
+    removed.
     """
     runs_dir = storage.join(storage.normalize(root), RUNS_DIR)
     current = current_run(root)
@@ -86,10 +107,19 @@ def prune_runs(root: str, keep: int, protect: tuple[str, ...] = ()) -> list[str]
                 not storage.is_remote(path) and os.path.islink(path)):
             continue  # not a run folder of ours (a symlink is never one: we write none)
         if replaceable(path) and storage.exists(storage.join(path, MANIFEST_FILE)):
-            committed.append((read_manifest(path)["created_at"], name))
+            try:
+                created = read_manifest(path)["created_at"]
+                _dt.datetime.fromisoformat(created)
+            except (OSError, ValueError, KeyError, TypeError):  # damaged or forged: not ours to judge, kept
+                continue
+            committed.append((created, name))
         elif _ours_unfinished(path, name):
-            unfinished.append((_started(path), name))
+            if lock_holder(path) is None:  # a night that is still going is never removed
+                unfinished.append((_started(path), name))
         # anything else (a user's folder beside the runs) is never touched
+    night = lock_holder(storage.join(storage.normalize(root), RUNS_DIR))  # a night going on this root
+    if night is not None and isinstance(night.get("base"), str) and night.get("run_id") not in protect:
+        protect = (*protect, night["base"])  # what another night reads (the pruning night's own base may go)
     committed.sort(reverse=True)
     newest = _dt.datetime.fromisoformat(committed[0][0]).timestamp() if committed else None
     doomed = [name for _, name in committed[max(keep, 1):]]
@@ -111,7 +141,7 @@ def publish(root: str, run_id: str, keep_runs: int) -> list[str]:
         created = read_manifest(storage.join(root, RUNS_DIR, run_id))["created_at"]
         try:
             newer = current is not None and read_manifest(storage.join(root, RUNS_DIR, current))["created_at"] > created
-        except FileNotFoundError:  # the current run is gone: anything committed replaces it
+        except (FileNotFoundError, ValueError):  # the current run is gone or damaged: a committed run replaces it
             newer = False
         if not newer:
             set_current(root, run_id)

@@ -30,7 +30,7 @@ import pyarrow as pa
 
 from .. import storage
 from ..faults import fault_point
-from .manifest import MANIFEST_FILE, read_manifest, validate_manifest
+from .manifest import MANIFEST_FILE, plain_relpath, read_manifest, validate_manifest
 
 log = logging.getLogger(__name__)
 WRITES_DIR = "_writes"  # one JSON record per completed write, in the staging folder until commit
@@ -64,17 +64,18 @@ def _alive(pid: int) -> bool:
 LOCK_SETTLE_S = 0.5  # object stores: how long a writer waits before reading its lock back
 
 
-def acquire_lock(output: str, run_id: str | None) -> str:
+def acquire_lock(output: str, run_id: str | None, info: Mapping[str, Any] | None = None) -> str:
     """Take the one-writer lock of ``output`` (``.<name>.lock`` beside it, created atomically, holding the
     writer's pid, host and run id). A lock whose holder is gone (same host, no such process) is taken over;
     one held by a live process, or by another host, stops this run with ``OutputBusyError``. An object store
     has no atomic create: there a writer writes its token, waits ``LOCK_SETTLE_S`` and reads the lock back;
     the token found then wins (the store is read-after-write consistent, so of two writers that both wrote,
     both read the later token), and the other stops. Two writers still both pass if one's check-then-write
-    takes longer than the settle time, which a stalled process can do."""
+    takes longer than the settle time, which a stalled process can do. ``info`` is recorded in the lock too
+    (a night's base, which retention then keeps)."""
     path = _lock_path(output)
-    me = {"pid": os.getpid(), "host": socket.gethostname(), "run_id": run_id, "since": round(time.time()),
-          "token": uuid.uuid4().hex}
+    me = {**(info or {}), "pid": os.getpid(), "host": socket.gethostname(), "run_id": run_id,
+          "since": round(time.time()), "token": uuid.uuid4().hex}
     for _ in range(3):
         if storage.is_remote(path):
             if not storage.exists(path):
@@ -108,6 +109,22 @@ def acquire_lock(output: str, run_id: str | None) -> str:
             f"{output} is being written by another run (run {held.get('run_id')}, pid {held.get('pid')} on "
             f"{held.get('host')}): wait for it, or choose another output; if no such run is going, delete {path}")
     raise OutputBusyError(f"{output}: could not take its lock {path}")
+
+
+def lock_holder(output: str) -> dict[str, Any] | None:
+    """Who holds the one-writer lock of ``output`` while it is held: the lock's content when its holder is
+    alive (a process on this host that exists, or any holder on another host, which cannot be checked), None
+    when there is no lock or its holder is gone."""
+    path = _lock_path(output)
+    try:
+        held = json.loads(storage.read_text_bounded(path, 1 << 16))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(held, dict):
+        return None
+    if held.get("host") == socket.gethostname() and isinstance(held.get("pid"), int) and not _alive(held["pid"]):
+        return None
+    return held
 
 
 def release_lock(lock: str) -> None:
@@ -273,10 +290,115 @@ def record_write(staging: str, name: str, record: dict[str, Any], keys: pa.Array
     storage.write_text(storage.join(folder, f"{name}.json"), json.dumps(record, sort_keys=True))
 
 
-def read_writes(staging: str) -> list[dict[str, Any]]:
+MAX_RECORD_BYTES = 256 << 20  # a write record lists a block's keys: megabytes at most
+FILES_INDEX = "files.json"  # a committed run's files: table -> name -> rows, bytes, digest, counts
+MAX_INDEX_BYTES = 256 << 20
+_DIGEST = re.compile(r"blake2b:[0-9a-f]{32}")
+
+
+def _count(value: Any) -> bool:
+    return type(value) is int and 0 <= value < 1 << 62
+
+
+def _file_entry_ok(stats: Any) -> bool:
+    """A file's stats as this tool records them: rows (and, when present, bytes) counts, a digest, counts."""
+    digest = stats.get("digest") if isinstance(stats, dict) else None
+    return (isinstance(stats, dict) and _count(stats.get("rows")) and _count(stats.get("bytes", 0))
+            and (digest is None or (isinstance(digest, str) and _DIGEST.fullmatch(digest) is not None))
+            and isinstance(stats.get("counts", {}), dict))
+
+
+def _table_file(rel: Any) -> bool:
+    """``table/name.parquet`` (a table may be nested: ``data/train/part-x.parquet``)."""
+    return plain_relpath(rel) and "/" in rel and rel.endswith(".parquet")
+
+
+def record_problem(record: Any) -> str | None:
+    """Why a write record cannot be used (a forged, edited or damaged one), or None: every path it names is a
+    table file inside the staging folder, every count a count, its keys strings or a keys file beside it."""
+    if not isinstance(record, dict):
+        return "not an object"
+    stats = record.get("stats", {})
+    if not isinstance(stats, dict) or not all(_table_file(p) and _file_entry_ok(st) and isinstance(st.get("table"), str)
+                                              and p.rpartition("/")[0] == st["table"] for p, st in stats.items()):
+        return "its files are not table files of the run, or their stats are not counts"
+    files, rows = record.get("files", {}), record.get("rows", {})
+    if not isinstance(files, dict) or not all(plain_relpath(t) and _table_file(p) for t, p in files.items()):
+        return "its files are not table files of the run"
+    if not isinstance(rows, dict) or not all(_count(v) for v in rows.values()):
+        return "its rows are not counts"
+    replaces = record.get("replaces", [])
+    if not isinstance(replaces, list) or not all(_table_file(p) for p in replaces):
+        return "what it replaces is not table files of the run"
+    keys = record.get("keys", [])
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+        return "its keys are not strings"
+    keys_file = record.get("keys_file")
+    if keys_file is not None and not (plain_relpath(keys_file) and "/" not in keys_file
+                                      and keys_file.endswith(".keys.parquet")):
+        return "its keys file is not a file beside it"
+    if not isinstance(record.get("counts", {}), dict):
+        return "its counts are not a mapping"
+    return None
+
+
+def _write_records(staging: str) -> list[tuple[str, dict[str, Any]]]:
+    """``(file name, record)`` of every usable write record; one that is not (not JSON, too large, naming a
+    path outside the staging folder, ...) is logged and left out: its write counts as never completed."""
     folder = storage.join(staging, WRITES_DIR)
-    return [json.loads(storage.read_text(storage.join(folder, name)))
-            for name in storage.listdir(folder) if name.endswith(".json")]
+    out = []
+    for name in storage.listdir(folder):
+        if not name.endswith(".json"):
+            continue
+        path = storage.join(folder, name)
+        try:
+            if not storage.regular_file(path):
+                raise ValueError("not a regular file")
+            record = json.loads(storage.read_text_bounded(path, MAX_RECORD_BYTES))
+            problem = record_problem(record)
+        except (OSError, ValueError, RecursionError) as exc:
+            problem = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        if problem:
+            log.warning("%s: not a usable write record (%s): its write is done again", path, problem)
+            continue
+        out.append((name, record))
+    return out
+
+
+def read_writes(staging: str) -> list[dict[str, Any]]:
+    """The usable write records of a staging folder (``record_problem``)."""
+    return [record for _, record in _write_records(staging)]
+
+
+def read_files_index(run_dir: str) -> tuple[dict[str, dict[str, dict[str, Any]]] | None, list[str]]:
+    """``(files.json, problems)`` of a committed run: None for a run written without one. Entries that are not
+    what this tool writes (a name that is not a Parquet file of the table, stats that are not counts and a
+    digest) are left out and listed in ``problems``; an unreadable file gives ``{}``: no file is known."""
+    path = storage.join(storage.normalize(run_dir), FILES_INDEX)
+    if not storage.exists(path):
+        return None, []
+    try:
+        if not storage.regular_file(path):
+            raise ValueError("not a regular file")
+        index = json.loads(storage.read_text_bounded(path, MAX_INDEX_BYTES))
+    except (OSError, ValueError, RecursionError) as exc:
+        return {}, [f"{FILES_INDEX}: unreadable ({str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__})"]
+    if not isinstance(index, dict):
+        return {}, [f"{FILES_INDEX}: not an object"]
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    problems: list[str] = []
+    for table, files in index.items():
+        if not plain_relpath(table) or not isinstance(files, dict):
+            problems.append(f"{FILES_INDEX}: {str(table)[:80]!r} is not a table of the run")
+            continue
+        out[table] = {}
+        for name, stats in files.items():
+            if not (plain_relpath(name) and "/" not in name and name.endswith(".parquet")) \
+                    or not _file_entry_ok(stats) or not isinstance(stats.get("digest"), str):
+                problems.append(f"{FILES_INDEX}: {table}/{str(name)[:80]}: not a file entry this tool writes")
+                continue
+            out[table][name] = stats
+    return out, problems
 
 
 def file_stats(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -302,13 +424,29 @@ def live_files(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def completed_keys(staging: str) -> pa.Array:
     """Row keys covered by completed writes (distinct, an Arrow array: a run's keys can be millions); files
-    of writes that never completed (and files a completed compaction replaced) are removed."""
-    records = read_writes(staging)
+    of writes that never completed (and files a completed compaction replaced) are removed. A record whose
+    keys file cannot be read is removed with its files: that write is done again."""
+    import pyarrow.compute as pc
+
+    records, chunks = [], []
+    for name, rec in _write_records(staging):
+        if rec.get("keys_file"):
+            try:
+                keys = storage.read_parquet(storage.join(staging, WRITES_DIR, rec["keys_file"]))["key"]
+                chunks.append(keys.combine_chunks().cast(pa.string()))
+            except (OSError, ValueError, KeyError, pa.ArrowException) as exc:
+                log.warning("%s: the keys of write %s are unreadable (%s): it is done again", staging, name,
+                            str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+                storage.remove(storage.join(staging, WRITES_DIR, name))
+                continue
+        elif rec.get("keys"):
+            chunks.append(pa.array(rec["keys"], pa.string()))
+        records.append(rec)
     keep = set(live_files(records))
     for rel in storage.walk_files(staging):
         if rel.split("/", 1)[0] != WRITES_DIR and rel != BINDING_FILE and rel not in keep:  # a write cut short
             storage.remove(storage.join(staging, rel))
-    return record_keys(staging, records)
+    return pc.unique(pa.chunked_array(chunks, pa.string())) if chunks else pa.array([], pa.string())
 
 
 def record_keys(staging: str, records: list[dict[str, Any]]) -> pa.Array:

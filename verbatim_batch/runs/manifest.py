@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import platform
+import re
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -75,19 +76,76 @@ def validate_manifest(manifest: Mapping[str, Any]) -> None:
     pa.Table.from_pylist([_as_arrow_row(manifest)], schema=MANIFEST)
 
 
-def read_manifest(run_dir: str) -> dict[str, Any]:
+MAX_MANIFEST_BYTES = 64 << 20  # a manifest is kilobytes; a larger file is not one this tool wrote
+_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._=-]{0,199}")
+
+
+def plain_relpath(name: Any) -> bool:
+    """Whether ``name`` is a path inside a run folder as this tool writes them (``papers``,
+    ``data/train``, ``papers/part-x.parquet``): ``/``-separated plain names, never absolute, never ``..``,
+    no hidden parts, no backslash or control character."""
+    return (isinstance(name, str) and 0 < len(name) <= 1000
+            and all(_PART.fullmatch(p) and p not in (".", "..") for p in name.split("/")))
+
+
+def manifest_problems(manifest: Mapping[str, Any]) -> list[str]:
+    """What makes a manifest unusable for reading its run (a forged or damaged file): tables with names that
+    would lead outside the run or counts that are not counts, a config that is not a JSON object, a creation
+    time that is not a time. Empty for a manifest this tool wrote. (A composite's stage names are checked
+    where they are read: ``verify.verify_composite``.)"""
+    problems: list[str] = []
+    tables = manifest.get("tables", {})
+    if not isinstance(tables, dict):
+        problems.append("tables is not a mapping")
+    else:
+        for name, entry in tables.items():
+            if not plain_relpath(name):
+                problems.append(f"table {str(name)[:80]!r} is not a table name (it would lead outside the run)")
+            elif not isinstance(entry, dict) or not all(
+                    type(entry.get(k)) is int and 0 <= entry[k] < 1 << 62 for k in ("rows", "files")):
+                problems.append(f"table {name!r}: rows and files are not counts")
+    if "config" in manifest:
+        try:
+            if not isinstance(json.loads(manifest["config"]), dict):
+                raise ValueError
+        except (TypeError, ValueError, RecursionError):
+            problems.append("config is not a JSON object")
+    if "created_at" in manifest:
+        try:
+            _dt.datetime.fromisoformat(manifest["created_at"])
+        except (TypeError, ValueError):
+            problems.append("created_at is not a time")
+    for key in ("counts", "timings_s"):
+        if not isinstance(manifest.get(key, {}), dict):
+            problems.append(f"{key} is not a mapping")
+    return problems
+
+
+def read_manifest(run_dir: str, strict: bool = True) -> dict[str, Any]:
     """The manifest of a committed run; FileNotFoundError when there is none, ValueError when the file is not
-    a run manifest (not JSON, not an object, no run id or command)."""
+    a run manifest (over ``MAX_MANIFEST_BYTES``, not JSON, not an object, no run id or command) or, when
+    ``strict``, when it is one that cannot be used as it is (``manifest_problems``: a forged or damaged one;
+    ``verify`` reads it with ``strict=False`` and reports them)."""
+    where = storage.join(storage.normalize(run_dir), MANIFEST_FILE)
     try:
-        text = storage.read_text(storage.join(storage.normalize(run_dir), MANIFEST_FILE))
+        storage.refuse_special(where)
+        text = storage.read_text_bounded(where, MAX_MANIFEST_BYTES)
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         raise FileNotFoundError(f"{run_dir} has no {MANIFEST_FILE}: not a committed run") from None
+    except storage.TooLargeError:
+        raise ValueError(f"{run_dir}/{MANIFEST_FILE} is over {MAX_MANIFEST_BYTES >> 20} MiB: not a run manifest "
+                         "this tool wrote") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{run_dir}/{MANIFEST_FILE} is not UTF-8: not a run this tool wrote") from None
     try:
         manifest = json.loads(text)
     except (ValueError, RecursionError):
         raise ValueError(f"{run_dir}/{MANIFEST_FILE} is not valid JSON: not a run this tool wrote") from None
     if not isinstance(manifest, dict) or not all(isinstance(manifest.get(k), str) for k in ("run_id", "command")):
         raise ValueError(f"{run_dir}/{MANIFEST_FILE} is not a verbatim-batch run manifest (no run_id/command)")
+    if strict and (problems := manifest_problems(manifest)):
+        raise ValueError(f"{run_dir}/{MANIFEST_FILE} is damaged or forged: {problems[0]}"
+                         + (f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""))
     return manifest
 
 
@@ -112,6 +170,29 @@ def read_table(run_dir: str, table: str, columns: list[str] | None = None) -> pa
     return storage.read_parquet(storage.join(storage.normalize(run_dir), table), columns=columns)
 
 
+
+
+def read_readable(table_dir: str, columns: list[str] | None = None) -> tuple[pa.Table | None, list[str]]:
+    """``(rows, unreadable)`` of a committed table: the rows of its files that can be read (None when none can),
+    and the names of those that cannot (damaged, or not plain files: a link, a pipe or a device is never
+    opened). For readers of a previous run, which redo what they cannot read instead of stopping."""
+    import pyarrow.parquet as pq
+
+    parts, bad = [], []
+    for name in storage.listdir(table_dir):
+        if not name.endswith(".parquet"):
+            continue
+        path = storage.join(table_dir, name)
+        try:
+            if not storage.regular_file(path):
+                raise ValueError("not a regular file")
+            fs, local = storage.resolve(path)
+            parts.append(pq.read_table(local, filesystem=fs, columns=columns))
+        except (OSError, ValueError, KeyError, pa.ArrowException):
+            bad.append(name)
+    if not parts:
+        return None, bad
+    return pa.concat_tables(parts, promote_options="default"), bad
 
 
 def manifest_config(run_dir: str) -> dict[str, Any]:
