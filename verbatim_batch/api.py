@@ -53,7 +53,10 @@ from .embedding import EmbedderConfig
 from .extract.highlighter import HighlighterConfig
 from .extract.llm import LLMConfig
 from .extract.semantic import SemanticConfig
+from .pipeline.embed import EmbedJob
+from .pipeline.extract import ExtractJob
 from .pipeline.resources import Cluster
+from .pipeline.retrieve import RetrieveJob
 from .retrieval import RetrieverConfig
 from .tables import RAW_RECORDS, SPAN_STRUCT
 
@@ -141,7 +144,7 @@ def _user_pipeline() -> Cluster:
     return Cluster.current(user_pipeline=True)
 
 
-def _embed(chunks: ray.data.Dataset, config: EmbedderConfig, *, batch_rows: int = 1024,
+def _embed(chunks: ray.data.Dataset, config: EmbedderConfig, *, batch_rows: int = EmbedJob.batch_rows,
            concurrency: int | None = None) -> ray.data.Dataset:
     from .pipeline.batches import strip_internal_batch
     from .pipeline.embed import EmbedStage, embed_dataset
@@ -152,7 +155,7 @@ def _embed(chunks: ray.data.Dataset, config: EmbedderConfig, *, batch_rows: int 
     return ds.map_batches(strip_internal_batch, batch_format="pyarrow", batch_size=None)
 
 
-def embed(chunks: ray.data.Dataset, config: EmbedderConfig | None = None, *, batch_rows: int = 1024,
+def embed(chunks: ray.data.Dataset, config: EmbedderConfig | None = None, *, batch_rows: int = EmbedJob.batch_rows,
           concurrency: int | None = None, preprocess: RowFn | None = None,
           postprocess: RowFn | None = None) -> ray.data.Dataset:
     """Chunks (``chunk_id``, ``paper_id``, ``context``, ``text``) -> embeddings rows (``tables.embeddings_schema``),
@@ -162,7 +165,7 @@ def embed(chunks: ray.data.Dataset, config: EmbedderConfig | None = None, *, bat
                            batch_rows=batch_rows, concurrency=concurrency)(chunks)
 
 
-def _retrieve(queries: ray.data.Dataset, config: RetrieverConfig, *, batch_rows: int = 256,
+def _retrieve(queries: ray.data.Dataset, config: RetrieverConfig, *, batch_rows: int = RetrieveJob.batch_rows,
               concurrency: int | None = None, with_text: bool = False) -> ray.data.Dataset:
     from .pipeline.retrieve import RetrieveStage, retrieve_dataset
     from .runs import expect_run
@@ -173,7 +176,7 @@ def _retrieve(queries: ray.data.Dataset, config: RetrieverConfig, *, batch_rows:
     return retrieve_dataset(queries, config, res, cluster=_user_pipeline(), with_text=with_text)
 
 
-def retrieve(queries: ray.data.Dataset, index: str | RetrieverConfig, *, batch_rows: int = 256,
+def retrieve(queries: ray.data.Dataset, index: str | RetrieverConfig, *, batch_rows: int = RetrieveJob.batch_rows,
              concurrency: int | None = None, with_text: bool = False, preprocess: RowFn | None = None,
              postprocess: RowFn | None = None) -> ray.data.Dataset:
     """Queries (``query``, optional ``query_id``: else the id the jobs give that text) -> the top-k chunks of
@@ -226,7 +229,7 @@ def _rows_of(packed: pa.Table) -> pa.Table:
             .append_column("error", packed["error"].cast(pa.string())))
 
 
-def _extract(pairs: ray.data.Dataset, config: Any, *, batch_rows: int = 64,
+def _extract(pairs: ray.data.Dataset, config: Any, *, batch_rows: int = ExtractJob.batch_rows,
              concurrency: int | None = None) -> ray.data.Dataset:
     """The extract job's placements (``pipeline.extract.PLACEMENTS``) over the caller's rows: the same actors and,
     for the highlighter, the same tokenize -> forward -> spans split."""
@@ -244,8 +247,9 @@ def _extract(pairs: ray.data.Dataset, config: Any, *, batch_rows: int = 64,
     return PLACEMENTS[where](setup, ds).map_batches(_rows_of, batch_format="pyarrow", batch_size=None)
 
 
-def extract(pairs: ray.data.Dataset, config: Any = None, *, batch_rows: int = 64, concurrency: int | None = None,
-            preprocess: RowFn | None = None, postprocess: RowFn | None = None) -> ray.data.Dataset:
+def extract(pairs: ray.data.Dataset, config: Any = None, *, batch_rows: int = ExtractJob.batch_rows,
+            concurrency: int | None = None, preprocess: RowFn | None = None,
+            postprocess: RowFn | None = None) -> ray.data.Dataset:
     """Pairs (``query``, ``chunk``; any other columns pass through) -> the same rows with ``spans`` (verbatim
     substrings of ``chunk`` with offsets and scores), ``relevance`` and ``error`` (a bad pair gets an error,
     never a crash). ``config``: ``SemanticConfig`` (default), ``HighlighterConfig`` or an HTTP ``LLMConfig``."""

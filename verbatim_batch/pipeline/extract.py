@@ -65,7 +65,8 @@ class ExtractActor(ModelActor):
 
     what = "extract"
 
-    def __init__(self, config, run_id: str, threads: int | None = None, max_chunk_chars: int | None = None,
+    def __init__(self, config, run_id: str, threads: int | None = None,
+                 max_chunk_chars: int = DEFAULT_MAX_CHUNK_CHARS,
                  retries: int = 2, query_block_rows: int | None = None, token_budget: int | None = None) -> None:
         self.run_id = run_id
         self.max_chunk_chars = max_chunk_chars
@@ -74,9 +75,9 @@ class ExtractActor(ModelActor):
 
     def load(self, config):
         from ..extract.registry import build_extractor
-        from ..extract.stage import DEFAULT_MAX_CHUNK_CHARS, PairExtractor
+        from ..extract.stage import PairExtractor
 
-        return PairExtractor(build_extractor(config), self.run_id, self.max_chunk_chars or DEFAULT_MAX_CHUNK_CHARS)
+        return PairExtractor(build_extractor(config), self.run_id, self.max_chunk_chars)
 
     @property
     def stage(self):
@@ -214,16 +215,16 @@ def extract_counts(pairs: pa.Table, spans_rows: int) -> dict[str, int]:
 
 # --- the highlighter in three stages: host work on CPU tasks, only the forward pass on the model actors -------
 
-def _highlight_tokenize(batch: pa.Table, config, max_chunk_chars: int | None) -> pa.Table:
+def _highlight_tokenize(batch: pa.Table, config, max_chunk_chars: int) -> pa.Table:
     """CPU stage: validate and tokenise pairs into windows (``highlighter_stages.encode_table``)."""
     from ..extract.highlighter import HighlighterTokenizer
     from ..extract.highlighter_stages import encode_table
-    from ..extract.stage import DEFAULT_MAX_CHUNK_CHARS, DEFAULT_MAX_QUERY_CHARS
+    from ..extract.stage import DEFAULT_MAX_QUERY_CHARS
 
     tokenizer = host(HighlighterTokenizer, config)
     t0 = time.perf_counter()
     out = encode_table(tokenizer, batch.select([*PAIR_INPUT.names, *_input_columns(batch)]),
-                       max_chunk_chars or DEFAULT_MAX_CHUNK_CHARS, DEFAULT_MAX_QUERY_CHARS)
+                       max_chunk_chars, DEFAULT_MAX_QUERY_CHARS)
     return with_counts(out, {"time_ms.tokenize": round(1000 * (time.perf_counter() - t0))})
 
 
@@ -258,13 +259,13 @@ class HighlightForwardActor(ModelActor):
 
 
 def _highlight_spans(batch: pa.Table, config, run_id: str, info: dict[str, Any],
-                     max_chunk_chars: int | None) -> pa.Table:
+                     max_chunk_chars: int) -> pa.Table:
     """CPU stage: spans, the verbatim gate and the packed rows (``highlighter_stages.spans_table``)."""
     from ..extract.highlighter_stages import HighlighterRows, spans_table
-    from ..extract.stage import DEFAULT_MAX_CHUNK_CHARS, PairExtractor, pack
+    from ..extract.stage import PairExtractor, pack
 
     batch, carried = strip_internal(batch)  # counts and retries of the earlier stages ride on to the sink
-    stage = PairExtractor(HighlighterRows(info), run_id, max_chunk_chars or DEFAULT_MAX_CHUNK_CHARS)
+    stage = PairExtractor(HighlighterRows(info), run_id, max_chunk_chars)
     t0 = time.perf_counter()
     failed = [e if e and e.startswith("stage_failed:") else None for e in batch["_hl_error"].to_pylist()]
     if any(failed):  # the forward stage gave up on these rows: error rows, whatever else they had
@@ -287,7 +288,7 @@ class ExtractSetup:
     extractor: Any  # HighlighterConfig | SemanticConfig | LLMConfig
     resources: Resources  # the placement's declaration with the job's options applied (``PLACEMENT_RESOURCES``)
     run_id: str
-    max_chunk_chars: int | None = None
+    max_chunk_chars: int = DEFAULT_MAX_CHUNK_CHARS
     retries: int = 2  # of a failed batch, before its rows become error rows
     cluster: Cluster | None = None  # None: this driver's Ray, a stage job's own pipeline (api: a user's pipeline)
 
@@ -348,7 +349,6 @@ def _vllm(setup: ExtractSetup, pairs: pa.Table | ray.data.Dataset) -> ray.data.D
     engines leave (``extract.vllm.helper_cpus``), block by block (engine output blocks mix success and error
     rows, whose columns differ). Requests are formed block by block in tasks, from blocks that hold whole
     queries (the planner's, or a table's ``query_blocks``): no pair passes through the driver."""
-    from ..extract.stage import DEFAULT_MAX_CHUNK_CHARS
     from ..extract.vllm import LLMInterpret, helper_cpus, invalid_pairs, request_rows, vllm_dataset
     from .pair_plan import IO_BLOCK_PAIRS
 
@@ -356,7 +356,7 @@ def _vllm(setup: ExtractSetup, pairs: pa.Table | ray.data.Dataset) -> ray.data.D
     cluster = setup.cluster or Cluster.current()
     res = setup.resources.with_(cpus=helper_cpus(cfg, cluster.cpus))
     blocks = pairs_dataset(pairs, max(res.batch_rows, IO_BLOCK_PAIRS), query_grouped=True)  # as the planner's
-    args = {"config": cfg, "run_id": setup.run_id, "max_chunk_chars": setup.max_chunk_chars or DEFAULT_MAX_CHUNK_CHARS}
+    args = {"config": cfg, "run_id": setup.run_id, "max_chunk_chars": setup.max_chunk_chars}
     requests = blocks.map_batches(request_rows, fn_kwargs=args, batch_format="pyarrow", batch_size=None)
     bad = blocks.map_batches(invalid_pairs, fn_kwargs=args, batch_format="pyarrow", batch_size=None)
     ds = vllm_dataset(requests, cfg, res.cpus).map_batches(LLMInterpret, **ray_args(
