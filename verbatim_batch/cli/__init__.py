@@ -76,7 +76,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except (FileNotFoundError, FileExistsError, PermissionError, ConnectionError, ValueError,
             NotImplementedError) as exc:
-        print(f"verbatim-batch {args.command}: error: {exc}", file=sys.stderr)
+        from ..redact import redact_text
+
+        print(f"verbatim-batch {args.command}: error: {redact_text(str(exc))}", file=sys.stderr)
         return 2
 
 

@@ -30,6 +30,7 @@ import pyarrow as pa
 
 from .. import storage
 from ..faults import fault_point
+from ..redact import redact
 from .manifest import MANIFEST_FILE, plain_relpath, read_manifest, validate_manifest
 
 log = logging.getLogger(__name__)
@@ -539,7 +540,9 @@ def staged(output: str, overwrite: bool = False, run_id: str | None = None, resu
 def write_manifest(run_dir: str, manifest: Mapping[str, Any],
                    on_commit: Callable[[str, dict[str, Any]], None] | None = None) -> None:
     """Validate and write ``run_dir/manifest.json``, then call ``on_commit`` (a failure there is logged: what
-    it derives, such as the report, never stops a commit)."""
+    it derives, such as the report, never stops a commit). Credentials in any URL it holds are redacted
+    (``redact``): whatever a stage put in its manifest, no secret is recorded."""
+    manifest = redact(dict(manifest))
     validate_manifest(manifest)
     fault_point("commit")
     storage.write_text(storage.join(run_dir, MANIFEST_FILE), json.dumps(manifest, indent=2, sort_keys=True))

@@ -13,6 +13,7 @@ from typing import Any
 import pyarrow as pa
 
 from .. import __version__, storage
+from ..redact import redact
 from ..tables import MANIFEST, SCHEMA_VERSION, config_hash, stable_hash
 
 MANIFEST_FILE = "manifest.json"
@@ -45,6 +46,10 @@ def build_manifest(
     counts: Mapping[str, int],
     timings_s: Mapping[str, float],
 ) -> dict[str, Any]:
+    """A run's manifest. Credentials in URLs (``?api-key=...``, ``user:pass@``) are redacted from its config
+    and inputs (``redact``): a manifest is copied, shared and published with the run; ``config_hash`` is the
+    hash of the config as recorded."""
+    config = redact(dict(config))
     return {
         "run_id": run_id,
         "command": command,
@@ -53,7 +58,7 @@ def build_manifest(
         "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "config": json.dumps(config, sort_keys=True),
         "config_hash": config_hash(config),
-        "inputs": list(inputs),
+        "inputs": redact(list(inputs)),
         "tables": {k: {"rows": int(v["rows"]), "files": int(v["files"])} for k, v in tables.items()},
         "counts": {k: int(v) for k, v in counts.items()},
         "timings_s": {k: round(float(v), 3) for k, v in timings_s.items()},
