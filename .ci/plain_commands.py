@@ -199,7 +199,7 @@ def tiny_classifier(path: Path) -> Path:
     import torch
     from transformers import AutoTokenizer, ModernBertConfig, ModernBertForTokenClassification
 
-    from verbatim_batch.embedding import DEFAULT_MODEL
+    from verbatim_batch.embed import DEFAULT_MODEL
 
     torch.manual_seed(0)
     cfg = ModernBertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
@@ -217,7 +217,7 @@ def tiny_cross_encoder(path: Path) -> Path:
     import torch
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
-    from verbatim_batch.embedding import DEFAULT_MODEL
+    from verbatim_batch.embed import DEFAULT_MODEL
 
     torch.manual_seed(0)
     cfg = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
@@ -298,7 +298,7 @@ def main(work: Path) -> int:
     vllm_missing = extras()
 
     from verbatim_batch.cli import build_parser
-    from verbatim_batch.embedding import DEFAULT_MODEL
+    from verbatim_batch.embed import DEFAULT_MODEL
     from verbatim_batch.runs import read_table
 
     server, url = start_server()

@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from verbatim_batch.chunking import ChunkerConfig, chunk_markdown  # noqa: E402
+from verbatim_batch.chunk import ChunkerConfig, chunk_markdown  # noqa: E402
 from verbatim_batch.corpus import list_sources, read_md_files  # noqa: E402
 from verbatim_batch.ingest import DEFAULT_MAX_PAPER_BYTES, IngestStage  # noqa: E402
 from verbatim_synth import corpus as synth  # noqa: E402

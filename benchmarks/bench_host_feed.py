@@ -176,7 +176,7 @@ def seed_pairs(n: int, tokenizer, target: int, seed: int = 0) -> pa.Table:
 
 
 def seed_chunks() -> pa.Table:
-    from verbatim_batch.chunking import build_context, chunk_markdown
+    from verbatim_batch.chunk import build_context, chunk_markdown
 
     rows = []
     for f in sorted(glob.glob(str(CORPUS / "corpus" / "*.md"))):

@@ -30,7 +30,7 @@ from verbatim_batch.pipeline import (  # noqa: E402
     run_index,
     run_retrieve,
 )
-from verbatim_batch.retrieval import recall_at  # noqa: E402
+from verbatim_batch.retrieve import recall_at  # noqa: E402
 from verbatim_batch.runs import read_table  # noqa: E402
 from verbatim_synth import corpus as synth  # noqa: E402
 from verbatim_synth.labelled import make_labelled_queries  # noqa: E402

@@ -33,7 +33,7 @@ def make_model(path: Path, hidden: int, layers: int) -> str:
     import torch
     from transformers import AutoTokenizer, ModernBertConfig, ModernBertForTokenClassification
 
-    from verbatim_batch.embedding import DEFAULT_MODEL
+    from verbatim_batch.embed import DEFAULT_MODEL
 
     torch.manual_seed(0)
     cfg = ModernBertConfig(vocab_size=30522, hidden_size=hidden, num_hidden_layers=layers,

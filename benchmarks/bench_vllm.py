@@ -49,7 +49,7 @@ def tiny_model(path: Path) -> Path:
 
 
 def chunks(n: int) -> list[str]:
-    from verbatim_batch.chunking import chunk_markdown
+    from verbatim_batch.chunk import chunk_markdown
 
     out: list[str] = []
     for path in sorted((ROOT / "verbatim_batch/examples/corpus").glob("*.md")):

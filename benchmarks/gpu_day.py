@@ -262,7 +262,7 @@ def seed_queries() -> list[str]:
 @functools.lru_cache(maxsize=1)
 def _seed_chunks() -> tuple:
     """The chunker's chunks (defaults) of the seed papers, with their context line."""
-    from verbatim_batch.chunking import build_context, chunk_markdown
+    from verbatim_batch.chunk import build_context, chunk_markdown
 
     rows = []
     for stem, text in seed_papers():
@@ -466,7 +466,7 @@ class Embed:
     def __init__(self, day: Day) -> None:
         import pyarrow as pa
 
-        from verbatim_batch.embedding import EmbedderConfig, EmbedTokenizer
+        from verbatim_batch.embed import EmbedderConfig, EmbedTokenizer
 
         self.day, size = day, day.size
         self.model = day.model("embed")
@@ -492,7 +492,7 @@ class Embed:
         self.tokenize_cpu_s_per_token = tokenize_cpu / tokens
 
     def run(self, name: str, attn: str, budget: int, max_rows: int, repeats: int) -> None:
-        from verbatim_batch.embedding import Embedder, EmbedderConfig, plan_batches
+        from verbatim_batch.embed import Embedder, EmbedderConfig, plan_batches
 
         day = self.day
         emb = Embedder(EmbedderConfig(model=self.model, device=day.args.device, dtype=day.dtype,
@@ -567,8 +567,8 @@ class Highlight:
     def _run(self, name: str, pairs, call: int, target: int | None) -> None:
         import pyarrow.compute as pc
 
-        from verbatim_batch.embedding import plan_batches
-        from verbatim_batch.extract.stage import pack
+        from verbatim_batch.embed import plan_batches
+        from verbatim_batch.extract.gate import pack
 
         day, hl, cfg = self.day, self.hl, self.day.shape_cls
         _, encode_table, forward_table, spans_table = highlighter_stages()
@@ -687,7 +687,7 @@ def step_train(day: Day, name: str, pack_kwargs: dict) -> None:
 
 def _padding(lengths_per_call: list[np.ndarray], budget: int, max_rows: int) -> dict:
     """Padding of the project's planner (``embedding.plan_batches``) over calls of these lengths."""
-    from verbatim_batch.embedding import plan_batches
+    from verbatim_batch.embed import plan_batches
 
     real = padded = passes = 0
     for x in lengths_per_call:
@@ -705,7 +705,7 @@ def step_padding(day: Day) -> None:
     import pyarrow as pa
     from transformers import ModernBertConfig
 
-    from verbatim_batch.embedding import embedding_texts, tokenize_texts
+    from verbatim_batch.embed import embedding_texts, tokenize_texts
     from verbatim_batch.extract.highlighter import HighlighterConfig, HighlighterTokenizer
 
     tok = load_tokenizer()
@@ -769,7 +769,7 @@ def _overlap_f1(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> float:
 
 def step_agreement(day: Day) -> None:
     """The device path (its dtype) against fp32 on the CPU: same weights, same inputs."""
-    from verbatim_batch.embedding import Embedder, EmbedderConfig
+    from verbatim_batch.embed import Embedder, EmbedderConfig
     from verbatim_batch.extract.highlighter import Highlighter, HighlighterConfig
 
     size = day.size

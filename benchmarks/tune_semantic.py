@@ -59,7 +59,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from verbatim_batch.chunking import chunk_markdown  # noqa: E402
+from verbatim_batch.chunk import chunk_markdown  # noqa: E402
 from verbatim_batch.extract.semantic import SemanticConfig, SemanticExtractor  # noqa: E402
 from verbatim_batch.extract.sentences import sentence_segments  # noqa: E402
 from verbatim_batch.metrics import EvalRow, evaluate  # noqa: E402

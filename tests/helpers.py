@@ -112,7 +112,7 @@ def make_token_classifier(path: Path, num_labels: int = 2, max_positions: int = 
     import torch
     from transformers import AutoTokenizer, ModernBertConfig, ModernBertForTokenClassification
 
-    from verbatim_batch.embedding import DEFAULT_MODEL
+    from verbatim_batch.embed import DEFAULT_MODEL
 
     torch.manual_seed(seed)
     cfg = ModernBertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
@@ -152,7 +152,7 @@ def tiny_model_dir(path: Path, arch: str, pooling: str | None = None) -> Path:
     import torch
     from transformers import AutoTokenizer, BertConfig, BertModel, ModernBertConfig, ModernBertModel
 
-    from verbatim_batch.embedding import DEFAULT_MODEL
+    from verbatim_batch.embed import DEFAULT_MODEL
 
     torch.manual_seed(0)
     if arch == "bert":

@@ -15,7 +15,7 @@ import pytest
 import ray
 
 from verbatim_batch import api
-from verbatim_batch.chunking import ChunkerConfig
+from verbatim_batch.chunk import ChunkerConfig
 from verbatim_batch.tables import CHUNKS, RETRIEVAL, embeddings_schema
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from verbatim_batch.chunking import (
+from verbatim_batch.chunk import (
     FORCED_SPLIT,
     OVERSIZED_BLOCK,
     UNCLOSED_FENCE,

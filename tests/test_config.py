@@ -252,10 +252,11 @@ def test_local_cpu_config_is_the_defaults_written_out():
         if command == "nightly":
             continue  # where nightly writes is the user's choice
         flags = command_flags(command)
-        for key, value in section.items():
+        loaded = config.load_config(str(ROOT / "configs" / "local-cpu.yaml"), command)
+        for key in section:
             flag = flags[key.replace("-", "_")]
             declared = flag.of.default if not flag.of.kinds else dict(flag.of.defaults)["semantic"]
-            assert config.load_config(str(ROOT / "configs" / "local-cpu.yaml"), command)[key] == declared, key
+            assert loaded[key] == declared, f"{command}.{key}: {loaded[key]!r}, declared {declared!r}"
 
 
 def test_the_option_reference_is_current():

@@ -23,8 +23,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from verbatim_batch import tables  # noqa: E402
-from verbatim_batch.chunking import build_context, chunk_markdown  # noqa: E402
-from verbatim_batch.embedding import (  # noqa: E402
+from verbatim_batch.chunk import build_context, chunk_markdown  # noqa: E402
+from verbatim_batch.embed import (  # noqa: E402
     BUNDLED_MODEL_ID,
     CLUSTER_MODEL,
     DEFAULT_MODEL,

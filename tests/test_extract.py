@@ -14,7 +14,7 @@ from helpers import CHUNK, make_token_classifier
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from verbatim_batch.embedding import default_model_path
+from verbatim_batch.embed import default_model_path
 from verbatim_batch.extract import build_extractor, extractor_config
 from verbatim_batch.extract.highlighter import Highlighter, HighlighterConfig
 from verbatim_batch.extract.highlighter_spans import TokenScores

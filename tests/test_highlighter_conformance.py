@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 import torch
 
-from verbatim_batch.embedding import DEFAULT_MODEL
+from verbatim_batch.embed import DEFAULT_MODEL
 from verbatim_batch.extract.highlighter import Highlighter, HighlighterConfig
 from verbatim_batch.extract.highlighter_spans import TokenScores, highlight_spans
 

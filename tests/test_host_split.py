@@ -195,7 +195,7 @@ def test_embed_tokenize_stage_gives_the_in_actor_vectors(tmp_path):
     stage's time rides through the actor to the sink."""
     from helpers import SENTENCES, tiny_model_dir
 
-    from verbatim_batch.embedding import EmbedderConfig
+    from verbatim_batch.embed import EmbedderConfig
     from verbatim_batch.pipeline.batches import strip_internal
     from verbatim_batch.pipeline.embed import EmbedActor, embed_tokenize
 

@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from verbatim_batch import corpus
-from verbatim_batch.chunking import ChunkerConfig, chunk_markdown, verify_chunks
+from verbatim_batch.chunk import ChunkerConfig, chunk_markdown, verify_chunks
 from verbatim_batch.ingest import IngestStage
 from verbatim_batch.pipeline.source import duplicate_winners
 from verbatim_batch.tables import RAW_RECORDS, QuarantineReason

@@ -326,7 +326,7 @@ PAPER = "# {t}\n\n## Introduction\n\nWe study {t} on real data. It works.\n\n## 
 
 @pytest.fixture(scope="module")
 def chunk_run(ray_local, tmp_path_factory):
-    from verbatim_batch.chunking import ChunkerConfig
+    from verbatim_batch.chunk import ChunkerConfig
     from verbatim_batch.pipeline import ChunkJob, run_chunk
 
     root = tmp_path_factory.mktemp("round4-chunks")
@@ -339,7 +339,7 @@ def chunk_run(ray_local, tmp_path_factory):
 
 @pytest.mark.parametrize("table", ["papers", "chunks"])
 def test_verify_and_chunk_previous_with_a_flipped_byte(chunk_run, tmp_path, capsys, table):
-    from verbatim_batch.chunking import ChunkerConfig
+    from verbatim_batch.chunk import ChunkerConfig
     from verbatim_batch.cli import main
     from verbatim_batch.pipeline import ChunkJob, run_chunk
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from llmserver import OpenAIServer, make_tiny_chat_model, require_server
 
-from verbatim_batch.chunking import chunk_markdown
+from verbatim_batch.chunk import chunk_markdown
 from verbatim_batch.extract.llm import LLMConfig, LLMExtractor, OpenAIClient
 from verbatim_batch.pipeline import ExtractJob, run_extract
 from verbatim_batch.runs import read_manifest, read_table

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from verbatim_batch.chunking import ChunkerConfig
+from verbatim_batch.chunk import ChunkerConfig
 from verbatim_batch.pipeline import ChunkJob, run_chunk
 from verbatim_batch.runs import MANIFEST_FILE, OutputExistsError, load_manifests, read_manifest, read_table
 from verbatim_batch.tables import CHUNKS, PAPERS, QUARANTINE, SCHEMA_VERSION, schema_version_of

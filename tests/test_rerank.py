@@ -34,7 +34,7 @@ def make_cross_encoder(path: Path, num_labels: int = 1, seed: int = 0) -> Path:
     import torch
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
-    from verbatim_batch.embedding import DEFAULT_MODEL
+    from verbatim_batch.embed import DEFAULT_MODEL
 
     torch.manual_seed(seed)
     cfg = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
@@ -115,7 +115,6 @@ def test_chain_runs_rerank_between_retrieve_and_extract(monkeypatch, tmp_path):
     """With a reranker the chain runs the rerank stage after retrieval and extract reads its run (no Ray: the
     stage runners are stand-ins that record their jobs)."""
     from verbatim_batch.pipeline import chains
-    from verbatim_batch.rerank import RerankerConfig
 
     jobs = {}
 

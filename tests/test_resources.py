@@ -175,7 +175,7 @@ def test_a_stage_run_logs_no_ray_deprecation_warning(ray_local, tmp_path):
     from verbatim_batch.index import Bm25Index
     from verbatim_batch.pipeline.batches import strip_internal_batch
     from verbatim_batch.pipeline.retrieve import RetrieveJob, run_retrieve
-    from verbatim_batch.retrieval import RetrieverConfig
+    from verbatim_batch.retrieve import RetrieverConfig
     from verbatim_batch.runs import read_table
     from verbatim_batch.tables import query_id_for
 

@@ -118,7 +118,7 @@ def test_cli_defaults_are_the_retriever_defaults():
     """The hybrid defaults are declared once (retrieval.py) and the CLI's are the same."""
     from verbatim_batch.cli import parse_args
     from verbatim_batch.cli.commands import job_of
-    from verbatim_batch.retrieval import DEFAULT_DEPTH, DEFAULT_RRF_K, DEFAULT_WEIGHTS, RetrieverConfig
+    from verbatim_batch.retrieve import DEFAULT_DEPTH, DEFAULT_RRF_K, DEFAULT_WEIGHTS, RetrieverConfig
 
     job = job_of(parse_args(["retrieve", "--index", "i", "--queries", "q", "--output", "o"]))
     default = RetrieverConfig()

@@ -22,7 +22,7 @@ from verbatim_batch.pipeline import (
     run_index,
     run_retrieve,
 )
-from verbatim_batch.retrieval import RetrieverConfig, recall_at
+from verbatim_batch.retrieve import RetrieverConfig, recall_at
 from verbatim_batch.runs import MANIFEST_FILE, build_manifest, read_manifest, read_table
 from verbatim_batch.tables import RETRIEVAL, embeddings_schema
 from verbatim_synth import corpus as synth

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from verbatim_batch.embedding import default_model_path
+from verbatim_batch.embed import default_model_path
 from verbatim_batch.evaluate import evaluate_predictions, gold_key, load_gold
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from verbatim_batch import silver
-from verbatim_batch.embedding import DEFAULT_MODEL
+from verbatim_batch.embed import DEFAULT_MODEL
 from verbatim_batch.silver import (
     DROP_REASONS,
     SILVER_SCHEMA,

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 from llmserver import OpenAIServer, make_scripted_chat_model, require_server
 
-from verbatim_batch.embedding import DEFAULT_MODEL
+from verbatim_batch.embed import DEFAULT_MODEL
 from verbatim_batch.extract.llm import LLMConfig
 from verbatim_batch.pipeline import ChunkJob, EmbedJob, IndexJob, SilverJob, run_chunk, run_embed, run_index, run_silver
 from verbatim_batch.runs import read_manifest, read_table

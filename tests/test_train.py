@@ -20,7 +20,7 @@ import pytest
 from verbatim_batch import silver
 from verbatim_batch.cli import parse_args
 from verbatim_batch.cli.commands import job_of
-from verbatim_batch.embedding import DEFAULT_MODEL
+from verbatim_batch.embed import DEFAULT_MODEL
 from verbatim_batch.runs import build_manifest, read_manifest, staged
 from verbatim_batch.train import TrainJob, run_train
 from verbatim_batch.train import data as tdata

@@ -14,7 +14,7 @@ import pytest
 from helpers import reindex_files
 
 from verbatim_batch import verify
-from verbatim_batch.chunking import ChunkerConfig
+from verbatim_batch.chunk import ChunkerConfig
 
 
 def _paper(k: int) -> str:

@@ -48,8 +48,8 @@ import pyarrow as pa
 import ray
 
 from . import storage
-from .chunking import ChunkerConfig
-from .embedding import EmbedderConfig
+from .chunk import ChunkerConfig
+from .embed import EmbedderConfig
 from .extract.highlighter import HighlighterConfig
 from .extract.llm import LLMConfig
 from .extract.semantic import SemanticConfig
@@ -57,7 +57,7 @@ from .pipeline.embed import EmbedJob
 from .pipeline.extract import ExtractJob
 from .pipeline.resources import Cluster
 from .pipeline.retrieve import RetrieveJob
-from .retrieval import RetrieverConfig
+from .retrieve import RetrieverConfig
 from .tables import RAW_RECORDS, SPAN_STRUCT
 
 __all__ = [

@@ -60,7 +60,7 @@ class RerankerConfig:
 
     @property
     def hash(self) -> str:
-        from .embedding import portable_model_id
+        from .embed import portable_model_id
 
         d = {k: v for k, v in self.to_dict().items() if k not in _RUNTIME_FIELDS}
         d["model"] = portable_model_id(self.model)
@@ -79,7 +79,7 @@ class Reranker:
         import torch
         from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
-        from .embedding import portable_model_id
+        from .embed import portable_model_id
 
         self.config = config
         self.device = resolve_device(config.device)
@@ -116,7 +116,7 @@ class Reranker:
         n = len(queries)
         if n == 0:
             return np.zeros(0, np.float32)
-        from .embedding import plan_batches
+        from .embed import plan_batches
 
         t0 = time.perf_counter()
         enc = self.tokenizer(queries, chunks, truncation="longest_first", max_length=self.max_length, padding=False)

@@ -48,7 +48,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from . import storage
-from .chunking import Chunk, ChunkInvariantError, verify_chunks
+from .chunk import Chunk, ChunkInvariantError, verify_chunks
 from .runs import manifest_problems, plain_relpath, read_files_index, read_manifest
 
 log = logging.getLogger(__name__)

@@ -221,7 +221,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace, out: str, chain) -> int:
     from ..pipeline import run_chain
     from ..records import read_rows
-    from ..retrieval import recall_at
+    from ..retrieve import recall_at
     from ..runs import read_manifest, read_table
 
     def show(stage: str) -> None:

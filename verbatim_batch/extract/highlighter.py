@@ -113,7 +113,7 @@ class HighlighterConfig:
 
     @property
     def hash(self) -> str:
-        from ..embedding import portable_model_id
+        from ..embed import portable_model_id
 
         d = {k: v for k, v in self.to_dict().items() if k not in _RUNTIME_FIELDS}
         d["model"] = portable_model_id(self.model)
@@ -194,7 +194,7 @@ class HighlighterTokenizer:
     def __init__(self, config: HighlighterConfig, model_dir: Path | None = None, model_config: Any = None) -> None:
         from transformers import AutoTokenizer
 
-        from ..embedding import portable_model_id
+        from ..embed import portable_model_id
 
         self.config = config
         model_dir = model_dir or resolve_model_dir(config.model, config.revision, "highlighter model")
@@ -327,7 +327,7 @@ class Highlighter:
         import torch
         from transformers import AutoModelForTokenClassification, ModernBertForTokenClassification
 
-        from ..embedding import portable_model_id
+        from ..embed import portable_model_id
 
         self.config = config = config or HighlighterConfig()
         self.device = resolve_device(config.device)
@@ -377,7 +377,7 @@ class Highlighter:
     def forward_probs(self, ids: np.ndarray, window_lengths: np.ndarray) -> np.ndarray:
         """Positive probability (float32) of every token of every window, flat like ``ids``; windows are
         sorted by length and packed into forward passes under the token budget."""
-        from ..embedding import plan_batches
+        from ..embed import plan_batches
 
         torch = self._torch
         lengths = np.asarray(window_lengths, dtype=np.int64)
@@ -441,7 +441,7 @@ class Highlighter:
 
 def host_describe(config: HighlighterConfig) -> dict[str, Any]:
     """What ``Highlighter.describe`` puts into rows (model id, weights hash, config hash), without loading it."""
-    from ..embedding import portable_model_id
+    from ..embed import portable_model_id
 
     return {"extractor": "highlighter", "model_id": portable_model_id(config.model),
             "model_revision": _fingerprint(config), "config_hash": config.hash}

@@ -47,7 +47,7 @@ def encode_table(host: HighlighterTokenizer, batch: pa.Table, max_chunk_chars: i
                  max_query_chars: int) -> pa.Table:
     """The tokenize stage: ``PAIR_INPUT`` rows -> the same rows with their windows (see above). A pair that
     fails validation or tokenisation gets its reason; the others are tokenised together."""
-    from .stage import _error_reason, validate_pair
+    from .gate import _error_reason, validate_pair
 
     t0 = time.perf_counter()
     rows = batch.select(["query", "chunk", "input_error"]).to_pylist()
@@ -92,7 +92,7 @@ def encode_table(host: HighlighterTokenizer, batch: pa.Table, max_chunk_chars: i
 def forward_table(hl: Highlighter, batch: pa.Table) -> pa.Table:
     """The forward stage: the model over every window of the batch (packed under the token budget), nothing
     else; the context tokens' probabilities come back as ``_hl_p``. If the batch fails, each pair alone."""
-    from .stage import _error_reason
+    from .gate import _error_reason
 
     t0 = time.perf_counter()
     ids, tok_per_row = _flat(batch["_hl_ids"], np.int32)

@@ -126,7 +126,7 @@ class SemanticConfig:
         return asdict(self)
 
     def embedder_config(self):
-        from ..embedding import EmbedderConfig
+        from ..embed import EmbedderConfig
 
         kw = {"device": self.device, "token_budget": self.token_budget}
         return EmbedderConfig(model=self.model, **kw) if self.model else EmbedderConfig(**kw)
@@ -182,7 +182,7 @@ class SemanticExtractor:
     name = "semantic"
 
     def __init__(self, config: SemanticConfig | None = None, embedder=None) -> None:
-        from ..embedding import Embedder
+        from ..embed import Embedder
 
         self.config = config = config or SemanticConfig()
         self.embedder = embedder or Embedder(config.embedder_config())
@@ -246,7 +246,7 @@ class SemanticExtractor:
 
 
 def _fingerprint(config: SemanticConfig) -> str:
-    from ..embedding import embedder_fingerprint
+    from ..embed import embedder_fingerprint
 
     return embedder_fingerprint(config.embedder_config())
 

@@ -33,7 +33,7 @@ from typing import Any
 import pyarrow as pa
 import ray
 
-from .stage import DEFAULT_MAX_CHUNK_CHARS, DEFAULT_MAX_QUERY_CHARS, PairExtractor, pack, validate_pair
+from .gate import DEFAULT_MAX_CHUNK_CHARS, DEFAULT_MAX_QUERY_CHARS, PairExtractor, pack, validate_pair
 
 ID_COLUMN = "vb_request_id"  # ray.data.llm owns `request_id`
 ERROR_COLUMN = "__inference_error__"  # ray.data.llm's per-row error (should_continue_on_error)

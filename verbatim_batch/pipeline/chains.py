@@ -16,12 +16,12 @@ from typing import Any
 from .. import corpus, storage
 from ..options import OptionError, check, group, option, options_of
 from ..runs import jsonable
-from .chunk import ChunkJob, run_chunk
-from .embed import EmbedJob, run_embed
-from .extract import ExtractJob, run_extract
-from .index import IndexJob, run_index
-from .rerank import RerankJob, run_rerank
-from .retrieve import RetrieveJob, run_retrieve
+from .chunk import ChunkJob, run_chunk  # noqa: F401 - runners looked up by name (STAGE_JOBS)
+from .embed import EmbedJob, run_embed  # noqa: F401 - runners looked up by name (STAGE_JOBS)
+from .extract import ExtractJob, run_extract  # noqa: F401 - runners looked up by name (STAGE_JOBS)
+from .index import IndexJob, run_index  # noqa: F401 - runners looked up by name (STAGE_JOBS)
+from .rerank import RerankJob, run_rerank  # noqa: F401 - runners looked up by name (STAGE_JOBS)
+from .retrieve import RetrieveJob, run_retrieve  # noqa: F401 - runners looked up by name (STAGE_JOBS)
 from .runner import CompositeStage, Plan, RunOptions, StageContext, StageResult, run_stage
 
 STAGES = ("chunks", "embeddings", "index", "retrieval", "spans")

@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 import ray
 
 from .. import storage
-from ..embedding import EmbedderConfig
+from ..embed import EmbedderConfig
 from ..options import group, option
 from ..runs import committed_table_dir, expect_run, manifest_config
 from ..tables import embeddings_schema
@@ -28,7 +28,7 @@ def embed_tokenize(batch: pa.Table, config) -> pa.Table:
     (one per GPU) runs only the forward pass."""
     import time
 
-    from ..embedding import EmbedTokenizer
+    from ..embed import EmbedTokenizer
 
     tokenizer = host(EmbedTokenizer, config)
     t0 = time.perf_counter()
@@ -44,7 +44,7 @@ class EmbedActor(ModelActor):
     what = "embed"
 
     def load(self, config):
-        from ..embedding import Embedder
+        from ..embed import Embedder
 
         return Embedder(config)
 
@@ -120,7 +120,7 @@ class EmbedStage(TableStage):
     def plan(self) -> Plan:
         from transformers import AutoConfig
 
-        from ..embedding import EmbedderConfig, embedder_fingerprint
+        from ..embed import EmbedderConfig, embedder_fingerprint
 
         job: EmbedJob = self.job
         cfg = job.embedder or EmbedderConfig()

@@ -53,7 +53,7 @@ def _with_inputs(packed: pa.Table, batch: pa.Table) -> pa.Table:
 
 def failed_pairs(stage, batch: pa.Table, error: str) -> pa.Table:
     """The packed rows of pairs a stage gave up on (``PairExtractor`` ``stage``): one error row each."""
-    from ..extract.stage import pack
+    from ..extract.gate import pack
 
     rows = batch.select(PAIR_INPUT.names).to_pylist()
     return _with_inputs(pack(stage.tables(rows, {}, [error] * len(rows), None)), batch)
@@ -84,7 +84,7 @@ class ExtractActor(ModelActor):
         return self.model
 
     def run(self, batch: pa.Table) -> tuple[pa.Table, dict[str, int]]:
-        from ..extract.stage import pack
+        from ..extract.gate import pack
 
         out = self.model(batch)
         t0 = time.perf_counter()
@@ -491,7 +491,7 @@ class ExtractStage(TableStage):
 
 
 def _unpack(packed: pa.Table) -> dict[str, pa.Table]:
-    from ..extract.stage import unpack
+    from ..extract.gate import unpack
 
     if not packed.num_rows and "spans" not in packed.column_names:  # a block with nothing in it
         return {}

@@ -61,7 +61,7 @@ class NightlyJob(RunOptions):
 
     def config(self) -> dict[str, Any]:
         """What decides a night's outputs: its inputs and every stage's settings."""
-        from ..embedding import EmbedderConfig
+        from ..embed import EmbedderConfig
         from ..extract.semantic import SemanticConfig
 
         c = self.chain
@@ -114,6 +114,7 @@ def run_nightly(job: NightlyJob) -> tuple[str, dict[str, Any]]:
     the base another night reads (``runs.prune_runs`` also keeps the base a live lock names)."""
     root = storage.normalize(job.root)
     run_id = safe_run_id(job.run_id or new_run_id("nightly", {"root": root}))
+    job.chain.check()  # a refusal for a missing input leaves nothing, not even the root's lock folder
     runs = storage.join(root, RUNS_DIR)
     try:
         lock = acquire_lock(runs, run_id, info={"base": current_run(root)})

@@ -128,7 +128,7 @@ class RerankStage(TableStage):
 
 
 def _model_id(cfg) -> str:
-    from ..embedding import portable_model_id
+    from ..embed import portable_model_id
 
     return portable_model_id(cfg.model)
 

@@ -14,7 +14,7 @@ import ray
 from .. import storage
 from ..options import group, option
 from ..records import iter_records
-from ..retrieval import RetrieverConfig
+from ..retrieve import RetrieverConfig
 from ..runs import expect_run, jsonable, manifest_config
 from ..tables import QUERIES, RETRIEVAL, query_id_for, stable_hash
 from .batches import drop_keys
@@ -27,7 +27,7 @@ class RetrieveActor:
     text (from the index's chunk run), what ``api.extract`` takes, so retrieve -> extract needs no join."""
 
     def __init__(self, config, with_text: bool = False) -> None:
-        from ..retrieval import Retriever
+        from ..retrieve import Retriever
 
         self.retriever = Retriever(config)
         self.chunks_dir = None
@@ -118,7 +118,7 @@ class RetrieveStage(TableStage):
     resources = Resources(cpus=1, gpus=1, batch_rows=RetrieveJob.batch_rows)  # one per GPU, else CPU actors
 
     def plan(self) -> Plan:
-        from ..retrieval import RetrieverConfig
+        from ..retrieve import RetrieverConfig
 
         job: RetrieveJob = self.job
         cfg = job.retriever or RetrieverConfig(index_dir=job.index)

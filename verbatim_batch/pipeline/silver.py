@@ -119,7 +119,7 @@ class SilverStage(CompositeStage):
         return Plan(config=config, inputs=(job.chunks, job.index))
 
     def execute(self, plan: Plan, ctx: StageContext) -> StageResult:
-        from ..retrieval import RetrieverConfig
+        from ..retrieve import RetrieverConfig
 
         job: SilverJob = self.job
         out = ctx.staging

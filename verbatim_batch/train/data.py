@@ -174,7 +174,7 @@ def pack_batches(windows_table: pa.Table, *, batch_size: int | None = 8, batch_t
     ``batch_size``: that many windows per batch, drawn in a seeded random order. ``batch_tokens``: windows
     sorted by length and packed so that ``windows * longest <= batch_tokens`` (little padding; a window
     longer than the budget gets a batch of its own)."""
-    from ..embedding import plan_batches
+    from ..embed import plan_batches
 
     n = windows_table.num_rows
     ids = windows_table.column("input_ids").to_pylist()

@@ -98,7 +98,7 @@ class Retriever:
     """Loads an index folder once; maps query batches to retrieval rows."""
 
     def __init__(self, config: RetrieverConfig) -> None:
-        from .embedding import Embedder, EmbedderConfig
+        from .embed import Embedder, EmbedderConfig
         from .index import Bm25Index, load_dense
 
         self.config = config
