@@ -68,7 +68,7 @@ import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from verbatim_batch.embedding import DEFAULT_MODEL, Embedder, EmbedderConfig, EmbedTokenizer, plan_batches  # noqa: E402
+from verbatim_batch.embed import DEFAULT_MODEL, Embedder, EmbedderConfig, EmbedTokenizer, plan_batches  # noqa: E402
 from verbatim_batch.extract.highlighter import Highlighter, HighlighterConfig, host_describe  # noqa: E402
 from verbatim_batch.extract.highlighter_spans import TokenScores  # noqa: E402
 from verbatim_batch.extract.highlighter_stages import (  # noqa: E402

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from . import corpus, tables
-from .chunking import ChunkerConfig, build_context, chunk_markdown, first_heading, verify_chunks
+from .chunk import ChunkerConfig, build_context, chunk_markdown, first_heading, verify_chunks
 from .tables import CHUNKS, PAPERS, QUARANTINE, QuarantineReason, chunk_id, stable_hash
 
 DEFAULT_MAX_PAPER_MB = 16.0  # papers larger than this are quarantined (ChunkJob.max_paper_mb)
