@@ -69,6 +69,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from verbatim_batch.embed import DEFAULT_MODEL, Embedder, EmbedderConfig, EmbedTokenizer, plan_batches  # noqa: E402
+from verbatim_batch.extract.gate import PairExtractor, pack  # noqa: E402
 from verbatim_batch.extract.highlighter import Highlighter, HighlighterConfig, host_describe  # noqa: E402
 from verbatim_batch.extract.highlighter_spans import TokenScores  # noqa: E402
 from verbatim_batch.extract.highlighter_stages import (  # noqa: E402
@@ -80,7 +81,6 @@ from verbatim_batch.extract.highlighter_stages import (  # noqa: E402
 )
 from verbatim_batch.extract.pairs import pairs_from_records  # noqa: E402
 from verbatim_batch.extract.spans import PairResult, postprocess, runs_above  # noqa: E402
-from verbatim_batch.extract.stage import PairExtractor, pack  # noqa: E402
 
 CORPUS = ROOT / "verbatim_batch" / "examples"
 

@@ -16,12 +16,12 @@ from hypothesis import strategies as st
 
 from verbatim_batch.embed import default_model_path
 from verbatim_batch.extract import build_extractor, extractor_config
+from verbatim_batch.extract.gate import PairExtractor, pack, unpack
 from verbatim_batch.extract.highlighter import Highlighter, HighlighterConfig
 from verbatim_batch.extract.highlighter_spans import TokenScores
 from verbatim_batch.extract.pairs import pairs_from_records, read_pair_records
 from verbatim_batch.extract.sentences import sentence_segments
 from verbatim_batch.extract.spans import PairResult, Span, postprocess, runs_above, trim, verbatim_spans
-from verbatim_batch.extract.stage import PairExtractor, pack, unpack
 from verbatim_batch.tables import PAIRS, SPANS, text_chunk_id
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

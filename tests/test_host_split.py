@@ -15,11 +15,11 @@ import pyarrow as pa
 import pytest
 from helpers import CHUNK, make_token_classifier
 
+from verbatim_batch.extract.gate import PairExtractor, pack, unpack
 from verbatim_batch.extract.highlighter import Highlighter, HighlighterConfig, host_describe
 from verbatim_batch.extract.highlighter_spans import ContextScores, TokenScores, highlight_spans
 from verbatim_batch.extract.pairs import pairs_from_records
 from verbatim_batch.extract.spans import Span, merge_runs, postprocess, runs_above
-from verbatim_batch.extract.stage import PairExtractor, pack, unpack
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -7,9 +7,9 @@ import json
 import pyarrow as pa
 import pytest
 
+from verbatim_batch.extract.gate import PairExtractor, pack, unpack
 from verbatim_batch.extract.llm import LLMConfig, group_requests, interpret, sampling
 from verbatim_batch.extract.prompts import build_messages, output_schema, system_prompt
-from verbatim_batch.extract.stage import PairExtractor, pack, unpack
 from verbatim_batch.querygen import (
     TYPE_NAMES,
     QueryGenerator,

@@ -17,9 +17,9 @@ from collections.abc import Callable
 
 import pytest
 
+from verbatim_batch.extract.gate import PairExtractor
 from verbatim_batch.extract.llm import HttpError, LLMConfig, LLMExtractor, OpenAIClient
 from verbatim_batch.extract.pairs import pairs_from_records
-from verbatim_batch.extract.stage import PairExtractor
 
 KEY = "sk-test-SECRET-1234"
 DOC_A = "The learning rate is 2e-5, chosen on the dev set."

@@ -220,9 +220,9 @@ def test_api_highlighter_runs_the_jobs_split_and_gives_the_in_process_rows(ray_l
     from helpers import CHUNK, make_token_classifier
 
     from verbatim_batch import api
+    from verbatim_batch.extract.gate import PairExtractor
     from verbatim_batch.extract.highlighter import Highlighter, HighlighterConfig
     from verbatim_batch.extract.pairs import pairs_from_records
-    from verbatim_batch.extract.stage import PairExtractor
     from verbatim_batch.tables import group_by
 
     config = HighlighterConfig(model=str(make_token_classifier(tmp_path / "m")), max_length=64, stride=16,

@@ -20,10 +20,10 @@ import pyarrow.compute as pc
 import ray
 
 from .. import storage
+from ..extract.gate import DEFAULT_MAX_CHUNK_CHARS
 from ..extract.highlighter import HighlighterConfig
 from ..extract.llm import LLMConfig
 from ..extract.semantic import SemanticConfig
-from ..extract.stage import DEFAULT_MAX_CHUNK_CHARS
 from ..options import group, option
 from ..runs import committed_table_dir, expect_run, jsonable, manifest_config, read_manifest, read_table
 from ..tables import PAIR_INPUT, PAIRS, REJECTS, SPANS
@@ -74,8 +74,8 @@ class ExtractActor(ModelActor):
         super().__init__(config, threads, retries, token_budget)
 
     def load(self, config):
+        from ..extract.gate import PairExtractor
         from ..extract.registry import build_extractor
-        from ..extract.stage import PairExtractor
 
         return PairExtractor(build_extractor(config), self.run_id, self.max_chunk_chars)
 
@@ -217,9 +217,9 @@ def extract_counts(pairs: pa.Table, spans_rows: int) -> dict[str, int]:
 
 def _highlight_tokenize(batch: pa.Table, config, max_chunk_chars: int) -> pa.Table:
     """CPU stage: validate and tokenise pairs into windows (``highlighter_stages.encode_table``)."""
+    from ..extract.gate import DEFAULT_MAX_QUERY_CHARS
     from ..extract.highlighter import HighlighterTokenizer
     from ..extract.highlighter_stages import encode_table
-    from ..extract.stage import DEFAULT_MAX_QUERY_CHARS
 
     tokenizer = host(HighlighterTokenizer, config)
     t0 = time.perf_counter()
@@ -261,8 +261,8 @@ class HighlightForwardActor(ModelActor):
 def _highlight_spans(batch: pa.Table, config, run_id: str, info: dict[str, Any],
                      max_chunk_chars: int) -> pa.Table:
     """CPU stage: spans, the verbatim gate and the packed rows (``highlighter_stages.spans_table``)."""
+    from ..extract.gate import PairExtractor, pack
     from ..extract.highlighter_stages import HighlighterRows, spans_table
-    from ..extract.stage import PairExtractor, pack
 
     batch, carried = strip_internal(batch)  # counts and retries of the earlier stages ride on to the sink
     stage = PairExtractor(HighlighterRows(info), run_id, max_chunk_chars)
