@@ -34,8 +34,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pyarrow as pa  # noqa: E402
 
 from verbatim_batch.pipeline import ChunkJob, EmbedJob, IndexJob, run_chunk, run_embed, run_index  # noqa: E402
-from verbatim_batch.retrieve import Retriever, RetrieverConfig  # noqa: E402
 from verbatim_batch.retrieval_eval import ChunkKeys, evaluate_run, read_qrels, run_from_table  # noqa: E402
+from verbatim_batch.retrieve import Retriever, RetrieverConfig  # noqa: E402
 from verbatim_batch.tables import query_id_for  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -99,9 +99,9 @@ def in_cluster(model: Path, docs: list[str], structured: bool) -> dict:
     import pyarrow as pa
     import ray
 
+    from verbatim_batch.extract.gate import unpack
     from verbatim_batch.extract.llm import LLMConfig
     from verbatim_batch.extract.pairs import pairs_from_records
-    from verbatim_batch.extract.stage import unpack
     from verbatim_batch.extract.vllm import LLMInterpret, vllm_dataset, vllm_requests
     from verbatim_batch.pipeline.ray_env import init_ray
 

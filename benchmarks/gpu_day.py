@@ -536,8 +536,8 @@ class Highlight:
     """The highlighter's split path: tokenize stage (CPU), the model actor's forward stage, span stage (CPU)."""
 
     def __init__(self, day: Day) -> None:
+        from verbatim_batch.extract.gate import PairExtractor
         from verbatim_batch.extract.highlighter import Highlighter, HighlighterConfig, host_describe
-        from verbatim_batch.extract.stage import PairExtractor
 
         self.day = day
         self.model = day.model("classifier")

@@ -60,9 +60,9 @@ def main(argv=None) -> int:
     from bench_highlighter import make_model
     from bench_host_feed import seed_pairs
 
+    from verbatim_batch.extract.gate import PairExtractor, pack
     from verbatim_batch.extract.highlighter import Highlighter, HighlighterConfig, host_describe
     from verbatim_batch.extract.highlighter_stages import HighlighterRows, encode_table, forward_table, spans_table
-    from verbatim_batch.extract.stage import PairExtractor, pack
 
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     model_dir = make_model(Path(tempfile.mkdtemp(prefix="gpu-highlighter-")), "tiny" if args.tiny else "base")
