@@ -180,11 +180,12 @@ def test_publish_moves_current_forward_only(where):
     assert publish(root, "new", keep_runs=1) == ["old"] and storage.listdir(storage.join(root, RUNS_DIR)) == ["new"]
 
 
-def test_verify_reports_a_run_without_tables(where):
+def test_verify_checks_the_tables_of_any_run(where):
+    """A run of another command (not chunk, not extract): its tables against its manifest, on every store."""
     with staged(storage.join(where, "notchunks")) as run:
         storage.write_parquet(pa.table({"x": [1]}), storage.join(run.staging, "t", "part-0.parquet"))
         out = run.commit(_manifest("r1"))
-    assert "no papers/ table" in verify_run(out)["errors"][0]
+    assert verify_run(out)["errors"] == ["t/: 1 rows, the manifest says 3"]
 
 
 def test_commit_to_s3_cut_short_is_not_a_run_and_resumes(s3, monkeypatch):
