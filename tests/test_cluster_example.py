@@ -1,7 +1,7 @@
-"""The README's local-cluster example (the bash block after ``<!-- cluster-example -->``), run as written: it starts
-a Ray head of its own, submits jobs/chunk.py on the bundled corpus with ``ray job submit`` (token auth), waits
-for it and stops that head. It replaces tests/test_jobs.py, which submitted the same job to a LocalRayCluster
-(the same work, run once: CI time).
+"""The guide's local-cluster example (docs/cluster.md, the bash block after ``<!-- cluster-example -->``; it was
+the README's), run as written: it starts a Ray head of its own, submits jobs/chunk.py on the bundled corpus with
+``ray job submit`` (token auth), waits for it and stops that head. It replaces tests/test_jobs.py, which
+submitted the same job to a LocalRayCluster (the same work, run once: CI time).
 
 The block runs in ``bash -e`` from the repository root with this environment's ``bin`` first on PATH, in a process
 group of its own; whatever of that group is still alive at the end (a head left by a failed step) is killed by
@@ -24,15 +24,15 @@ import pyarrow.parquet as pq
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-README = REPO / "README.md"
+EXAMPLE_PAGE = REPO / "docs" / "cluster.md"
 BIN = Path(sys.executable).parent
 TIMEOUT_S = 420  # one try; a head that died while starting (an overloaded machine) is given one more
 FILES = re.compile(r"this example's files: (/tmp/vb-\w+)")
 
 
 def _block() -> str:
-    found = re.search(r"<!-- cluster-example -->\s*```bash\n(.*?)```", README.read_text(), re.S)
-    assert found, "README has no cluster example"
+    found = re.search(r"<!-- cluster-example -->\s*```bash\n(.*?)```", EXAMPLE_PAGE.read_text(), re.S)
+    assert found, "docs/cluster.md has no cluster example"
     return found.group(1)
 
 
@@ -73,7 +73,7 @@ def _run(block: str, env: dict[str, str]) -> tuple[int, str, list[str]]:
     return rc, out, left
 
 
-def test_readme_cluster_example_runs_as_written(tmp_path):
+def test_guide_cluster_example_runs_as_written(tmp_path):
     if (shutil.which("ray", path=str(BIN)) or shutil.which("ray")) is None:
         pytest.skip("the `ray` CLI is not installed")
     block = _block()

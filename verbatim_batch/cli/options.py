@@ -235,7 +235,7 @@ def add_options(parser: argparse.ArgumentParser, command: str) -> set[str]:
     spec = COMMANDS[command]
     for name, text in spec.positional:
         parser.add_argument(name, help=text)
-    parser.add_argument("--config", help="YAML file of options (see README: Configuration); flags override it")
+    parser.add_argument("--config", help="YAML file of options (see docs/configuration.md); flags override it")
     groups: dict[str | None, argparse._ArgumentGroup] = {}
     run_keys = {of.key for of in options_of(RunOptions)}
     required = set()
