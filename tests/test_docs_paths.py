@@ -58,3 +58,48 @@ def test_the_table_reference_has_every_schema_and_its_notes():
     assert "| `markdown` | `large_string` | yes | the text all offsets refer to |" in text
     assert "## embeddings_schema\n" in text and "`fixed_size_list<item: float>[384]`" in text
 
+
+README_MAX_BYTES = 16_000
+BENCHMARKS_README_MAX_BYTES = 12_000
+
+
+def _slug(heading: str) -> str:
+    """A heading's anchor as MkDocs' toc (and GitHub) make it: lower case, punctuation dropped, spaces to '-'."""
+    text = re.sub(r"[`*\[\]()]", "", heading.strip().lower())
+    return re.sub(r"[\s]+", "-", re.sub(r"[^\w\s-]", "", text)).strip("-")
+
+
+def _anchors(page: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)
+    return {_slug(m.group(1)) for m in re.finditer(r"^#{1,6} (.+)$", text, re.M)}
+
+
+def test_the_readme_is_short_and_links_every_guide_page():
+    readme = ROOT / "README.md"
+    size = readme.stat().st_size
+    assert size <= README_MAX_BYTES, f"README.md is {size} bytes, over {README_MAX_BYTES}: move detail into docs/"
+    text = readme.read_text(encoding="utf-8")
+    links = set(re.findall(r"\]\((docs/[^)#\s]+\.md)(?:#[^)]*)?\)", text))
+    pages = {p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").rglob("*.md")}
+    assert pages - links == set(), f"guide pages the README does not link: {sorted(pages - links)}"
+    assert links - pages == set(), f"README links to guide pages that do not exist: {sorted(links - pages)}"
+
+
+def test_the_readme_anchors_into_the_guide_exist():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    missing = [f"{page}#{anchor}" for page, anchor in re.findall(r"\]\((docs/[^)#\s]+\.md)#([^)\s]+)\)", text)
+               if anchor not in _anchors(ROOT / page)]
+    assert not missing, f"README links to headings the guide does not have: {missing}"
+
+
+def test_the_slugs_are_mkdocs_slugs():
+    assert _slug("Reranking (optional: `rerank`)") == "reranking-optional-rerank"
+    assert _slug("Re-checking a run (`verify`)") == "re-checking-a-run-verify"
+    assert _slug("In-cluster vLLM: GPU nodes, or CPU") == "in-cluster-vllm-gpu-nodes-or-cpu"
+    assert _slug("RAW_RECORDS") == "raw_records"
+
+
+def test_the_benchmarks_readme_is_short():
+    size = (ROOT / "benchmarks" / "README.md").stat().st_size
+    assert size <= BENCHMARKS_README_MAX_BYTES, (
+        f"benchmarks/README.md is {size} bytes, over {BENCHMARKS_README_MAX_BYTES}: move history to its history/")
