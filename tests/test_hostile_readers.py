@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 from verbatim_batch import corpus
 from verbatim_batch.chunk import ChunkerConfig, chunk_markdown, verify_chunks
 from verbatim_batch.ingest import IngestStage
+from verbatim_batch.metadata import load_metadata
 from verbatim_batch.pipeline.source import duplicate_winners
 from verbatim_batch.tables import RAW_RECORDS, QuarantineReason
 from verbatim_batch.verify import verify_run
@@ -198,7 +199,7 @@ def test_metadata_with_wrong_field_types_is_ignored_field_by_field(tmp_path):
     write_jsonl(meta, [{"paper_id": "a", "title": "T", "authors": 5, "year": [1], "venue": {"x": 1}},
                        {"paper_id": "b", "title": ["x"], "authors": "X and Y", "year": "2021"},
                        {"paper_id": True, "title": "bad id"}])
-    assert corpus.load_metadata(str(meta)) == {
+    assert load_metadata(str(meta)) == {
         "a": ("T", None, None, None, None, None),
         "b": (None, ["X", "Y"], 2021, None, None, None),
     }
@@ -207,20 +208,20 @@ def test_metadata_with_wrong_field_types_is_ignored_field_by_field(tmp_path):
     # CSV: an integer authors column
     csv = tmp_path / "meta.csv"
     csv.write_text("paper_id,title,authors,year\na,T,17,2020\n")
-    assert corpus.load_metadata(str(csv))["a"] == ("T", None, 2020, None, None, None)
+    assert load_metadata(str(csv))["a"] == ("T", None, 2020, None, None, None)
 
 
 def test_unreadable_metadata_is_one_line_value_error(tmp_path):
     (tmp_path / "meta.parquet").write_bytes(b"PAR1 garbage\n")
     with pytest.raises(ValueError, match="cannot read it as a table") as exc:
-        corpus.load_metadata(str(tmp_path / "meta.parquet"))
+        load_metadata(str(tmp_path / "meta.parquet"))
     assert "\n" not in str(exc.value)
     (tmp_path / "meta.jsonl").write_bytes(b'{"paper_id": "a"\n\xff\xfe garbage')  # no line is a JSON object
     with pytest.raises(ValueError, match="no id column"):
-        corpus.load_metadata(str(tmp_path / "meta.jsonl"))
+        load_metadata(str(tmp_path / "meta.jsonl"))
     os.mkfifo(tmp_path / "fifo.csv")
     with fifo_watch([tmp_path / "fifo.csv"]), pytest.raises(ValueError, match="not a regular file"):
-        corpus.load_metadata(str(tmp_path / "fifo.csv"))
+        load_metadata(str(tmp_path / "fifo.csv"))
 
 
 # --- 2. every input path one row, never opening FIFOs or devices ------------------------------------------------
@@ -512,7 +513,7 @@ def test_fuzz_csv_metadata_bytes(data):
     with scratch() as d:
         (d / "meta.csv").write_bytes(data)
         try:
-            meta = corpus.load_metadata(str(d / "meta.csv"))
+            meta = load_metadata(str(d / "meta.csv"))
         except ValueError as exc:  # the only way out: one clear line
             assert "\n" not in str(exc)
             return

@@ -1,4 +1,4 @@
-"""Corpus readers: md folders, Parquet/JSONL tables and metadata, as raw records.
+"""Corpus readers: md folders and Parquet/JSONL tables, as raw records (metadata tables: ``metadata``).
 
 Readers never decode or judge text: they hand over the stored bytes with an id
 and a source locator, so the ingest stage can quarantine bad papers with a
@@ -23,7 +23,6 @@ import stat
 import unicodedata
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from functools import lru_cache
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -542,144 +541,3 @@ def normalize_text(text: str, ops: tuple[str, ...] | list[str]) -> str:
 
 def normalization_label(ops: tuple[str, ...] | list[str]) -> str:
     return ",".join(op for op in NORMALIZATIONS if op in ops) or "none"
-
-
-# --- metadata -------------------------------------------------------------------------
-
-META_FIELDS = ("title", "authors", "year", "venue", "url", "language")
-_VENUE_ALIASES = ("venue", "booktitle", "journal", "event")
-
-
-def load_metadata(uri: str) -> dict[str, tuple]:
-    """Metadata rows keyed by paper id: ``(title, authors, year, venue, url, language)``.
-
-    A file that cannot be read as a table with an id column raises ``ValueError`` with one line (the
-    job stops before it starts). Inside a readable file, a bad value never stops a job: a field of the
-    wrong type (``authors`` as a number, ``title`` as a list) is ignored (null) for that row, and a row
-    whose id is missing or not a string/integer is skipped.
-    """
-    return dict(_load_metadata_cached(uri, _stamp(uri)))
-
-
-def _stamp(uri: str) -> tuple:
-    """Size and modification time of a file (empty when unknown): the cache below rereads an edited file (a
-    long-lived process, e.g. a Python session or a chain of runs, sees tonight's metadata, not last night's)."""
-    try:
-        fs, path = resolve(uri)
-        info = fs.get_file_info(path)
-        return (info.size, info.mtime_ns)
-    except (OSError, ValueError):
-        return ()
-
-
-@lru_cache(maxsize=4)
-def _load_metadata_cached(uri: str, stamp: tuple) -> tuple[tuple[str, tuple], ...]:
-    fs, path = resolve(uri)
-    lower = path.lower()
-    if not lower.endswith((".parquet", ".jsonl", ".json", ".ndjson", ".csv")):
-        raise ValueError(f"metadata must be .parquet, .jsonl or .csv: {uri}")
-    if _is_local(fs) and os.path.exists(path) and not os.path.isfile(path):
-        raise ValueError(f"metadata {uri}: not a regular file")
-    try:
-        names, n, column = _read_metadata_table(fs, path, lower)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"metadata not found: {uri}") from None
-    except (OSError, ValueError, RecursionError, pa.ArrowException) as exc:
-        raise ValueError(f"metadata {uri}: cannot read it as a table ({_one_line(exc, 200)})") from None
-    id_col = _pick(names, (*ID_COLUMNS, "id"), "id", f"metadata {uri}")
-    venue_col = next((c for c in _VENUE_ALIASES if c in names), None)
-
-    cols = {name: column(name) for name in META_FIELDS}
-    venues = column(venue_col)
-    out = []
-    for k, value in enumerate(column(id_col)):
-        pid, bad = paper_id_of(value)
-        if pid is None or bad or not pid.strip():
-            continue
-        out.append(
-            (
-                pid.strip(),
-                (
-                    _str_or_none(cols["title"][k]),
-                    _authors(cols["authors"][k]),
-                    _year(cols["year"][k]),
-                    _str_or_none(venues[k]),
-                    _str_or_none(cols["url"][k]),
-                    _str_or_none(cols["language"][k]),
-                ),
-            )
-        )
-    return tuple(out)
-
-
-def _read_metadata_table(fs: pafs.FileSystem, path: str, lower: str):
-    """``(column names, number of rows, column(name) -> list of values)``. JSON lines are parsed one by one
-    (fields may change type from row to row; a line that is not a JSON object is skipped)."""
-    if lower.endswith((".parquet", ".csv")):
-        if lower.endswith(".parquet"):
-            table = pq.read_table(path, filesystem=fs)
-        else:
-            import pyarrow.csv as pacsv
-
-            with fs.open_input_stream(path) as stream:
-                table = pacsv.read_csv(stream)
-        n = table.num_rows
-
-        def column(name: str | None) -> list:
-            if name is None or name not in table.column_names:
-                return [None] * n
-            try:
-                return table.column(name).to_pylist()
-            except (pa.ArrowException, ValueError, OverflowError):  # a type Python cannot hold: ignore it
-                return [None] * n
-
-        return table.column_names, n, column
-    rows = []
-    with fs.open_input_stream(path) as stream:
-        for lineno, line in enumerate(_lines(stream), start=1):
-            if lineno == 1:
-                line = line.removeprefix(codecs.BOM_UTF8)
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except (ValueError, RecursionError):
-                continue
-            if isinstance(obj, dict):
-                rows.append(obj)
-    names = list(dict.fromkeys(k for r in rows for k in r))
-
-    def json_column(name: str | None) -> list:
-        return [r.get(name) for r in rows]
-
-    return names, len(rows), json_column
-
-
-def _str_or_none(value) -> str | None:
-    """A scalar as text; None for a missing value or one that is not a scalar (a list, an object)."""
-    if value is None or isinstance(value, (list, tuple, dict, bytes)):
-        return None
-    value = str(value).strip()
-    return value or None
-
-
-def _authors(value) -> list[str] | None:
-    """Authors from ``"A; B"``, ``"A and B"``, a list of names or of ``{"name": ...}``; None otherwise."""
-    if isinstance(value, str):
-        parts = re.split(r"\s*;\s*|\s+and\s+", value)
-    elif isinstance(value, (list, tuple)):
-        parts = [a.get("name") if isinstance(a, dict) else a for a in value]
-        parts = [p for p in parts if isinstance(p, str)]
-    else:  # None, a number, a bool, an object: not a list of authors
-        return None
-    return [p.strip() for p in parts if p and p.strip()]
-
-
-def _year(value) -> int | None:
-    if value is None or isinstance(value, (bool, list, tuple, dict)):
-        return None
-    try:
-        year = int(str(value).strip()[:4])
-    except ValueError:
-        return None
-    return year if -9999 <= year <= 9999 else None

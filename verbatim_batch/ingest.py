@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from . import corpus, tables
 from .chunk import ChunkerConfig, build_context, chunk_markdown, first_heading, verify_chunks
+from .metadata import load_metadata
 from .tables import CHUNKS, PAPERS, QUARANTINE, QuarantineReason, chunk_id, stable_hash
 
 DEFAULT_MAX_PAPER_MB = 16.0  # papers larger than this are quarantined (ChunkJob.max_paper_mb)
@@ -44,7 +45,7 @@ class IngestStage:
     unchanged: dict[str, str] = field(default_factory=dict)
 
     def __call__(self, batch: pa.Table) -> dict[str, pa.Table]:
-        meta = corpus.load_metadata(self.metadata_uri) if self.metadata_uri else {}
+        meta = load_metadata(self.metadata_uri) if self.metadata_uri else {}
         cfg_hash = self.chunker.hash
         label = corpus.normalization_label(self.chunker.normalization)
         papers = {name: [] for name in PAPERS.names}

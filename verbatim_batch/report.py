@@ -29,10 +29,13 @@ from typing import Any
 from . import storage
 from .abstention import abstention_section
 from .evaluate import SWEEP_COLUMNS, sweep_rows
-from .report_data import count_reasons, run_table
+from .report_data import TEXT_CHARS, count_reasons, run_table
 from .report_html import (
     CONTEXT_CHARS,
+    FIELD_CHARS,
+    PAGE_BYTES,
     SCORE_EDGES,
+    cut,
     esc,
     highlight,
     histogram,
@@ -135,10 +138,10 @@ def build_report(run_dir: str, manifest: dict[str, Any] | None = None) -> dict[s
         out["throughput"] = {f"{stage}_{k}_per_s": v / float(timings[stage]) for stage, k in (
             ("chunks", "papers_chunked"), ("embeddings", "rows_new"), ("spans", "rows_new"))
             if float(timings.get(stage) or 0) > 0 and (v := counts.get(f"{stage}.{k}"))}
-    quarantine = run_table(where["quarantine"], "quarantine", ["reason"])
+    quarantine = run_table(where["quarantine"], "quarantine", ["reason"], cut=TEXT_CHARS)
     if quarantine is not None:
         out["quarantine_by_reason"] = count_reasons(quarantine["reason"].to_pylist())
-    pairs = run_table(where["pairs"], "pairs", ["n_spans", "error", "n_violations"])
+    pairs = run_table(where["pairs"], "pairs", ["n_spans", "error", "n_violations"], cut=TEXT_CHARS)
     if pairs is not None:
         n_spans = pairs["n_spans"].to_pylist()
         errors = pairs["error"].to_pylist()
@@ -149,7 +152,7 @@ def build_report(run_dir: str, manifest: dict[str, Any] | None = None) -> dict[s
             "max": max(ok, default=0)}
         out["abstention_rate"] = sum(1 for n in ok if n == 0) / len(ok) if ok else None
         out["verbatim_violations"] = sum(v or 0 for v in pairs["n_violations"].to_pylist())
-    rejects = run_table(where["rejects"], "rejects", ["reason"])
+    rejects = run_table(where["rejects"], "rejects", ["reason"], cut=TEXT_CHARS)
     if rejects is not None:
         out["rejects"] = rejects.num_rows
         out["rejects_by_reason"] = count_reasons(rejects["reason"].to_pylist())
@@ -180,7 +183,7 @@ def render_html(report: dict[str, Any], sections: Sequence[str] = ()) -> str:
         if key in report:
             summary[key] = report[key]
     # what the run found comes first; how it ran (time, counts) after
-    body = [f"<h1>verbatim-batch {html.escape(command)} · {html.escape(str(report.get('run_id')))}</h1>",
+    body = [f"<h1>verbatim-batch {esc(command)} · {esc(report.get('run_id'))}</h1>",
             *sections,
             kv_table("Summary", summary), kv_table("Tables (rows)", report.get("tables", {})),
             _time_html(command, report.get("time_breakdown", {})),
@@ -192,7 +195,33 @@ def render_html(report: dict[str, Any], sections: Sequence[str] = ()) -> str:
             kv_table("Errors by reason", report.get("errors_by_reason", {})),
             kv_table("Rejects by reason", report.get("rejects_by_reason", {})),
             kv_table("Counts", report.get("counts", {}))]
-    return html_page(f"{command} {report.get('run_id')}", body)
+    return html_page(cut(f"{command} {report.get('run_id')}"), body)
+
+
+def bounded(value: Any, limit: int = 8 * FIELD_CHARS) -> Any:
+    """``value`` (JSON-like) with every string, keys included, cut at ``limit`` characters."""
+    if isinstance(value, str):
+        return cut(value, limit)
+    if isinstance(value, dict):
+        return {bounded(k, limit): bounded(v, limit) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [bounded(v, limit) for v in value]
+    return value
+
+
+def report_json(report: dict[str, Any], max_bytes: int = PAGE_BYTES) -> str:
+    """``report.json``: every string cut (``bounded``); past ``max_bytes`` the largest entries are replaced by
+    what they weighed, until it fits."""
+    report = bounded(report)
+    text = json.dumps(report, indent=2, sort_keys=True, default=str)
+    while len(text) > max_bytes:
+        sizes = {k: len(json.dumps(v, default=str)) for k, v in report.items()}
+        key = max(sizes, key=sizes.get)
+        if isinstance(report[key], dict) and report[key].get("left_out_bytes"):
+            break
+        report[key] = {"left_out_bytes": sizes[key]}
+        text = json.dumps(report, indent=2, sort_keys=True, default=str)
+    return text
 
 
 def write_report(run_dir: str, manifest: dict[str, Any] | None = None, n_samples: int = 12) -> dict[str, Any]:
@@ -218,7 +247,7 @@ def write_report(run_dir: str, manifest: dict[str, Any] | None = None, n_samples
             if (abstain := abstention_section(where, m)) is not None:  # the input pairs file is a gold file
                 report["abstention"], section = abstain
                 sections.append(section)
-    storage.write_text(storage.join(run_dir, REPORT_JSON), json.dumps(report, indent=2, sort_keys=True, default=str))
+    storage.write_text(storage.join(run_dir, REPORT_JSON), report_json(report))
     storage.write_text(storage.join(run_dir, REPORT_HTML), render_html(report, sections))
     return report
 
@@ -291,8 +320,8 @@ def write_evaluation_report(folder: str, result: dict[str, Any], rows: list[dict
                     f'{_marked(chunk, r["pred"], "predicted", shown)}</div></div></section>')
     page = html_page(title, body)
     storage.write_text(storage.join(folder, REPORT_HTML), page)
-    data = {"scores": result, "sweep": table or None,
-            "rows": [{k: v for k, v in r.items() if k != "chunk"} for r in rows]}
+    data = bounded({"scores": result, "sweep": table or None,
+                    "rows": [{k: v for k, v in r.items() if k != "chunk"} for r in rows]})
     storage.write_text(storage.join(folder, REPORT_JSON), json.dumps(data, indent=2, default=str))
     return storage.join(folder, REPORT_HTML)
 

@@ -11,6 +11,15 @@ from collections.abc import Sequence
 from typing import Any
 
 CONTEXT_CHARS = 200  # chunk text shown either side of a span
+# Bounds on what a page shows, whatever the size of the input's fields (a 5 MB title, a 1 MB query, a chunk of a
+# pairs file): a field is cut at FIELD_CHARS, a window of chunk text at WINDOW_CHARS (at most WINDOWS per pair), a
+# table at TABLE_ROWS rows, and the page as a whole at PAGE_BYTES (the rest named, not shown: the run's tables
+# hold everything).
+FIELD_CHARS = 300
+WINDOW_CHARS = 1_200
+WINDOWS = 6
+TABLE_ROWS = 200
+PAGE_BYTES = 8 << 20
 SCORE_EDGES = [i / 10 for i in range(11)]
 LENGTH_EDGES = [0, 25, 50, 100, 200, 400, 800, 1600, 3200, math.inf]
 
@@ -37,9 +46,11 @@ def highlight(chunk: str, spans: list[dict[str, Any]], lo: int = 0, hi: int | No
     return "".join(parts)
 
 
-def windows(chunk: str, spans: Sequence[tuple[int, int]], context: int = CONTEXT_CHARS) -> list[tuple[int, int]]:
+def windows(chunk: str, spans: Sequence[tuple[int, int]], context: int = CONTEXT_CHARS,
+            max_chars: int = WINDOW_CHARS, max_windows: int = WINDOWS) -> list[tuple[int, int]]:
     """The parts of ``chunk`` to show: ``context`` characters either side of each span, overlapping windows
-    merged, each cut at a space so it starts and ends on whole words."""
+    merged, each cut at a space so it starts and ends on whole words; at most ``max_windows`` windows of at most
+    ``max_chars`` characters each (a longer span is shown cut)."""
     merged: list[list[int]] = []
     for start, end in sorted(spans):
         lo, hi = max(0, start - context), min(len(chunk), end + context)
@@ -56,8 +67,8 @@ def windows(chunk: str, spans: Sequence[tuple[int, int]], context: int = CONTEXT
         if hi < len(chunk):
             cut = chunk.rfind(" ", last, hi)
             hi = cut if cut >= 0 else hi
-        out.append((lo, hi))
-    return out
+        out.append((lo, min(hi, lo + max_chars)))
+    return out[:max_windows]
 
 
 def in_context(chunk: str, spans: list[dict[str, Any]], context: int = CONTEXT_CHARS) -> str:
@@ -205,15 +216,25 @@ mark.span{background:#ffe066;border-radius:2px}mark.span:hover{background:#ffc40
 tr.best td{font-weight:600;background:#fff8e1}"""
 
 
-def esc(value: Any) -> str:
-    return html.escape("" if value is None else str(value))
+def cut(text: str, limit: int = FIELD_CHARS) -> str:
+    """``text`` up to ``limit`` characters, with how much was left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text) - limit:,} more characters)"
+
+
+def esc(value: Any, limit: int = FIELD_CHARS) -> str:
+    """A field as escaped HTML, cut at ``limit`` characters."""
+    return html.escape(cut("" if value is None else str(value), limit))
 
 
 def kv_table(title: str, data: dict[str, Any]) -> str:
     if not data:
         return ""
-    rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(_fmt(v))}</td></tr>" for k, v in data.items())
-    return f"<h2>{html.escape(title)}</h2><table>{rows}</table>"
+    items = list(data.items())
+    rows = "".join(f"<tr><th>{esc(k)}</th><td>{esc(_fmt(v), 4 * FIELD_CHARS)}</td></tr>" for k, v in items[:TABLE_ROWS])
+    more = f'<p class="meta">{len(items) - TABLE_ROWS:,} more not shown</p>' if len(items) > TABLE_ROWS else ""
+    return f"<h2>{esc(title)}</h2><table>{rows}</table>{more}"
 
 
 def _fmt(value: Any) -> str:
@@ -224,6 +245,17 @@ def _fmt(value: Any) -> str:
     return json.dumps(value) if isinstance(value, (dict, list)) else str(value)
 
 
-def html_page(title: str, body: Sequence[str]) -> str:
-    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
-            f"<style>{_CSS}</style></head><body>{''.join(body)}</body></html>\n")
+def html_page(title: str, body: Sequence[str], max_bytes: int = PAGE_BYTES) -> str:
+    """The page, its body parts in order up to about ``max_bytes`` (UTF-8); the parts past it are left out and
+    the page says so."""
+    kept, size = [], 0
+    for i, part in enumerate(body):
+        n = len(part.encode("utf-8", "surrogatepass"))
+        if size + n > max_bytes:
+            kept.append(f'<p class="meta"><b>This page stops here:</b> {len(body) - i:,} more sections would pass '
+                        f"{max_bytes >> 20} MB; the run's tables and report.json hold everything.</p>")
+            break
+        kept.append(part)
+        size += n
+    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>'
+            f"<style>{_CSS}</style></head><body>{''.join(kept)}</body></html>\n")

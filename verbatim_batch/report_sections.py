@@ -12,9 +12,10 @@ from typing import Any
 import pyarrow as pa
 
 from . import storage
-from .report_data import chunk_texts, chunks_run_of, count_reasons, paper_titles, query_file, run_table
+from .report_data import TEXT_CHARS, chunk_texts, chunks_run_of, count_reasons, paper_titles, query_file, run_table
 from .report_html import (
     LENGTH_EDGES,
+    PAGE_BYTES,
     SCORE_EDGES,
     esc,
     histogram,
@@ -26,20 +27,22 @@ from .report_html import (
 MAX_QUERIES = 300  # query sections on one page (the JSON counts them all)
 HITS_SHOWN = 10  # retrieval hits shown per query and method
 SNIPPET_CHARS = 240
+SECTION_BYTES = PAGE_BYTES // 2  # a section's query sections stop here (each field in them is already cut)
+
+
+def _stop(body: list[str], size: int, shown: int, total: int) -> bool:
+    """Whether a section has reached ``SECTION_BYTES``; if so, says how many queries are left out."""
+    if size <= SECTION_BYTES:
+        return False
+    body.append(f'<p class="meta">The page stops after {shown:,} of {total:,} queries ({SECTION_BYTES >> 20} MB); '
+                "the run's tables hold them all.</p>")
+    return True
 
 
 def query_positions(path: str | None) -> dict[str, int]:
     """``query_id -> position`` in the query file a run was made from (queries are shown as given); empty when
     the file is gone or unreadable."""
-    if not path:
-        return {}
-    from .pipeline.retrieve import read_queries
-
-    try:
-        ids = read_queries(path)[0]["query_id"].to_pylist()
-    except (OSError, ValueError):
-        return {}
-    return {q: i for i, q in reversed(list(enumerate(ids)))}
+    return {q: i for i, q in enumerate(query_file(path)[0])} if path else {}
 
 
 def extract_section(run_dir: str, manifest: dict[str, Any], per_query: int = 12,
@@ -47,7 +50,7 @@ def extract_section(run_dir: str, manifest: dict[str, Any], per_query: int = 12,
     """Figures and HTML of an extract run: span score and length histograms, then a section per query with
     up to ``per_query`` of its pairs with spans shown in context, and its abstentions and failures."""
     pairs = run_table(run_dir, "pairs", ["pair_id", "query_id", "query", "paper_id", "chunk_id", "chunk_index",
-                                      "rank", "n_spans", "relevance", "error"])
+                                      "rank", "n_spans", "relevance", "error"], cut=TEXT_CHARS)
     spans = run_table(run_dir, "spans", ["pair_id", "start", "end", "score", "align"])
     if pairs is None or spans is None:
         return {}, ""
@@ -95,7 +98,11 @@ def extract_section(run_dir: str, manifest: dict[str, Any], per_query: int = 12,
     if len(order) > max_queries:
         body.append(f'<p class="meta">The first {max_queries} of {len(order):,} queries are shown; the spans '
                     f"table holds them all.</p>")
-    for q in order[:max_queries]:
+    size = 0
+    for n_shown, q in enumerate(order[:max_queries]):
+        if _stop(body, size, n_shown, len(order)):
+            break
+        first = len(body)
         rows = groups[q]
         query = rows[0].get("query") or ""
         n_with = sum(1 for r in rows if r["n_spans"])
@@ -128,6 +135,7 @@ def extract_section(run_dir: str, manifest: dict[str, Any], per_query: int = 12,
             body.append(f'<div class="failed">Failed: {esc(json.dumps(count_reasons([r["error"] for r in failed])))}'
                         f"</div>")
         body.append("</section>")
+        size += sum(len(b) for b in body[first:])
     return figures, "".join(body)
 
 
@@ -137,7 +145,8 @@ def retrieval_section(run_dir: str, manifest: dict[str, Any], hits: int = HITS_S
     paper, score, a snippet of the chunk), recall@k per method when the query file labels a chunk."""
     import pyarrow.compute as pc
 
-    table = run_table(run_dir, "retrieval", ["query_id", "query", "method", "rank", "chunk_id", "paper_id", "score"])
+    table = run_table(run_dir, "retrieval", ["query_id", "query", "method", "rank", "chunk_id", "paper_id", "score"],
+                      cut=TEXT_CHARS)
     if table is None:
         return {}, ""
     config = json.loads(manifest.get("config") or "{}")
@@ -186,7 +195,11 @@ def retrieval_section(run_dir: str, manifest: dict[str, Any], hits: int = HITS_S
         body.append(kv_table(f"Recall@{k} on the labelled queries", recall))
     if len(query_ids) > max_queries:
         body.append(f'<p class="meta">The first {max_queries} of {len(query_ids):,} queries are shown.</p>')
-    for q in order:
+    size = 0
+    for n_shown, q in enumerate(order):
+        if _stop(body, size, n_shown, len(query_ids)):
+            break
+        first = len(body)
         query = texts.get(q)
         body.append(f'<section class="query" data-query-id="{esc(q)}"><h3>{esc(query) if query else esc(q)}</h3>')
         for method in methods:
@@ -203,4 +216,5 @@ def retrieval_section(run_dir: str, manifest: dict[str, Any], hits: int = HITS_S
                             f"{'…' if c and len(c['text']) > len(snippet) else ''}</td></tr>")
             body.append("</table>")
         body.append("</section>")
+        size += sum(len(b) for b in body[first:])
     return figures, "".join(body)

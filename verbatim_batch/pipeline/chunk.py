@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 from .. import corpus, storage
 from ..chunk import FORCED_SPLIT, OVERSIZED_BLOCK, UNDERSIZED, ChunkerConfig
 from ..ingest import DEFAULT_MAX_PAPER_MB, METADATA_FIELDS, UNCHANGED, IngestStage, paper_fingerprint
+from ..metadata import load_metadata, metadata_stats
 from ..options import group, option
 from ..runs import committed_table_dir, manifest_config, read_manifest, read_readable
 from ..tables import CHUNKS, PAPERS, QUARANTINE
@@ -232,7 +233,7 @@ class ChunkStage(TableStage):
         job: ChunkJob = self.job
         fmt = corpus.detect_format(job.input) if job.format == "auto" else job.format
         if job.metadata:
-            corpus.load_metadata(job.metadata)  # a bad metadata file stops the job here, with one line
+            load_metadata(job.metadata)  # a bad metadata file stops the job here, with one line
         return Plan(config=job.config() | {"format": fmt},
                     inputs=(job.input, *([job.metadata] if job.metadata else [])), facts=fmt)
 
@@ -253,7 +254,7 @@ class ChunkStage(TableStage):
         previous, rejected = unchanged_map(job)
         same: dict[str, str] = {}
         if previous and fmt == "md":
-            metadata = corpus.load_metadata(job.metadata) if job.metadata else {}
+            metadata = load_metadata(job.metadata) if job.metadata else {}
             same = unchanged_sources(fs, files, duplicates, previous, metadata, job.max_paper_bytes)
             files = [f for f in files if f.path not in same]
         paths = {f.path for f in files} if fmt == "md" else None
@@ -304,7 +305,13 @@ class ChunkStage(TableStage):
         counts = {"records_in": work.n_in, "papers": rows["papers"], "chunks": rows["chunks"],
                   "quarantined": rows["quarantine"], "duplicate_ids": len(w.duplicates),
                   "papers_chunked": rows["papers"] - incremental.get("papers_unchanged", 0), **incremental}
-        return StageResult(tables={}, counts=counts)
+        if not self.job.metadata:
+            return StageResult(tables={}, counts=counts)
+        meta = metadata_stats(self.job.metadata)  # what the metadata join left out: counted, duplicates named
+        counts |= {f"metadata_{k}": v for k, v in meta.items() if k != "duplicates"}
+        return StageResult(tables={}, counts=counts, manifest={"metadata": {
+            "duplicate_ids": meta["duplicates"], "rule": "the first row of an id wins; fields of the wrong type "
+            "or over their size are ignored"}})
 
 
 def run_chunk(job: ChunkJob) -> tuple[str, dict[str, Any]]:
