@@ -126,10 +126,11 @@ class EmbedStage(TableStage):
         cfg = job.embedder or EmbedderConfig()
         expect_run(job.chunks, "--chunks", "chunk")
         chunks_dir = committed_table_dir(job.chunks, "chunks")
+        revision = embedder_fingerprint(cfg)  # the model folder checked (models.check_model_dir) before it is read
         dim = int(AutoConfig.from_pretrained(cfg.model, revision=cfg.revision,
                                              trust_remote_code=cfg.trust_remote_code).hidden_size)
         config = {"chunks": job.chunks, "embedder": cfg.to_dict(), "embedder_hash": cfg.hash, "dim": dim,
-                  "model_revision": embedder_fingerprint(cfg)}
+                  "model_revision": revision}
         schema = embeddings_schema(dim, pa.float16() if cfg.output_dtype == "float16" else pa.float32())
         return Plan(config=config, inputs=(job.chunks,), facts=EmbedFacts(cfg, chunks_dir, schema))
 

@@ -89,9 +89,9 @@ class SilverDataStage(Stage):
         train, dev = silver.split_by_query(kept, dev_fraction=job.dev_fraction, seed=job.seed)
         tokenizer = None
         if job.tokenizer:
-            from transformers import AutoTokenizer
+            from ..models import load_tokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(job.tokenizer)
+            tokenizer = load_tokenizer(job.tokenizer, "--tokenizer")
         written = silver.write_silver(ctx.staging, train, dev, tokenizer=tokenizer, max_length=job.max_length,
                                       stride=job.stride)
         counts = {"papers": qg["counts"]["chunks"], "queries": qg["counts"]["queries"], "rows": len(rows) + failed,
@@ -112,6 +112,10 @@ class SilverStage(CompositeStage):
         job: SilverJob = self.job
         expect_run(job.chunks, "--chunks", "chunk")
         expect_run(job.index, "--index", "index")
+        if job.tokenizer:  # checked now, not after the LLM work (one line, exit 2)
+            from ..models import load_tokenizer
+
+            load_tokenizer(job.tokenizer, "--tokenizer")
         teacher = dataclasses.replace(job.llm, style="paragraph")
         config = {"chunks": job.chunks, "index": job.index, "n_papers": job.n_papers, "seed": job.seed,
                   "top_k": job.top_k, "dev_fraction": job.dev_fraction, "teacher": jsonable(teacher.to_dict()),

@@ -149,6 +149,11 @@ class TrainStage(Stage):
         job: TrainJob = self.job
         inputs = [job.train, *([job.eval] if job.eval else [])]
         if os.path.isdir(job.model):
+            from pathlib import Path
+
+            from ..models import check_model_dir
+
+            check_model_dir(Path(job.model), "--model")  # before any work: one line, exit 2
             inputs.append(job.model)
         return Plan(config=job.config(), inputs=tuple(inputs))
 
