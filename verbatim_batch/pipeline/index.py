@@ -4,9 +4,11 @@ GPU node when there is one), or updated from ``previous`` when the embed run car
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
 import ray
 
 from .. import storage
@@ -74,7 +76,15 @@ class IndexStage(Stage):
 
         job: IndexJob = self.job
         facts: IndexFacts = plan.facts
-        stats = self._update(facts, ctx.staging) if job.previous else None
+        unreadable = 0
+        try:
+            stats = self._update(facts, ctx.staging) if job.previous else None
+        except (OSError, RuntimeError, ValueError, KeyError, pa.ArrowException) as exc:  # a damaged previous index
+            logging.getLogger(__name__).warning("%s: cannot be updated (%s): the index is rebuilt", job.previous,
+                                                (str(exc).splitlines() or [type(exc).__name__])[0][:200])
+            for name in ("dense", "bm25", "ids.parquet"):  # whatever the update left half-written
+                storage.rmtree(storage.join(ctx.staging, name))
+            stats, unreadable = None, 1
         if stats is None:
             ctx.ray()
             task = ray.remote(**ray_args(self.resources))(build_index_files)
@@ -87,7 +97,8 @@ class IndexStage(Stage):
             "since_rebuild": stats.get("since_rebuild", [stats["n"], 0]),
         }
         counts = {"vectors": stats["n"], "dim": stats["dim"]}
-        counts |= {k: stats[k] for k in ("removed", "added") if k in stats}
+        counts |= {k: stats[k] for k in ("removed", "added") if k in stats} | (
+            {"previous_unreadable": 1} if unreadable else {})
         return StageResult(
             tables={"ids": {"rows": stats["n"], "files": 1}}, counts=counts, timings_s=stats["timings"],
             config=config,
