@@ -115,3 +115,26 @@ def test_a_pipe_named_in_a_manifest_is_never_opened(tmp_path):
     os.mkfifo(tmp_path / "q.jsonl")
     with pytest.raises(ValueError, match="not a regular file"):
         next(iter_records(str(tmp_path / "q.jsonl")))
+
+
+def test_each_refusal_class_leaves_nothing(tmp_path, capsys):
+    """Wrong run kind, a folder that is no run, a bad config value: one line, exit 2, and no output folder."""
+    notrun = tmp_path / "notrun"
+    notrun.mkdir()
+    (tmp_path / "bad.yaml").write_text("embed:\n  batch_rows: -1\n")
+    cases = [
+        (["embed", "--chunks", str(notrun), "--output", str(tmp_path / "o1")], "not a committed run"),
+        (["index", "--embeddings", str(notrun), "--chunks", str(notrun), "--output", str(tmp_path / "o2")],
+         "not a committed run"),
+        (["extract", "--retrieval", str(notrun), "--output", str(tmp_path / "o3")], "not a committed run"),
+        (["embed", "--config", str(tmp_path / "bad.yaml"), "--chunks", str(notrun), "--output", str(tmp_path / "o4")],
+         "embed.batch_rows must be >= 1"),
+    ]
+    for argv, message in cases:
+        try:
+            code = main(argv)
+        except SystemExit as exc:  # a config error is the parser's: it exits
+            code = exc.code
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and message in err and err.count("\n") == 0, (argv, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml", "notrun"]
