@@ -184,3 +184,19 @@ def test_every_model_loading_command_stops_with_one_line(good, tmp_path):
         assert any(w in lines[0] for w in ("header", "num_hidden_layers", "tokenizer")), (name, lines[0])
         assert r["s"] < 60, (name, r["s"])
     assert not Path(out).exists()
+
+
+@pytest.mark.parametrize("modules, says", [
+    ([{"type": "sentence_transformers.models.Transformer", "path": "../outside"}], "not a folder inside"),
+    ([{"type": "sentence_transformers.models.Pooling", "path": "/etc"}], "not a folder inside"),
+    ("[" * 100_000, "not a JSON file"),
+])
+def test_sentence_transformers_files_never_lead_outside_the_folder(good, tmp_path, modules, says):
+    from verbatim_batch.embed import EmbedderConfig, embedder_fingerprint
+
+    def forge(folder: Path) -> None:
+        (folder / "modules.json").write_text(modules if isinstance(modules, str) else json.dumps(modules))
+
+    folder = damaged(good["embedder"], tmp_path / "m", forge)
+    with pytest.raises(ValueError, match=says):
+        embedder_fingerprint(EmbedderConfig(model=str(folder)))

@@ -508,10 +508,25 @@ def _pool(torch, hidden, mask, lengths, mode: str):
 
 
 def _read_json(path: Path) -> dict | list | None:
+    """A small JSON file of a model folder, None when absent; bounded and parsed with errors caught (one line)."""
+    from .models import MAX_CONFIG_BYTES
+
     try:
+        if path.stat().st_size > MAX_CONFIG_BYTES or not path.is_file():
+            raise ValueError
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise ValueError(f"{path}: not a JSON file of a model folder (damaged, forged, or over "
+                         f"{MAX_CONFIG_BYTES >> 20} MB)") from None
+
+
+def _subfolder(model_dir: Path, sub) -> str:
+    """A module path of modules.json: a folder inside the model folder, never outside it."""
+    if not isinstance(sub, str) or sub.startswith(("/", "\\")) or ".." in Path(sub).parts:
+        raise ValueError(f"{model_dir}/modules.json names {str(sub)[:80]!r}: not a folder inside the model folder")
+    return sub
 
 
 def _sentence_transformers_config(model_dir: Path) -> dict:
@@ -522,11 +537,12 @@ def _sentence_transformers_config(model_dir: Path) -> dict:
     modules = _read_json(model_dir / "modules.json")
     if isinstance(modules, list):
         for mod in modules:
+            mod = mod if isinstance(mod, dict) else {"type": repr(mod)[:80]}
             kind = str(mod.get("type", "")).rsplit(".", 1)[-1]
             if kind == "Transformer":
-                out["transformer_path"] = mod.get("path", "") or ""
+                out["transformer_path"] = _subfolder(model_dir, mod.get("path", "") or "")
             elif kind == "Pooling":
-                pooling_path = mod.get("path", pooling_path)
+                pooling_path = _subfolder(model_dir, mod.get("path", pooling_path))
             elif kind != "Normalize":
                 raise ValueError(
                     f"{model_dir}: sentence-transformers module {mod.get('type')!r} is not supported "
