@@ -47,7 +47,7 @@ from .report_html import (
     windows,
 )
 from .report_sections import extract_section, retrieval_section
-from .runs import MANIFEST_FILE, read_manifest
+from .runs import read_manifest
 
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
@@ -57,8 +57,12 @@ _UNITS = {"chunk": "papers", "embed": "chunks", "retrieve": "queries", "extract"
 
 
 def _sub_manifest(run_dir: str, stage: str) -> dict[str, Any] | None:
-    path = storage.join(run_dir, stage, MANIFEST_FILE)
-    return json.loads(storage.read_text(path)) if storage.exists(path) else None
+    """The manifest of a composite's stage run (bounded and checked: ``read_manifest``), None when it has none
+    or one that is not a run manifest."""
+    try:
+        return read_manifest(storage.join(run_dir, stage))
+    except (FileNotFoundError, ValueError):
+        return None
 
 
 def time_breakdown(manifest: dict[str, Any]) -> dict[str, Any]:

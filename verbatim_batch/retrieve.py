@@ -86,11 +86,16 @@ class RetrieverConfig:
 
 
 def read_index_manifest(index_dir: str) -> dict:
+    """The manifest of a committed index run, read bounded and checked (``runs.read_manifest``), its config
+    parsed."""
+    from .runs import read_manifest
+
     path = storage.join(index_dir, "manifest.json")
     if not storage.exists(path):
         raise FileNotFoundError(f"{index_dir} is not a committed index (no manifest.json)")
-    manifest = json.loads(storage.read_text(path))
-    manifest["config"] = json.loads(manifest["config"]) if isinstance(manifest["config"], str) else manifest["config"]
+    manifest = read_manifest(index_dir)
+    manifest["config"] = json.loads(manifest["config"]) if isinstance(manifest.get("config"), str) else \
+        manifest.get("config", {})
     return manifest
 
 

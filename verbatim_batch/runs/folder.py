@@ -31,7 +31,7 @@ import pyarrow as pa
 from .. import storage
 from ..faults import fault_point
 from ..redact import redact
-from .manifest import MANIFEST_FILE, plain_relpath, read_manifest, validate_manifest
+from .manifest import MANIFEST_FILE, MAX_MANIFEST_BYTES, plain_relpath, read_manifest, validate_manifest
 
 log = logging.getLogger(__name__)
 WRITES_DIR = "_writes"  # one JSON record per completed write, in the staging folder until commit
@@ -83,7 +83,7 @@ def acquire_lock(output: str, run_id: str | None, info: Mapping[str, Any] | None
                 storage.write_text(path, json.dumps(me))
                 time.sleep(LOCK_SETTLE_S)
                 try:
-                    if json.loads(storage.read_text(path)).get("token") == me["token"]:
+                    if json.loads(storage.read_text_bounded(path, 1 << 16)).get("token") == me["token"]:
                         return f"{path}#{me['token']}"
                 except (OSError, ValueError):
                     pass
@@ -98,9 +98,10 @@ def acquire_lock(output: str, run_id: str | None, info: Mapping[str, Any] | None
                     fh.write(json.dumps(me))
                 return f"{path}#{me['token']}"
         try:
-            held = json.loads(storage.read_text(path))
+            held = json.loads(storage.read_text_bounded(path, 1 << 16))
         except (OSError, ValueError):
             held = {}
+        held = held if isinstance(held, dict) else {}
         if held.get("host") == me["host"] and isinstance(held.get("pid"), int) and not _alive(held["pid"]):
             log.warning("%s: taking over the lock of run %s (pid %s is gone)", output, held.get("run_id"),
                         held.get("pid"))
@@ -132,10 +133,10 @@ def release_lock(lock: str) -> None:
     """Give back a lock ``acquire_lock`` returned (only if it is still ours)."""
     path, _, token = lock.rpartition("#")
     try:
-        held = json.loads(storage.read_text(path))
+        held = json.loads(storage.read_text_bounded(path, 1 << 16))
     except (OSError, ValueError):
         return
-    if held.get("token") == token:
+    if isinstance(held, dict) and held.get("token") == token:
         storage.remove(path)
 
 
@@ -153,9 +154,10 @@ def _bind(folder: str, run_id: str, settings_hash: str | None) -> None:
     path = storage.join(folder, BINDING_FILE)
     if storage.exists(path):
         try:
-            bound = json.loads(storage.read_text(path))
-        except (OSError, ValueError):
+            bound = json.loads(storage.read_text_bounded(path, 1 << 16))
+        except (OSError, ValueError, RecursionError):
             bound = {}
+        bound = bound if isinstance(bound, dict) else {}
         if bound.get("settings_hash") != settings_hash:
             raise SettingsChangedError(
                 f"run id {run_id!r} was started with other settings (settings {bound.get('settings_hash')}, now "
@@ -272,8 +274,8 @@ def replaceable(path: str) -> bool:
     if MANIFEST_FILE not in names:
         return False
     try:
-        manifest = json.loads(storage.read_text(storage.join(path, MANIFEST_FILE)))
-    except (OSError, ValueError, UnicodeDecodeError):
+        manifest = json.loads(storage.read_text_bounded(storage.join(path, MANIFEST_FILE), MAX_MANIFEST_BYTES))
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
         return False
     return isinstance(manifest, dict) and all(isinstance(manifest.get(k), str)
                                               for k in ("run_id", "command", "schema_version"))
@@ -503,9 +505,10 @@ def claim_composite(output: str, run_id: str, settings_hash: str, overwrite: boo
         storage.rmtree(out)
     elif BINDING_FILE in names:
         try:
-            bound = json.loads(storage.read_text(storage.join(out, BINDING_FILE)))
-        except (OSError, ValueError):
+            bound = json.loads(storage.read_text_bounded(storage.join(out, BINDING_FILE), 1 << 16))
+        except (OSError, ValueError, RecursionError):
             bound = {}
+        bound = bound if isinstance(bound, dict) else {}
         if bound.get("run_id") != run_id:
             log.warning("%s: removing the unfinished run %s to start %s", out, bound.get("run_id"), run_id)
             storage.rmtree(out)
