@@ -52,7 +52,7 @@ def nights(tmp_path_factory):
                                  + text[cut:], encoding="utf-8")
     (corpus / removed).unlink()
     shutil.copy(EXAMPLES / "corpus" / added, corpus / added)
-    out = nightly(root, corpus, "n3", "--max-drift", "0.9", "--keep-runs", "2")
+    out = nightly(root, corpus, "n3", "--index-max-drift", "0.9", "--keep-runs", "2")
     scratch = tmp / "scratch"
     nightly(scratch, corpus, "n3")
     return {"root": root, "scratch": scratch, "corpus": corpus, "stdout": out.stdout, "night1": night1,

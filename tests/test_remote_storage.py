@@ -271,7 +271,7 @@ def test_nightly_on_s3(s3, nightly_baseline, tmp_path):
     edited.write_text(edited.read_text(encoding="utf-8") + "\n\n## Addendum\n\nA late result on the test split.\n",
                       encoding="utf-8")
     shutil.copy(EXAMPLES / "corpus" / PAPERS[6], corpus / PAPERS[6])
-    nightly(root, corpus, "s2", "--max-drift", "0.9", env=s3)
+    nightly(root, corpus, "s2", "--index-max-drift", "0.9", env=s3)
     manifest = read_manifest(storage.join(root, RUNS_DIR, "s2"))
     assert manifest["index_update"]["action"] == "added"
     assert manifest["counts"]["chunks.papers_chunked"] == 2 and current_run(root) == "s2"
