@@ -117,7 +117,11 @@ def test_retrieve_over_an_index_folder_and_build_processor(ray_local, tmp_path):
     index = tmp_path / "index"
     Bm25Index.build(list(texts.values())).save(index / "bm25")
     pq.write_table(pa.table({"chunk_id": list(texts), "paper_id": ["P1", "P1", "P2"]}), index / "ids.parquet")
-    (index / "manifest.json").write_text(json.dumps({"run_id": "index-test", "command": "index", "config": {}}))
+    from verbatim_batch.runs import build_manifest
+
+    manifest = build_manifest(run_id="index-test", command="index", config={}, inputs=[], tables={}, counts={},
+                              timings_s={})
+    (index / "manifest.json").write_text(json.dumps(manifest))
     queries = ray.data.from_items([{"query_id": "q1", "query": "annotated training pairs"},
                                    {"query": "held-out results"}])
     config = api.RetrieverConfig(index_dir=str(index), methods=("bm25",), k=2)

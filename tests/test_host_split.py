@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 from helpers import CHUNK, make_token_classifier
 
-from verbatim_batch.extract.gate import PairExtractor, pack, unpack
+from verbatim_batch.extract.gate import DEFAULT_MAX_CHUNK_CHARS, PairExtractor, pack, unpack
 from verbatim_batch.extract.highlighter import Highlighter, HighlighterConfig, host_describe
 from verbatim_batch.extract.highlighter_spans import ContextScores, TokenScores, highlight_spans
 from verbatim_batch.extract.pairs import pairs_from_records
@@ -120,9 +120,9 @@ def split_path(config, batch: pa.Table, forward_actor=None) -> pa.Table:
     """The three stage callables of the extract job's split placement, as Ray runs them, without Ray."""
     from verbatim_batch.pipeline.extract import HighlightForwardActor, _highlight_spans, _highlight_tokenize
 
-    tokens = _highlight_tokenize(batch, config, None)
+    tokens = _highlight_tokenize(batch, config, DEFAULT_MAX_CHUNK_CHARS)
     scored = (forward_actor or HighlightForwardActor(config, retries=0))(tokens)
-    return _highlight_spans(scored, config, "run", host_describe(config), None)
+    return _highlight_spans(scored, config, "run", host_describe(config), DEFAULT_MAX_CHUNK_CHARS)
 
 
 def comparable(packed: pa.Table) -> dict[str, list]:
