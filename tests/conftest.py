@@ -42,7 +42,6 @@ SESSION_PER_WORKER = {"_ray_session"}  # under xdist each worker has its own ses
 STAGE = {
     "test_chunk_night.py",  # the chunk stage over two nights, one of them a subprocess
     "test_pipeline.py::test_killed_run_leaves_no_output_and_next_run_cleans_up",  # jobs/chunk.py, killed
-    "test_refusals.py::test_ctrl_c_ends_a_run_with_one_line_and_no_traceback",  # a chunk run, interrupted
 }
 # Whole chains: the nightly and kill-and-resume runs, node stop, multi-node, silver end to end, Ray Train, the
 # README's cluster example; each is minutes of Ray and model start-up.
@@ -59,6 +58,8 @@ E2E = {
     "test_exposure.py",
     "test_vllm.py",
     "test_retrieval_pipeline.py",  # chunk -> embed -> index -> retrieve -> extract, each stage killed and resumed
+    "test_paths.py",  # a `run` chain, then evaluate/extract/verify/api from two working directories
+    "test_refusals.py::test_ctrl_c_ends_a_run_with_one_line_and_no_traceback",  # a `run` chain, interrupted
     "test_train.py::test_learns_then_extract_and_evaluate",
     "test_train.py::test_kill_and_resume",
 }
