@@ -210,7 +210,10 @@ def float_mismatches(got: dict[str, dict], want: dict[str, dict]) -> dict[str, A
 # ATEN_CPU_CAPABILITY=default. Issue 24 then changed the hybrid retrieval on purpose (100 candidates per method,
 # weights dense 0.2 : BM25 1, rrf_k 5, missing ranks counted past the pool), so retrieval/retrieval (deeper
 # dense_rank/bm25_rank, hybrid rows and scores), spans/pairs (other hybrid top-5 pairs) and spans/spans (43 -> 62
-# spans) were regenerated (AVX2, AMD EPYC; chunks, embeddings and index ids unchanged).
+# spans) were regenerated (AVX2, AMD EPYC; chunks, embeddings and index ids unchanged). Issue 35 then changed the
+# offline extractor on purpose (unit kinds: no evidence from reference lists, TOC lines, author blocks or bare
+# headings; context signal, margin, a bound of 6 spans a pair; new defaults), so spans/pairs (relevances; config
+# hash) and spans/spans (62 -> 42 spans) were regenerated (AVX2, AMD EPYC); every other table came out unchanged.
 #
 # Ranks stay exact. One near-tie could legitimately flip on some CPU: query q-dafb812637d6, dense candidates 19
 # and 20 (chunks 6b47776a..., a2830f3a...) score 4.0e-7 apart on AVX2 and 2.8e-7 with the default kernels, while
@@ -227,9 +230,9 @@ DEMO_DIGESTS = {
     'embeddings/embeddings': [361, '726b8e29dbb8889b1d98710dc89821ba1012659f4466983231e5fc20ed91ed55'],
     'index/ids.parquet': [361, '97d530702240c9ede7feb281380302e0cbb034810adb9075539f9c811db78b1a'],
     'retrieval/retrieval': [480, '8f9e02f931f7db2ae40deef56b18e01a414fe86efceff09d126e7df5fb3e02d1'],
-    'spans/pairs': [80, 'f3babd859486d665457be1b24dbecf6b7ac6b20d92f37f852c0b18c2243dced1'],
+    'spans/pairs': [80, 'f7539bd28dc7668d7d56677838809d4268684a3e4ee6339bfd586fddcd20cdf4'],
     'spans/rejects': [0, 'e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855'],
-    'spans/spans': [62, 'a7adaa693723b330d278399be7aefb6812939d30e275ebf64ea18cf7866be9ce'],
+    'spans/spans': [42, '1fac11ddc26c7b3631eedc8406c6e50cf58f0ed3bf36787a3d699144cc038559'],
 }
 
 DEMO_FLOATS: dict[str, dict[str, dict]] = {
@@ -242,12 +245,12 @@ DEMO_FLOATS: dict[str, dict[str, dict]] = {
                   'proj': [-157.266256, -87.277071, -146.4738032]},
     },
     'spans/pairs': {
-        'relevance': {'n': 80, 'sum': 42.7594619, 'sumsq': 24.8189168, 'min': 0.2516038, 'max': 0.9936609,
-                      'proj': [0.9537322, -3.0612763, 6.1745635]},
+        'relevance': {'n': 80, 'sum': 35.748637, 'sumsq': 20.6686067, 'min': 0.0, 'max': 0.8932737,
+                      'proj': [-0.5237169, 1.0345427, 4.8743582]},
     },
     'spans/spans': {
-        'score': {'n': 62, 'sum': 39.3579176, 'sumsq': 25.9722195, 'min': 0.5006362, 'max': 0.9936609,
-                  'proj': [-8.2674988, -4.7164451, -8.6717477]},
+        'score': {'n': 42, 'sum': 27.4690534, 'sumsq': 18.5969219, 'min': 0.4615586, 'max': 0.8932737,
+                  'proj': [-2.0847818, -3.625932, 4.3136553]},
     },
 }
 

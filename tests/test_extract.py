@@ -403,7 +403,8 @@ def test_semantic_signals_and_selection_without_a_model():
         return UnitScores(segs, paragraph_ids(chunk, segs), np.array(unit, dtype=np.float32),
                           np.zeros(n, dtype=np.float32), np.zeros(n, dtype=np.float32))
 
-    plain = SemanticConfig(lexical_weight=0, paragraph_weight=0, paragraph_fill=1.0, min_chars=0, merge_gap=20)
+    plain = SemanticConfig(lexical_weight=0, paragraph_weight=0, context_weight=0, paragraph_fill=1.0,
+                           paragraph_select=1.0, margin=None, unit_slack=0, max_spans=0, min_chars=0, merge_gap=20)
     res = select_spans(scores([0.9, 0.6, 0.1, 0.7, 0.2, 0.55]), chunk, plain)
     assert [chunk[s.start:s.end] for s in res.spans] == ["One two three. Four five six.", "| a | b |", "Nine ten."]
     assert res.relevance == pytest.approx(0.9)
@@ -421,6 +422,7 @@ def test_semantic_signals_and_selection_without_a_model():
     # the combined score weighs the three signals
     mixed = UnitScores(segs[:1], np.zeros(1, dtype=np.int64), np.array([0.2], dtype=np.float32),
                        np.array([1.0], dtype=np.float32), np.array([0.5], dtype=np.float32))
-    assert mixed.combined(SemanticConfig(lexical_weight=0.3, paragraph_weight=0.4))[0] == pytest.approx(0.56)
+    assert mixed.combined(SemanticConfig(lexical_weight=0.3, paragraph_weight=0.4, context_weight=0))[0] == \
+        pytest.approx(0.56)
     with pytest.raises(ValueError, match="sum to at most 1"):
         SemanticConfig(lexical_weight=0.6, paragraph_weight=0.6)

@@ -1,14 +1,13 @@
-"""The offline default on real paper text: it must beat the old default on both annotation styles.
+"""The offline default on real paper text: every dev file at least 0.45 word F1 and none worse than before issue 35.
 
-Reads the retrieved development pair of files from ``../shared/devsets`` (hand-labelled real
-papers, not part of the repository; see its README). Skipped where that folder is absent, as on a
-clean clone. The full comparison, all four files and cross-validation, is
-``benchmarks/bench_offline_extractor.py``.
+Reads the four hand-labelled files of ``../shared/devsets`` (real papers, not part of the repository; see its
+README). Skipped where that folder is absent, as on a clean clone. The full comparison, before and after in one
+run with leave-one-paper-out cross-validation, is ``benchmarks/bench_evidence_quality.py`` (BENCHMARKS.md,
+"Evidence quality (issue 35)").
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 
@@ -19,7 +18,13 @@ from verbatim_batch.evaluate import evaluate_predictions, gold_key, load_gold
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 DEVSETS = Path(__file__).resolve().parents[2] / "shared" / "devsets"
-FILES = ("seeds-dev-retrieved", "seeds-dev-retrieved-broad")
+FILES = ("seeds-dev", "seeds-dev-broad", "seeds-dev-retrieved", "seeds-dev-retrieved-broad")
+# The default before issue 35 (threshold 0.50, lexical 0.3, paragraph 0.4, fill 0.5, no margin), word micro-F1
+# on each file and abstention on irrelevant pairs (seeds-dev 40 pairs, seeds-dev-retrieved 20), as measured by
+# benchmarks/bench_evidence_quality.py: the floor the default must keep.
+BEFORE_F1 = {"seeds-dev": 0.5088, "seeds-dev-broad": 0.6854, "seeds-dev-retrieved": 0.3948,
+             "seeds-dev-retrieved-broad": 0.5589}
+BEFORE_ABSTENTION = {"seeds-dev": 0.95, "seeds-dev-retrieved": 0.75}
 
 pytestmark = [
     pytest.mark.skipif(not all((DEVSETS / f"{f}.jsonl").exists() for f in FILES),
@@ -28,29 +33,21 @@ pytestmark = [
 ]
 
 
-def test_new_default_beats_the_old_one_on_both_styles():
-    from verbatim_batch.extract.semantic import SemanticConfig, SemanticExtractor, select_spans
+def test_default_meets_issue_35_on_every_dev_file():
+    from verbatim_batch.extract.semantic import SemanticConfig, SemanticExtractor
 
     golds = {f: load_gold(DEVSETS / f"{f}.jsonl") for f in FILES}
-    rows = golds[FILES[0]]
-    assert [(g["query"], g["chunk"]) for g in rows] == [(g["query"], g["chunk"]) for g in golds[FILES[1]]]
-    new = SemanticConfig(device="cpu")
-    old = dataclasses.replace(new, threshold=0.40, margin=0.05, lexical_weight=0.0, paragraph_weight=0.0,
-                              paragraph_fill=1.0)
-    ex = SemanticExtractor(new)
-    scored = ex.unit_scores([g["query"] for g in rows], [g["chunk"] for g in rows])
-
-    def figures(config):
-        spans = [[(s.start, s.end) for s in select_spans(sc, g["chunk"], config).spans]
-                 for sc, g in zip(scored, rows, strict=True)]
-        out = {}
-        for f in FILES:
-            res = evaluate_predictions(golds[f], {gold_key(g): p for g, p in zip(golds[f], spans, strict=True)})
-            out[f] = res["word"]["micro_f1"]
-        abstain = sum(bool(p) == bool(g["gold_spans"]) for g, p in zip(rows, spans, strict=True)) / len(rows)
-        return out, abstain
-
-    (new_f1, new_abstain), (old_f1, old_abstain) = figures(new), figures(old)
-    assert new_f1["seeds-dev-retrieved"] >= old_f1["seeds-dev-retrieved"], (new_f1, old_f1)
-    assert new_f1["seeds-dev-retrieved-broad"] >= old_f1["seeds-dev-retrieved-broad"] + 0.15, (new_f1, old_f1)
-    assert new_abstain >= old_abstain
+    pairs = sorted({(g["query"], g["chunk"]) for f in FILES for g in golds[f]})
+    config = SemanticConfig(device="cpu")
+    results = dict(zip(pairs, SemanticExtractor(config).extract([q for q, _ in pairs], [c for _, c in pairs]),
+                       strict=True))
+    for f in FILES:
+        preds = {gold_key(g): [(s.start, s.end) for s in results[(g["query"], g["chunk"])].spans] for g in golds[f]}
+        f1 = evaluate_predictions(golds[f], preds)["word"]["micro_f1"]
+        assert f1 >= max(BEFORE_F1[f], 0.45), (f, f1)
+        if f in BEFORE_ABSTENTION:
+            irrelevant = [g for g in golds[f] if not g["gold_spans"]]
+            abstained = sum(not preds[gold_key(g)] for g in irrelevant) / len(irrelevant)
+            assert abstained >= BEFORE_ABSTENTION[f], (f, abstained)
+    # one pair never floods the report
+    assert max(len(r.spans) for r in results.values()) <= config.max_spans

@@ -1,8 +1,11 @@
 """The offline default extractor: sentence units scored against the query, in their paragraph.
 
-Each chunk is cut into sentence units (``sentences.sentence_segments``: prose sentences, table
-rows, list items, captions, code blocks) and the units into paragraphs (units that no blank line
-separates). A unit's score mixes three signals, each in [0, 1] or a cosine similarity:
+Each chunk is cut into units (``sentences.units``: prose sentences, table rows, list items, captions,
+code blocks, each with its kind) and the units into paragraphs (units that no blank line separates).
+Units that are not the paper's body (``sentences.NON_BODY``: reference-list entries, table-of-contents
+lines, author / affiliation / e-mail lines, bare headings) are left out unless ``keep_non_body``; a
+run-in heading ("Hybrid retrieval with RRF. The ...") is never evidence alone but goes with the
+sentence it opens. A unit's score mixes four signals, each in [0, 1] or a cosine similarity:
 
 * ``unit``: cosine similarity of the unit and the query under the sentence embedder (the
   bundled all-MiniLM-L6-v2 by default);
@@ -11,20 +14,27 @@ separates). A unit's score mixes three signals, each in [0, 1] or a cosine simil
   "extraction" meets "extracted" and "spans" meets "span"). Queries are keyword searches,
   and the words they name are strong evidence;
 * ``paragraph``: cosine similarity of the unit's whole paragraph and the query, so a sentence
-  is read in its context (a table row in its table, a short sentence in its argument).
+  is read in its context (a table row in its table, a short sentence in its argument);
+* ``context``: cosine similarity of the unit with its neighbours in the paragraph (the unit before
+  and after it) and the query: the local argument, which a long paragraph's vector (the embedder
+  reads 256 tokens) dilutes.
 
-``score = (1 - lexical_weight - paragraph_weight) * unit + lexical_weight * lexical
-+ paragraph_weight * paragraph``. Units scoring at least ``threshold`` are evidence. When
-selected units make up at least ``paragraph_fill`` of a paragraph's characters, the whole
-paragraph is selected (readers mark passages, not isolated sentences). Selected units of one
-paragraph merge when at most ``merge_gap`` characters apart; spans never cross a blank line.
-A pair whose best unit scores below ``threshold`` gets no span: that is the abstention, and the
-pair's ``relevance`` is its best unit's score. An optional ``margin`` keeps only units within
-that distance of the best one (off by default: it halves recall on real text).
+``score = (1 - lexical_weight - paragraph_weight - context_weight) * unit + lexical_weight * lexical
++ paragraph_weight * paragraph + context_weight * context``. A table row is evidence only when the
+query names something in its own cells, and such a row scores at least as its table's caption.
+
+Selection, per pair: a pair whose best unit scores below ``threshold`` gets no span (the abstention;
+the pair's ``relevance`` is its best unit's score either way). Otherwise units scoring at least
+``max(threshold - unit_slack, best - margin)`` are evidence; a paragraph is selected whole when
+selected units make up at least ``paragraph_fill`` of its characters, or when it holds one and its
+own similarity reaches ``paragraph_select`` (readers mark passages, not isolated sentences).
+Selected units of one paragraph merge when at most ``merge_gap`` characters apart; spans never cross
+a blank line. A pair keeps at most ``max_spans`` spans (its best), and, when ``max_share`` < 1, units
+(best first) up to that share of the chunk's characters, so one pair never floods a report.
 
 The defaults were set on hand-labelled real papers (``../shared/devsets``, both annotation
-styles; ``benchmarks/bench_offline_extractor.py``, BENCHMARKS.md "Offline extractor on real
-text"), with leave-one-paper-out cross-validation. It needs no GPU and no download, which makes
+styles; ``benchmarks/bench_evidence_quality.py``, BENCHMARKS.md "Evidence quality (issue 35)"),
+with leave-one-paper-out cross-validation. It needs no GPU and no download, which makes
 it the default for the demo and for CPU runs. It selects whole sentence units, never part of
 one, unlike the token-level highlighter (see the README for how they compare).
 """
@@ -41,10 +51,11 @@ import numpy as np
 from .. import tables
 from ..options import option
 from .registry import ExtractorKind
-from .sentences import sentence_segments
+from .sentences import CAPTION, NON_BODY, RUN_IN, TABLE_ROW, Unit, units
 from .spans import PairResult, Span, postprocess
 
-SEMANTIC_VERSION = "2"  # 2: lexical and paragraph signals, paragraph fill, defaults from real text
+SEMANTIC_VERSION = "3"  # 2: lexical and paragraph signals, paragraph fill, defaults from real text;
+# 3: unit kinds (no evidence from references, TOC, front matter, bare headings), table rows the query names, bounds
 
 _WORD = re.compile(r"[^\W_]+")
 _STOP_WORDS = frozenset(
@@ -78,15 +89,60 @@ def lexical_overlap(query: str, units: Sequence[str]) -> np.ndarray:
     return np.array([len(terms & _stems(u)) / len(terms) for u in units], dtype=np.float32)
 
 
-def paragraph_ids(chunk: str, segments: Sequence[tuple[int, int]]) -> np.ndarray:
-    """Paragraph number of each unit: a new paragraph starts after a blank line (or a skipped heading line)."""
+def paragraph_ids(chunk: str, segments: Sequence[tuple[int, int]], kinds: Sequence[str] | None = None) -> np.ndarray:
+    """Paragraph number of each unit: a new paragraph starts after a blank line (or a skipped heading line); a
+    heading unit (``kinds``) is a paragraph of its own."""
     out = np.zeros(len(segments), dtype=np.int64)
     current = 0
     for i in range(1, len(segments)):
-        if _PARAGRAPH_BREAK.search(chunk, segments[i - 1][1], segments[i][0]):
+        if _PARAGRAPH_BREAK.search(chunk, segments[i - 1][1], segments[i][0]) or (
+                kinds is not None and "heading" in (kinds[i - 1], kinds[i])):
             current += 1
         out[i] = current
     return out
+
+
+def candidate_units(chunk: str, keep_non_body: bool = False) -> list[Unit]:
+    """The units of a chunk the extractor scores: body units only (``sentences.NON_BODY`` left out), or all."""
+    return [u for u in units(chunk) if keep_non_body or u.kind not in NON_BODY]
+
+
+def context_windows(chunk: str, segments: Sequence[tuple[int, int]], paragraphs: np.ndarray) -> list[str]:
+    """Each unit's text with the units just before and after it in its paragraph (the unit alone when it has no
+    neighbour there)."""
+    out = []
+    n = len(segments)
+    for i in range(n):
+        a = i - 1 if i > 0 and paragraphs[i - 1] == paragraphs[i] else i
+        b = i + 1 if i + 1 < n and paragraphs[i + 1] == paragraphs[i] else i
+        out.append(chunk[segments[a][0]:segments[b][1]])
+    return out
+
+
+def table_captions(kinds: Sequence[str]) -> np.ndarray:
+    """For each table row, the index of its table's caption: the caption unit just before the table's first row
+    or just after its last one; -1 for other units and for tables without one."""
+    out = np.full(len(kinds), -1, dtype=np.int64)
+    i = 0
+    while i < len(kinds):
+        if kinds[i] != TABLE_ROW:
+            i += 1
+            continue
+        j = i
+        while j + 1 < len(kinds) and kinds[j + 1] == TABLE_ROW:
+            j += 1
+        if i > 0 and kinds[i - 1] == CAPTION:
+            out[i:j + 1] = i - 1
+        elif j + 1 < len(kinds) and kinds[j + 1] == CAPTION:
+            out[i:j + 1] = j + 1
+        i = j + 1
+    return out
+
+
+def row_names_query(query_terms: set[str], row: str) -> bool:
+    """Whether the query names what a table row holds: one of the query's content words (``_stems``) is in the
+    row's own cells. A row that only sits in a table whose caption or header matches the query is not evidence."""
+    return bool(query_terms & _stems(row))
 
 
 @dataclass(frozen=True)
@@ -99,13 +155,21 @@ class SemanticConfig:
                                "endpoint serves", default_help="semantic: the bundled all-MiniLM-L6-v2, highlighter: "
                                "KRLabsOrg/acl-verbatim-modernbert")
     threshold: float = option(0.50, "keep tokens / sentences scoring at least this", low=0, high=1)
-    lexical_weight: float = 0.3  # weight of the query-word overlap in the score
-    paragraph_weight: float = 0.4  # weight of the paragraph's similarity in the score
+    lexical_weight: float = 0.4  # weight of the query-word overlap in the score
+    paragraph_weight: float = 0.2  # weight of the paragraph's similarity in the score
+    context_weight: float = 0.3  # weight of the similarity of the unit with its neighbours in the paragraph
+    unit_slack: float = 0.05  # units of an answering pair are kept from threshold - unit_slack
     paragraph_fill: float = 0.5  # select a whole paragraph when this share of its characters is selected (1: never)
-    margin: float | None = option(None, "keep only sentences within this of the best one", low=0,
-                                  default_help="off")
+    paragraph_select: float = 0.75  # ... or when it holds a selected unit and its similarity reaches this (1: never)
+    margin: float | None = option(0.18, "keep only sentences within this of the pair's best one (1: off)", low=0)
     min_chars: int = option(10, "drop spans shorter than this", low=0)
     merge_gap: int = option(20, "merge spans at most this many characters apart", low=0)
+    max_spans: int = option(6, "at most this many spans per pair, the best ones (0: no limit)", low=0)
+    max_share: float = option(1.0, "at most this share of a chunk's characters in one pair's spans, the best "
+                              "units first (1: no limit)", low=0, high=1, low_open=True)
+    keep_non_body: bool = option(False, "also take evidence from reference lists, tables of contents, author, "
+                                 "affiliation and e-mail lines and bare headings (off: body text only)")
+    row_gate: bool = True  # a table row is evidence only when the query names something in its own cells
     max_units: int = 2_000  # units per chunk; a pair beyond this is an error row
     device: str = "auto"
     token_budget: int = option(16384, "padded tokens per forward pass", low=1)
@@ -117,10 +181,17 @@ class SemanticConfig:
             raise ValueError("margin must be >= 0")
         if self.min_chars < 0 or self.merge_gap < 0:
             raise ValueError("min_chars and merge_gap must be >= 0")
-        if self.lexical_weight < 0 or self.paragraph_weight < 0 or self.lexical_weight + self.paragraph_weight > 1:
-            raise ValueError("lexical_weight and paragraph_weight must be >= 0 and sum to at most 1")
+        weights = (self.lexical_weight, self.paragraph_weight, self.context_weight)
+        if min(weights) < 0 or sum(weights) > 1 + 1e-9:
+            raise ValueError("lexical_weight, paragraph_weight and context_weight must be >= 0 and sum to at most 1")
+        if self.unit_slack < 0:
+            raise ValueError(f"unit_slack must be >= 0, got {self.unit_slack}")
         if not 0.0 < self.paragraph_fill <= 1.0:
             raise ValueError(f"paragraph_fill must be in (0, 1], got {self.paragraph_fill}")
+        if self.max_spans < 0:
+            raise ValueError(f"max_spans must be >= 0, got {self.max_spans}")
+        if not 0.0 < self.max_share <= 1.0:
+            raise ValueError(f"max_share must be in (0, 1], got {self.max_share}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -147,10 +218,30 @@ class UnitScores:
     unit: np.ndarray  # cosine similarity of unit and query
     lexical: np.ndarray  # share of query words in the unit
     paragraph: np.ndarray  # cosine similarity of the unit's paragraph and the query
+    kinds: tuple[str, ...] | None = None  # each unit's kind (``sentences.UNIT_KINDS``); None: all prose
+    eligible: np.ndarray | None = None  # units that may be evidence (a table row the query names nothing of: not)
+    context: np.ndarray | None = None  # cosine similarity of the unit with its neighbours and the query
+    caption: np.ndarray | None = None  # a table row's caption unit (-1: none); a row the query names scores as it
 
     def combined(self, config: SemanticConfig) -> np.ndarray:
-        wl, wp = config.lexical_weight, config.paragraph_weight
-        return ((1.0 - wl - wp) * self.unit + wl * self.lexical + wp * self.paragraph).astype(np.float32)
+        wl, wp, wc = config.lexical_weight, config.paragraph_weight, config.context_weight
+        context = self.context if self.context is not None else self.unit
+        return ((1.0 - wl - wp - wc) * self.unit + wl * self.lexical + wp * self.paragraph
+                + wc * context).astype(np.float32)
+
+
+def _bounded(selected: np.ndarray, score: np.ndarray, lengths: np.ndarray, budget: float) -> np.ndarray:
+    """The selected units, best score first, while their characters fit ``budget`` (the best one always)."""
+    keep = np.zeros_like(selected)
+    used = 0
+    for i in np.argsort(-score, kind="stable"):
+        if not selected[i]:
+            continue
+        if keep.any() and used + lengths[i] > budget:
+            continue
+        keep[i] = True
+        used += int(lengths[i])
+    return keep
 
 
 def select_spans(scores: UnitScores, chunk: str, config: SemanticConfig, threshold: float | None = None) -> PairResult:
@@ -159,20 +250,42 @@ def select_spans(scores: UnitScores, chunk: str, config: SemanticConfig, thresho
         return PairResult([], 0.0)
     t = config.threshold if threshold is None else threshold
     score = scores.combined(config)
-    best = float(score.max())
-    cut = t if config.margin is None else max(t, best - config.margin)
-    selected = score >= cut
-    if selected.any() and config.paragraph_fill < 1.0:
-        lengths = np.array([e - s for s, e in scores.segments], dtype=np.int64)
+    eligible = np.ones(len(score), dtype=bool)
+    if config.row_gate and scores.eligible is not None:
+        eligible = scores.eligible
+        if scores.caption is not None:  # a row the query names is as good evidence as its table's caption
+            rows = np.flatnonzero((scores.caption >= 0) & eligible)
+            score[rows] = np.maximum(score[rows], score[scores.caption[rows]])
+    if not eligible.any():
+        return PairResult([], 0.0)
+    best = float(score[eligible].max())
+    if best < t:
+        return PairResult([], best)  # abstain
+    floor = t - config.unit_slack
+    cut = floor if config.margin is None else max(floor, best - config.margin)
+    selected = (score >= cut) & eligible
+    lengths = np.array([e - s for s, e in scores.segments], dtype=np.int64)
+    if selected.any() and (config.paragraph_fill < 1.0 or config.paragraph_select < 1.0):
         for p in np.unique(scores.paragraphs[selected]):
             members = scores.paragraphs == p
-            if lengths[members & selected].sum() >= config.paragraph_fill * lengths[members].sum():
-                selected |= members
+            if (lengths[members & selected].sum() >= config.paragraph_fill * lengths[members].sum()
+                    or float(scores.paragraph[members][0]) >= config.paragraph_select):
+                selected |= members & eligible
+    if selected.any() and config.max_share < 1.0:
+        selected = _bounded(selected, score, lengths, config.max_share * len(chunk))
+    if scores.kinds is not None:  # a run-in heading goes with the sentence it opens, never alone
+        for i in range(len(selected) - 1):
+            if (scores.kinds[i] == RUN_IN and selected[i + 1] and not selected[i]
+                    and scores.paragraphs[i] == scores.paragraphs[i + 1]):
+                selected[i] = True
     spans: list[Span] = []
     for p in np.unique(scores.paragraphs[selected]):
         kept = [Span(s, e, float(v)) for (s, e), v, k, q in
                 zip(scores.segments, score, selected, scores.paragraphs == p, strict=True) if k and q]
         spans.extend(postprocess(kept, config.min_chars, config.merge_gap, chunk))
+    if config.max_spans and len(spans) > config.max_spans:
+        best_spans = sorted(range(len(spans)), key=lambda i: (-spans[i].score, i))[:config.max_spans]
+        spans = [spans[i] for i in sorted(best_spans)]
     return PairResult(spans, best)
 
 
@@ -194,39 +307,50 @@ class SemanticExtractor:
         return {"extractor": self.name, "model_id": info["model_id"], "model_revision": info["model_revision"],
                 "config_hash": c.hash, "device": info["device"], "threshold": c.threshold, "margin": c.margin,
                 "lexical_weight": c.lexical_weight, "paragraph_weight": c.paragraph_weight,
-                "paragraph_fill": c.paragraph_fill}
+                "context_weight": c.context_weight, "unit_slack": c.unit_slack, "paragraph_fill": c.paragraph_fill,
+                "paragraph_select": c.paragraph_select, "max_spans": c.max_spans, "max_share": c.max_share,
+                "keep_non_body": c.keep_non_body}
 
     def unit_scores(self, queries: Sequence[str], chunks: Sequence[str]) -> list[UnitScores | str]:
         """Per pair, the chunk's units and their signals (or an error string).
 
         Each distinct query, unit and paragraph text is embedded once per call, however many pairs share it.
         """
-        units = [sentence_segments(c) for c in chunks]
-        paras = [paragraph_ids(c, segs) for c, segs in zip(chunks, units, strict=True)]
+        cands = [candidate_units(c, self.config.keep_non_body) for c in chunks]
+        units = [[(u.start, u.end) for u in us] for us in cands]
+        kinds = [tuple(u.kind for u in us) for us in cands]
+        paras = [paragraph_ids(c, segs, ks) for c, segs, ks in zip(chunks, units, kinds, strict=True)]
         para_text: list[list[str]] = []
+        windows: list[list[str]] = []
         for c, segs, pid in zip(chunks, units, paras, strict=True):
             first = {int(p): i for i, p in reversed(list(enumerate(pid)))}
             last = {int(p): i for i, p in enumerate(pid)}
             para_text.append([c[segs[first[p]][0]:segs[last[p]][1]] for p in sorted(first)])
+            windows.append(context_windows(c, segs, pid) if self.config.context_weight > 0 else [])
         q_text = sorted(set(queries))
         d_text = sorted({c[s:e] for c, segs in zip(chunks, units, strict=True) for s, e in segs}
-                        | {t for ts in para_text for t in ts})
+                        | {t for ts in para_text for t in ts} | {t for ws in windows for t in ws})
         q_vec = dict(zip(q_text, self.embedder.embed(q_text, is_query=True)[0], strict=True)) if q_text else {}
         d_vec = dict(zip(d_text, self.embedder.embed(d_text)[0], strict=True)) if d_text else {}
         out: list[Any] = []
-        for q, c, segs, pid, ptexts in zip(queries, chunks, units, paras, para_text, strict=True):
+        for q, c, us, segs, ks, pid, ptexts, wins in zip(queries, chunks, cands, units, kinds, paras, para_text,
+                                                          windows, strict=True):
             if len(segs) > self.config.max_units:
                 out.append(f"too_many_units: {len(segs)} sentences > {self.config.max_units}")
                 continue
             if not segs:
                 z = np.zeros(0, dtype=np.float32)
-                out.append(UnitScores(segs, np.zeros(0, dtype=np.int64), z, z, z))
+                out.append(UnitScores(segs, np.zeros(0, dtype=np.int64), z, z, z, ks, np.zeros(0, dtype=bool)))
                 continue
             texts = [c[s:e] for s, e in segs]
             unit = np.stack([d_vec[t] for t in texts]) @ q_vec[q]
             para = (np.stack([d_vec[t] for t in ptexts]) @ q_vec[q])[pid]
+            terms = _stems(q)
+            eligible = np.array([u.kind != RUN_IN and (u.kind != TABLE_ROW or row_names_query(terms, t))
+                                 for u, t in zip(us, texts, strict=True)], dtype=bool)
+            context = (np.stack([d_vec[t] for t in wins]) @ q_vec[q]).astype(np.float32) if wins else None
             out.append(UnitScores(segs, pid, unit.astype(np.float32), lexical_overlap(q, texts),
-                                  para.astype(np.float32)))
+                                  para.astype(np.float32), ks, eligible, context, table_captions(ks)))
         self.stats["pairs"] += len(queries)
         self.stats["units"] += sum(len(s) for s in units)
         self.stats["unique_units"] += len(d_text)
