@@ -305,11 +305,11 @@ def test_verify_checks_span_runs(chain, tmp_path, capsys):
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed (apt-get install chromium)")
 def test_chain_reports_render_in_chromium(chain, tmp_path):
     dom = render(f"{chain['retrieval']}/report.html", tmp_path)
-    assert "<h1>verbatim-batch retrieve run</h1>" in dom
+    assert re.search(r"<h1>verbatim-batch retrieve · retrieve-[^<]+</h1>", dom), dom[:500]
     assert dom.count('<section class="query"') == len(QUERIES) and dom.count('class="hits"') == 3 * len(QUERIES)
     assert main(["report", chain["spans"], "--samples", "1"]) == 0
     dom = render(f"{chain['spans']}/report.html", tmp_path)
-    assert "<h1>verbatim-batch extract run</h1>" in dom
+    assert re.search(r"<h1>verbatim-batch extract · extract-[^<]+</h1>", dom), dom[:500]
     sections = re.findall(r'<section class="query".*?</section>', dom, re.S)
     assert len(sections) == len(QUERIES) and all(sec.count('class="pair"') <= 1 for sec in sections)
     chunks = [c["text"] for c in read_table(chain["chunks"], "chunks").to_pylist()]

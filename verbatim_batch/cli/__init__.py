@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return HANDLERS[args.command](args)
     except KeyboardInterrupt:  # Ctrl-C: one line; committed work stays, a run's staging is resumable
+        stop_ray_quietly()  # what Ray's own processes log as they go down comes before the line, not after
         print(f"verbatim-batch {args.command}: interrupted; committed work is kept (rerun with the same --run-id "
               "to resume)", file=sys.stderr)
         return 130
@@ -80,6 +81,18 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"verbatim-batch {args.command}: error: {redact_text(str(exc))}", file=sys.stderr)
         return 2
+
+
+def stop_ray_quietly() -> None:
+    """Ray, if this process started or joined it, shut down now, ignoring a second Ctrl-C or Ray's errors."""
+    ray = sys.modules.get("ray")
+    if ray is None:
+        return
+    try:
+        if ray.is_initialized():
+            ray.shutdown()
+    except BaseException:  # noqa: BLE001 - the user asked to stop; the message matters more
+        pass
 
 
 if __name__ == "__main__":
