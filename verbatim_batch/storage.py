@@ -438,7 +438,7 @@ def local_copy(loc: str, version: str, keep: int = 3) -> str:
     """A local folder holding what ``loc`` holds, for libraries that only read paths (memory-mapped
     FAISS and BM25 indexes). Remote folders are downloaded once per ``version`` into a cache folder
     (``VERBATIM_BATCH_CACHE``, default ``~/.cache/verbatim-batch``); run folders never change once
-    committed, so the run id is a safe version. The cache keeps the ``keep`` folders used last (an
+    committed, so the run id with its commit time is a safe version. The cache keeps the ``keep`` folders used last (an
     index a night is a few GB at corpus scale), so nightly runs do not fill a node's disk."""
     if not is_remote(loc):
         return normalize(loc)

@@ -133,7 +133,9 @@ MANIFEST = _schema(
 
 
 def embeddings_schema(dim: int, dtype: pa.DataType | None = None) -> pa.Schema:
-    """Embeddings table: one fixed-size vector per chunk (filled by the embed stage)."""
+    """Embeddings table: one row per chunk: the vector of its first window (``vector``), and, for a chunk longer
+    than the embedder's window, those of its other windows in order (``window_vectors``; ``windows`` counts all).
+    The index scores a chunk by its best window."""
     dtype = dtype or pa.float32()
     return _schema(
         "embeddings",
@@ -143,8 +145,10 @@ def embeddings_schema(dim: int, dtype: pa.DataType | None = None) -> pa.Schema:
             pa.field("vector", pa.list_(dtype, dim), nullable=False),
             pa.field("model_id", pa.string(), nullable=False),
             pa.field("dim", pa.int32(), nullable=False),
-            pa.field("n_tokens", pa.int32(), nullable=False),  # after truncation
-            pa.field("truncated", pa.bool_(), nullable=False),
+            pa.field("n_tokens", pa.int32(), nullable=False),  # embedded, over all windows
+            pa.field("truncated", pa.bool_(), nullable=False),  # tokens left over after the last window
+            pa.field("windows", pa.int16(), nullable=False),
+            pa.field("window_vectors", pa.list_(pa.list_(dtype, dim)), nullable=False),
         ],
     )
 

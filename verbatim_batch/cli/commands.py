@@ -64,7 +64,9 @@ def report(path: str, manifest: dict) -> None:
               f"{counts.get('pairs_abstained', 0)} abstained, {counts.get('pairs_failed', 0)} failed; "
               f"{counts.get('spans', 0)} spans, {counts.get('verbatim_violations', 0)} withheld as non-verbatim")
     if "truncated" in counts:
-        print(f"  {counts.get('tokens', 0)} tokens, {counts['truncated']} chunks truncated to the model's length")
+        print(f"  {counts.get('tokens', 0)} tokens; {counts.get('multi_window', 0)} chunks longer than the model's "
+              f"window embedded in {counts.get('windows', 0)} windows in all; {counts['truncated']} chunks cut after "
+              "--max-windows")
 
 
 def _run_and_report(run_name: str):

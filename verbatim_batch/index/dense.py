@@ -397,3 +397,22 @@ def search_dense(index: faiss.Index, queries: np.ndarray, k: int) -> tuple[np.nd
     rows = np.asarray(rows, dtype=np.int64)
     scores[rows < 0] = 0.0  # faiss pads with -inf / -3.4e38 for inner product
     return scores, rows
+
+
+def best_window(scores: np.ndarray, rows: np.ndarray, owners: np.ndarray | None, k: int) -> tuple[np.ndarray,
+                                                                                                  np.ndarray]:
+    """Top-``k`` chunks per query from a vector search over windows: each chunk scored by its best window
+    (``owners``: vector row -> chunk row; None: one vector per chunk). Rows -1 where none."""
+    if owners is None:
+        return scores[:, :k], rows[:, :k]
+    out_s = np.zeros((len(rows), k), np.float32)
+    out_r = np.full((len(rows), k), -1, np.int64)
+    for q in range(len(rows)):
+        valid = rows[q] >= 0
+        chunks = owners[rows[q][valid]]
+        _, first = np.unique(chunks, return_index=True)  # the first hit of a chunk is its best window
+        keep = np.sort(first)[:k]
+        out_s[q, : len(keep)] = scores[q][valid][keep]
+        out_r[q, : len(keep)] = chunks[keep]
+    return out_s, out_r
+

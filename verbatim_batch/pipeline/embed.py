@@ -23,6 +23,9 @@ from .runner import Plan, RunOptions, StageContext, TableStage, Work, run_stage
 log = logging.getLogger(__name__)
 
 
+EMBED_COLUMNS = ("chunk_id", "paper_id", "context", "text", "heading_path")  # heading_path: optional
+
+
 def embed_tokenize(batch: pa.Table, config) -> pa.Table:
     """CPU stage in front of ``EmbedActor``: chunk rows -> the same rows with their tokens, so the model's process
     (one per GPU) runs only the forward pass."""
@@ -32,7 +35,7 @@ def embed_tokenize(batch: pa.Table, config) -> pa.Table:
 
     tokenizer = host(EmbedTokenizer, config)
     t0 = time.perf_counter()
-    out = tokenizer.tokenize_table(batch)
+    out = tokenizer.tokenize_table(batch.select([c for c in EMBED_COLUMNS if c in batch.column_names]))
     return with_counts(out, {"time_ms.tokenize": round(1000 * (time.perf_counter() - t0))})
 
 
@@ -95,8 +98,11 @@ def unchanged_chunks(previous: str, chunks_dir: str, config: dict[str, Any]) -> 
 
 
 def embed_table_counts(name: str, table: pa.Table) -> dict[str, int]:
+    windows = table["windows"].cast(pa.int64())
     return {"tokens": pc.sum(table["n_tokens"]).as_py() or 0,
-            "truncated": pc.sum(table["truncated"].cast(pa.int64())).as_py() or 0}
+            "truncated": pc.sum(table["truncated"].cast(pa.int64())).as_py() or 0,
+            "windows": pc.sum(windows).as_py() or 0,
+            "multi_window": pc.sum(pc.greater(windows, 1).cast(pa.int64())).as_py() or 0}
 
 
 @dataclass(frozen=True)
@@ -146,7 +152,7 @@ class EmbedStage(TableStage):
 
     def dataset(self, plan: Plan, work: Work, skip: pa.Array, ctx: StageContext) -> ray.data.Dataset:
         job: EmbedJob = self.job
-        ds = ray.data.read_parquet(plan.facts.chunks_dir).select_columns(["chunk_id", "paper_id", "context", "text"])
+        ds = ray.data.read_parquet(plan.facts.chunks_dir).select_columns(list(EMBED_COLUMNS))
         if len(skip):
             ds = ds.map_batches(drop_keys, fn_kwargs={"column": "chunk_id", "keys": skip}, batch_format="pyarrow")
         return embed_dataset(ds, plan.facts.config, self.resources.with_job(job), job.batch_retries)

@@ -96,7 +96,8 @@ class IndexStage(Stage):
                                              stats["spec"], job.bm25),
             "since_rebuild": stats.get("since_rebuild", [stats["n"], 0]),
         }
-        counts = {"vectors": stats["n"], "dim": stats["dim"]}
+        counts = {"chunks": stats["n"], "vectors": stats["vectors"], "dim": stats["dim"],
+                  "multi_window_chunks": stats["multi_window_chunks"]}
         counts |= {k: stats[k] for k in ("removed", "added") if k in stats} | (
             {"previous_unreadable": 1} if unreadable else {})
         return StageResult(
