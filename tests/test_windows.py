@@ -61,6 +61,21 @@ def test_windows_cover_every_token_of_a_long_chunk(bert):
     assert capped(rows(body))["windows"].to_pylist() == [2] and capped(rows(body))["truncated"].to_pylist() == [True]
 
 
+def test_a_word_longer_than_a_window_is_cut_and_the_windows_go_on(bert):
+    """One 'word' of hundreds of tokens (a URL, a DNA string) cannot stall the windows at its start: every
+    window starts later than the one before, and the text after it is covered."""
+    emb = Embedder(EmbedderConfig(model=str(bert), max_length=32, window_overlap=4, max_windows=100))
+    word = "".join(f"{k}x{k * 7 % 13}y" for k in range(20))[:96]  # one word of 96 characters, 96 tokens
+    body = "start " + word + " tail words that must be covered"
+    win = emb.host.tokenize_windows(["ctx\n\n"], [body])
+    n = len(win.owner)
+    assert n > 3 and not win.truncated[0]
+    windows = [tuple(win.tok.flat[win.tok.offsets[w]: win.tok.offsets[w] + win.tok.lengths[w]]) for w in range(n)]
+    assert len(set(windows)) == n  # no window repeats another
+    last = win.tok.flat[win.tok.offsets[n - 1]: win.tok.offsets[n - 1] + win.tok.lengths[n - 1]].tolist()
+    assert emb.tokenizer.decode(last).rstrip(" [SEP]").endswith("must be covered")
+
+
 def test_tokenized_on_cpu_or_in_the_actor_the_same_vectors(bert):
     """The job's path (a CPU stage tokenizes, the model actor runs the windows) equals the direct call."""
     emb = Embedder(EmbedderConfig(model=str(bert), max_length=24, window_overlap=3))

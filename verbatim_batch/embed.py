@@ -459,9 +459,10 @@ class EmbedTokenizer:
                 end = int(tok.lengths[i]) - self.n_special - len(head.ids)  # body tokens the first window holds
                 if room <= cfg.window_overlap or end <= 0:
                     continue
-                words, count = enc.word_ids, 1
+                words, count, start = enc.word_ids, 1, 0
                 while end < len(offsets) and count < cfg.max_windows:
-                    start = _word_start(words, end - cfg.window_overlap)
+                    snapped = _word_start(words, end - cfg.window_overlap)
+                    start = snapped if snapped > start else end - cfg.window_overlap  # a word over a window: cut it
                     end = min(len(offsets), start + room)
                     if end < len(offsets) and _word_start(words, end) > start + cfg.window_overlap:
                         end = _word_start(words, end)  # whole words: a window never starts or ends mid-word
