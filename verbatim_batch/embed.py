@@ -476,6 +476,7 @@ class EmbedTokenizer:
                              np.concatenate([tok.offsets, more.offsets + len(tok.flat)]),
                              np.concatenate([tok.lengths, more.lengths]),
                              np.concatenate([tok.truncated, more.truncated]), tok.seconds + more.seconds)
+        tok.truncated[:n] = still_cut  # a chunk counts as truncated when text is left after its last window
         return Windows(tok, np.concatenate([np.arange(n), np.asarray(owner, np.int64)]).astype(np.int64),
                        still_cut)
 
@@ -537,7 +538,7 @@ def windows_from_table(batch: pa.Table) -> Windows:
     extra_owner = (np.repeat(np.arange(n), pc.list_value_length(more).to_numpy(zero_copy_only=False))
                    if more is not None else np.zeros(0, np.int64))
     truncated = batch.column("_emb_truncated").to_numpy(zero_copy_only=False).astype(bool)
-    tok = _Tokenized(flat, offsets, lengths, np.zeros(len(lengths), bool), 0.0)
+    tok = _Tokenized(flat, offsets, lengths, np.concatenate([truncated, np.zeros(len(lengths) - n, bool)]), 0.0)
     return Windows(tok, np.concatenate([np.arange(n), extra_owner]).astype(np.int64), truncated)
 
 
