@@ -215,46 +215,52 @@ def float_mismatches(got: dict[str, dict], want: dict[str, dict]) -> dict[str, A
 # headings; context signal, margin, a bound of 6 spans a pair; new defaults), so spans/pairs (relevances; config
 # hash) and spans/spans (62 -> 42 spans) were regenerated (AVX2, AMD EPYC); every other table came out unchanged.
 #
-# Ranks stay exact. One near-tie could legitimately flip on some CPU: query q-dafb812637d6, dense candidates 19
-# and 20 (chunks 6b47776a..., a2830f3a...) score 4.0e-7 apart on AVX2 and 2.8e-7 with the default kernels, while
-# dense scores move by up to 2.2e-7 between those kernels. A flip would show as retrieval/retrieval's digest
-# differing (dense_rank 19 <-> 20 in the bm25 and hybrid rows of 6b47776a; the hybrid order and the extract pairs
-# would stay; checked again with the issue-24 fusion). The dense pool is 100 deep since issue 24: the next
-# closest neighbours are 8.3e-7 apart (q-0b11fc3734c8, dense 39/40, in no bm25 or hybrid top-10 row; a flip needs
-# more than 2 x 2.2e-7), every other gap is >= 1.9e-6, every BM25 one >= 1.8e-5 apart from exact ties (equal
-# scores, ordered by chunk id on every machine).
+# Issue 35 item 2 then embedded chunks in windows (a vector per 256-token window, the index scoring a chunk by its
+# best one; a reference list one window), so embeddings/embeddings (new columns windows, window_vectors; n_tokens
+# over all windows; truncated now means text left after the last window), index/ids (unchanged rows),
+# retrieval/retrieval (dense ranks and scores) and spans/pairs and spans/spans (other hybrid top-5 pairs) were
+# regenerated (AVX2, AMD EPYC, 2026-11-27).
+#
+# Ranks stay exact. One near-tie could legitimately flip on some CPU: query q-dafb812637d6, dense candidates 44
+# and 45 score 3.0e-7 apart on AVX2 (windows, MaxP), while dense scores move by up to 2.2e-7 between kernels
+# (AVX2 vs the default ones, issue 27). A flip would show as retrieval/retrieval's digest differing (dense_rank 44
+# in that query's bm25 and hybrid rows; the hybrid order and the extract pairs would stay). Every other gap in the
+# 16 queries' dense top 101 is >= 2.2e-6; BM25 ones >= 1.8e-5 apart from exact ties (equal scores, ordered by
+# chunk id on every machine).
 DEMO_DIGESTS = {
     'chunks/chunks': [361, '8496024c64a5400e9b7a6e32a59f5321a248b04d2abca1b46bd31b34191a9798'],
     'chunks/papers': [24, 'eecd89608ad587013e2f0c2365265b770d766614bcd86427b48fc1696236cfc8'],
     'chunks/quarantine': [0, 'e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855'],
-    'embeddings/embeddings': [361, '726b8e29dbb8889b1d98710dc89821ba1012659f4466983231e5fc20ed91ed55'],
+    'embeddings/embeddings': [361, '7c15939dbf2113ea50f1d1a11766c81d13f51e4e992a6eb44c6985912a76fab9'],
     'index/ids.parquet': [361, '97d530702240c9ede7feb281380302e0cbb034810adb9075539f9c811db78b1a'],
-    'retrieval/retrieval': [480, '8f9e02f931f7db2ae40deef56b18e01a414fe86efceff09d126e7df5fb3e02d1'],
-    'spans/pairs': [80, 'f7539bd28dc7668d7d56677838809d4268684a3e4ee6339bfd586fddcd20cdf4'],
+    'retrieval/retrieval': [480, '94392885efbb61464150f2a516592b2041ecf4b3608725b9a4e286a4b20a3a9b'],
+    'spans/pairs': [80, '04fdc0814f9e78e85487fad681eaf9b83d5e0aa91eb98e850d7e5941c40ba75f'],
     'spans/rejects': [0, 'e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855'],
-    'spans/spans': [42, '1fac11ddc26c7b3631eedc8406c6e50cf58f0ed3bf36787a3d699144cc038559'],
+    'spans/spans': [42, '7b7d3d613e81af845c81be31526bce5d749496f0bfdf2eed3254138d668bdb37'],
 }
 
 DEMO_FLOATS: dict[str, dict[str, dict]] = {
     'embeddings/embeddings': {
-        'vector': {'n': 138624, 'sum': 47.335175, 'sumsq': 361.0000006, 'min': -0.2433271, 'max': 0.2150572,
-                   'proj': [-6.0548946, -20.685655, 27.1960991]},
+        'vector': {'n': 138624, 'sum': 47.3350963, 'sumsq': 361.0000025, 'min': -0.2433271, 'max': 0.2150572,
+                   'proj': [-1.846943, -18.8480183, 47.1487679]},
+        'window_vectors': {'n': 274944, 'sum': 45.1692057, 'sumsq': 715.9999941, 'min': -0.2395274, 'max': 0.2267256,
+                           'proj': [22.3388881, -26.0409187, -16.3060958]},
     },
     'retrieval/retrieval': {
-        'score': {'n': 480, 'sum': 1119.3452423, 'sumsq': 8118.464883, 'min': 0.0685535, 'max': 18.758049,
-                  'proj': [-157.266256, -87.277071, -146.4738032]},
+        'score': {'n': 480, 'sum': 1124.4481091, 'sumsq': 8122.4594583, 'min': 0.0685535, 'max': 18.758049,
+                  'proj': [-45.9245261, -74.2229619, -43.5241537]},
     },
     'spans/pairs': {
-        'relevance': {'n': 80, 'sum': 35.748637, 'sumsq': 20.6686067, 'min': 0.0, 'max': 0.8932737,
-                      'proj': [-0.5237169, 1.0345427, 4.8743582]},
+        'relevance': {'n': 80, 'sum': 35.8448383, 'sumsq': 20.7478477, 'min': 0.0, 'max': 0.8932737,
+                      'proj': [3.6096259, 1.3785103, 1.4379957]},
     },
     'spans/spans': {
         'score': {'n': 42, 'sum': 27.4690534, 'sumsq': 18.5969219, 'min': 0.4615586, 'max': 0.8932737,
-                  'proj': [-2.0847818, -3.625932, 4.3136553]},
+                  'proj': [-8.2234702, 8.1038973, 2.0640476]},
     },
 }
 
-_NEAR_TIE = ("retrieval/retrieval", "a known dense near-tie may have flipped (q-dafb812637d6, dense ranks 19/20: "
+_NEAR_TIE = ("retrieval/retrieval", "a known dense near-tie may have flipped (q-dafb812637d6, dense ranks 44/45: "
                                     "see tests/chain_digest.py)")
 
 
