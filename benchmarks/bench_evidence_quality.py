@@ -45,13 +45,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
+from devsets import DEFAULT_DEVSETS, FILES, load_devsets  # noqa: E402
 
-from verbatim_batch.evaluate import load_gold  # noqa: E402
 from verbatim_batch.extract.semantic import SemanticConfig, SemanticExtractor, select_spans  # noqa: E402
 from verbatim_batch.metrics import _covered_words, word_spans  # noqa: E402
 
-FILES = ("seeds-dev", "seeds-dev-broad", "seeds-dev-retrieved", "seeds-dev-retrieved-broad")
-DEFAULT_DEVSETS = ROOT.parent / "shared" / "devsets"
 BEFORE_REV = "3e21da25546ea6912a18e09d47381c295f8181de"  # the last revision before issue 35's extractor change
 FLOOR = 0.45  # every file at least this word F1 (issue 35)
 NEW = SemanticConfig()
@@ -206,12 +204,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-before", action="store_true", help="skip the before run (its targets: 0.45 only)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    folder = Path(args.devsets)
-    missing = [f for f in FILES if not (folder / f"{f}.jsonl").exists()]
-    if missing:
-        print(f"dev sets not found in {folder} (missing {', '.join(missing)})", file=sys.stderr)
+    golds = load_devsets(Path(args.devsets))
+    if golds is None:
         return 2
-    golds = {f: load_gold(folder / f"{f}.jsonl") for f in FILES}
     scorer = Scorer(golds)
     pairs = scorer.pairs
     timing = {}

@@ -50,12 +50,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
+from devsets import DEFAULT_DEVSETS, FILES, load_devsets  # noqa: E402
 
-from verbatim_batch.evaluate import evaluate_predictions, gold_key, load_gold  # noqa: E402
+from verbatim_batch.evaluate import evaluate_predictions, gold_key  # noqa: E402
 from verbatim_batch.extract.semantic import SemanticConfig, SemanticExtractor, select_spans  # noqa: E402
-
-FILES = ("seeds-dev", "seeds-dev-broad", "seeds-dev-retrieved", "seeds-dev-retrieved-broad")
-DEFAULT_DEVSETS = Path(__file__).resolve().parents[2] / "shared" / "devsets"
 
 # Issue 35 added signals and selection rules (context, unit slack, paragraph select, a span bound); off here, so
 # these rows keep issue 16's meaning (on issue 35's units: references, TOC lines and author blocks left out).
@@ -140,12 +138,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-cv", action="store_true", help="skip the cross-validation (a few minutes on 2 CPUs)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    folder = Path(args.devsets)
-    missing = [f for f in FILES if not (folder / f"{f}.jsonl").exists()]
-    if missing:
-        print(f"dev sets not found in {folder} (missing {', '.join(missing)})", file=sys.stderr)
+    golds = load_devsets(Path(args.devsets))
+    if golds is None:
         return 2
-    golds = {f: load_gold(folder / f"{f}.jsonl") for f in FILES}
     pairs = {pair_key(g): g for f in FILES for g in golds[f]}
     papers = sorted({g["paper_id"] for g in golds[FILES[0]]})
 
