@@ -186,3 +186,8 @@ def test_a_reference_list_keeps_one_window(bert):
     assert Embedder(EmbedderConfig(**cfg))(batch)["truncated"].to_pylist() == [True, False]
     both = Embedder(EmbedderConfig(**cfg, reference_windows=True))(batch)["windows"].to_pylist()
     assert both[0] == both[1] > 1
+    # a dataset of the API's users may hold anything there: not a reference list, never a crash
+    odds = (pa.array([7, None], pa.int64()), pa.array(["References", ""]), pa.array([[None], []], pa.list_(pa.int64())))
+    for odd in odds:
+        weird = rows(body, body).append_column("heading_path", odd)
+        assert Embedder(EmbedderConfig(**cfg))(weird)["windows"].to_pylist() == both

@@ -435,7 +435,8 @@ class EmbedTokenizer:
             return None
         from .chunk import is_reference_heading
 
-        return np.array([bool(path) and is_reference_heading(path[-1])
+        return np.array([isinstance(path, list) and bool(path) and isinstance(path[-1], str)
+                         and is_reference_heading(path[-1])  # anything but a list of strings: not a reference list
                          for path in batch.column("heading_path").to_pylist()], bool)
 
     def tokenize_windows(self, prefixes: list[str], bodies: list[str], one_window: np.ndarray | None = None) -> Windows:
