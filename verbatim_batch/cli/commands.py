@@ -168,6 +168,8 @@ def cmd_nightly(args: argparse.Namespace) -> int:
           f"carried {counts.get('embeddings.rows_carried', 0)}; index {manifest.get('index_update', {}).get('action')}")
     print(f"  pairs extracted {counts.get('spans.rows_new', 0)}, carried {counts.get('spans.rows_carried', 0)}; "
           f"{counts.get('spans.spans', 0)} spans")
+    if manifest.get("published"):
+        print_published(manifest["published"])
     if storage.is_remote(job.root):  # object stores have no `current` symlink: CURRENT names the run
         print(f"  load the current span table: verbatim_batch.runs.current_table('{job.root}', 'spans')")
     else:
@@ -304,13 +306,29 @@ def cmd_rerank(args: argparse.Namespace) -> int:
     return 0
 
 
+def print_published(result: dict[str, Any]) -> None:
+    """What a publish did, a line per table."""
+    print(f"night {result['night']} published from {result['source']}")
+    for t in result["tables"]:
+        what = (f"snapshot {t['snapshot']}: {t['rows']} rows in {t['files']} files" if t["published"]
+                else f"already published (snapshot {t['snapshot']}): nothing to do")
+        print(f"  {t['table']:<18} {what}")
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    from ..pipeline.publish import run_publish
+
+    print_published(run_publish(job_of(args, source=args.source)))
+    return 0
+
+
 HANDLERS = {
     "chunk": _run_and_report("run_chunk"), "embed": _run_and_report("run_embed"),
     "index": _run_and_report("run_index"), "retrieve": _run_and_report("run_retrieve"),
     "extract": _run_and_report("run_extract"), "querygen": _run_and_report("run_querygen"),
     "evaluate": cmd_evaluate, "silver": cmd_silver, "demo": cmd_demo, "nightly": cmd_nightly, "verify": cmd_verify,
     "report": cmd_report, "train": cmd_train, "rerank": cmd_rerank,
-    "evaluate-retrieval": cmd_evaluate_retrieval, "run": cmd_run,
+    "evaluate-retrieval": cmd_evaluate_retrieval, "run": cmd_run, "publish": cmd_publish,
 }
 
 

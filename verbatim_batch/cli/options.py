@@ -158,6 +158,10 @@ COMMANDS: dict[str, Command] = {
                       positional=(("run_dir", "a run folder"),)),
     "verify": Command("re-check a run: offsets exact, coverage complete (a chain or nightly folder: every stage)",
                       _CLI + "VerifyOptions", positional=(("run_dir", "a run folder"),)),
+    "publish": Command("publish a night's chunks, retrieval, pairs and spans as Apache Iceberg tables (one snapshot "
+                       "per night; a night already published is left as it is)", _P + "publish:PublishJob",
+                       positional=(("source", "a nightly root (its current night), a nightly or chain run folder, or "
+                                    "a chunk, retrieve or extract run"),)),
 }
 STAGE_PREFIX_FREE = "extract"  # in a chain, this stage's options also go without their prefix
 

@@ -34,6 +34,7 @@ from typing import Any
 from .. import storage
 from ..faults import fault_point
 from ..options import group, option
+from ..publish import IcebergTarget
 from ..runs import (
     RUNS_DIR,
     OutputBusyError,
@@ -57,6 +58,8 @@ class NightlyJob(RunOptions):
     chain: Chain = group(Chain, required=True)
     root: str = option(help="folder holding runs/ and the current pointer", path=True, writes=True)
     keep_runs: int = option(7, "committed runs kept (older ones are deleted)", low=1)
+    # with a warehouse or a catalog, the night publishes itself as Iceberg tables once committed (publish.py)
+    publish: IcebergTarget | None = group(IcebergTarget)
     output: str = ""
 
     def config(self) -> dict[str, Any]:
@@ -102,7 +105,13 @@ class NightlyStage(CompositeStage):
     def on_committed(self, path: str, manifest: dict[str, Any]) -> dict[str, Any]:
         fault_point("nightly.committed")  # committed, `current` not yet moved
         job: NightlyJob = self.job
-        return manifest | {"pruned": publish(storage.normalize(job.root), manifest["run_id"], job.keep_runs)}
+        manifest = manifest | {"pruned": publish(storage.normalize(job.root), manifest["run_id"], job.keep_runs)}
+        if job.publish is not None:  # also on a rerun of a committed night: a publish cut short completes
+            from .publish import PublishJob, run_publish
+
+            manifest["published"] = run_publish(PublishJob(source=path, target=job.publish, address=job.address,
+                                                           num_cpus=job.num_cpus))
+        return manifest
 
 
 def run_nightly(job: NightlyJob) -> tuple[str, dict[str, Any]]:
@@ -115,6 +124,8 @@ def run_nightly(job: NightlyJob) -> tuple[str, dict[str, Any]]:
     root = storage.normalize(job.root)
     run_id = safe_run_id(job.run_id or new_run_id("nightly", {"root": root}))
     job.chain.check()  # a refusal for a missing input leaves nothing, not even the root's lock folder
+    if job.publish is not None:
+        job.publish.check()  # the iceberg extra missing: refused before the night, not after it
     runs = storage.join(root, RUNS_DIR)
     try:
         lock = acquire_lock(runs, run_id, info={"base": current_run(root)})

@@ -1,0 +1,167 @@
+"""``verbatim-batch publish``: a committed night (or chain run) as Apache Iceberg tables, written through Ray.
+
+    verbatim-batch publish nightly/ --warehouse lake/
+
+For each published table (``publish.PUBLISHED``) the night's Parquet files are read by Ray and written as
+Iceberg data files by Ray's own Iceberg datasink (the ``write()`` that ``Dataset.write_iceberg`` runs in each
+write task), so a cluster writes them in parallel; then one pyiceberg transaction per table commits them as one
+snapshot that replaces the night's partition (``publish.commit_night``). ``write_iceberg`` itself is not used
+for the commit: its overwrite is a delete snapshot and an append snapshot, it commits nothing for a night
+without rows (the night's old partition would stay), and it can commit a schema change before any data. A
+publish killed before its commit leaves data files no snapshot refers to, and the table as it was.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from ray.data._internal.datasource.iceberg_datasink import IcebergDatasink
+
+from .. import storage
+from ..faults import fault_point
+from ..options import group, option
+from ..publish import (
+    PUBLISHED,
+    IcebergTarget,
+    commit_night,
+    conform,
+    ensure_table,
+    fingerprint,
+    is_published,
+    night_snapshot,
+    open_catalog,
+)
+from ..runs import MANIFEST_FILE, RUNS_DIR, current_run, read_manifest
+
+log = logging.getLogger(__name__)
+COMMIT_ATTEMPTS = 3  # a commit that lost a race with another writer of the table is tried again on the new state
+# the tables a single stage run publishes, by its command
+STAGE_RUN_TABLES = {"chunk": ("chunks",), "retrieve": ("retrieval",), "extract": ("pairs", "spans")}
+
+
+@dataclass(kw_only=True)
+class PublishJob:
+    """Publish ``source`` (a nightly root's current night, a nightly or chain run folder, or a chunk, retrieve or
+    extract run) to ``target``."""
+
+    source: str = ""
+    target: IcebergTarget = group(IcebergTarget, default_factory=IcebergTarget)
+    address: str | None = option(None, "Ray cluster address", default_help="RAY_ADDRESS, else a local Ray")
+    num_cpus: int | None = option(None, "CPUs for a local Ray", low=1, default_help="all")
+
+
+@dataclass(frozen=True)
+class Night:
+    """What one publish reads: the night's id, its run folder, and the stage run holding each table."""
+
+    night: str
+    run_dir: str
+    stages: dict[str, str] = field(default_factory=dict)
+
+
+def find_night(source: str) -> Night:
+    """The night ``source`` names: a nightly root (its current run), or a committed run folder (its run id)."""
+    src = storage.normalize(source)
+    if not storage.exists(src):
+        raise FileNotFoundError(f"publish: {source} not found")
+    if storage.exists(storage.join(src, MANIFEST_FILE)):
+        run_dir = src
+    elif storage.isdir(storage.join(src, RUNS_DIR)):
+        run_id = current_run(src)
+        if run_id is None:
+            raise FileNotFoundError(f"{source} has no committed night yet (no CURRENT)")
+        run_dir = storage.join(src, RUNS_DIR, run_id)
+    else:
+        raise ValueError(f"{source} is neither a nightly root nor a committed run folder (no manifest.json)")
+    manifest = read_manifest(run_dir)
+    command = manifest["command"]
+    if command in ("nightly", "run"):
+        stages = {name: storage.join(run_dir, spec.stage) for name, spec in PUBLISHED.items()}
+    elif command in STAGE_RUN_TABLES:
+        stages = {name: run_dir for name in STAGE_RUN_TABLES[command]}
+    else:
+        raise ValueError(f"{source} is a {command} run: publish takes a nightly root, a nightly or chain (run) "
+                         f"folder, or a {', '.join(STAGE_RUN_TABLES)} run")
+    return Night(manifest["run_id"], run_dir, stages)
+
+
+class DataFilesSink(IcebergDatasink):
+    """Ray's Iceberg datasink (what ``Dataset.write_iceberg`` runs) writing data files only: no schema change, no
+    commit (``publish.commit_night`` does). Its ``data_files`` are set once the write completes."""
+
+    def __init__(self, table: Any) -> None:
+        super().__init__(table_identifier=".".join(table.name()), catalog_kwargs={})
+        self._io, self._table_metadata = table.io, table.metadata
+        self.data_files: list[Any] = []
+
+    def on_write_start(self, schema: Any = None) -> None:  # the table is ours: its schema is the declared one
+        pass
+
+    def write(self, blocks: Any, ctx: Any) -> Any:
+        fault_point("publish.write")
+        return super().write(blocks, ctx)
+
+    def on_write_complete(self, write_result: Any) -> None:
+        self.data_files = [f for r in write_result.write_returns if r for f in r.data_files]
+
+
+def write_data_files(table: Any, name: str, night: str, files: list[str], address: str | None = None,
+                     num_cpus: int | None = None) -> list[Any]:
+    """The night's Parquet ``files`` of table ``name`` written as data files of ``table`` by Ray write tasks
+    (not committed): their pyiceberg ``DataFile`` records."""
+    import ray
+
+    from .ray_env import init_ray
+
+    init_ray(address, num_cpus)
+    fs, first = storage.resolve(files[0])
+    paths = [first] + [storage.resolve(f)[1] for f in files[1:]]
+    ds = ray.data.read_parquet(paths, filesystem=fs)
+    ds = ds.map_batches(conform, batch_format="pyarrow", batch_size=None, fn_kwargs={"name": name, "night": night})
+    sink = DataFilesSink(table)
+    ds.write_datasink(sink)
+    return sink.data_files
+
+
+def publish_table(catalog: Any, job: PublishJob, night: Night, name: str) -> dict[str, Any]:
+    """One table of the night: nothing when it was published with the same contents, else its data files
+    written and committed as one snapshot. Returns what was done."""
+    from pyiceberg.exceptions import CommitFailedException
+
+    namespace = job.target.namespace_name
+    table = ensure_table(catalog, namespace, name)
+    stage_dir = night.stages[name]
+    digest = fingerprint(read_manifest(stage_dir))
+    if is_published(table, night.night, digest):
+        return {"table": f"{namespace}.{name}", "snapshot": night_snapshot(table, night.night), "published": False}
+    table_dir = storage.join(stage_dir, name)
+    files = sorted(storage.join(table_dir, f) for f in storage.listdir(table_dir) if f.endswith(".parquet"))
+    data_files = write_data_files(table, name, night.night, files, job.address, job.num_cpus) if files else []
+    fault_point("publish.commit")  # data files written, nothing committed
+    for attempt in range(COMMIT_ATTEMPTS):
+        try:
+            snapshot = commit_night(table, night.night, digest, data_files, job.target.keep_nights, night.run_dir)
+            break
+        except CommitFailedException:
+            table = catalog.load_table((namespace, name))
+            if is_published(table, night.night, digest):  # another publish of the same night won the race
+                return {"table": f"{namespace}.{name}", "snapshot": night_snapshot(table, night.night),
+                        "published": False}
+            if attempt == COMMIT_ATTEMPTS - 1:
+                raise
+            log.warning("%s.%s: another writer committed first; committing again on its snapshot", namespace, name)
+    return {"table": f"{namespace}.{name}", "snapshot": snapshot, "published": True,
+            "rows": sum(f.record_count for f in data_files), "files": len(data_files)}
+
+
+def run_publish(job: PublishJob) -> dict[str, Any]:
+    """Publish ``job.source``'s night to ``job.target``: one snapshot per table (chunks, retrieval, pairs, spans,
+    in that order), none for a table that already holds this night. Returns ``{"night", "source", "tables":
+    [...]}``."""
+    job.target.check()
+    night = find_night(job.source)
+    catalog = open_catalog(job.target)
+    done = [publish_table(catalog, job, night, name) for name in PUBLISHED if name in night.stages]
+    return {"night": night.night, "source": night.run_dir, "tables": done}
