@@ -2,10 +2,13 @@
 
     ray job submit --working-dir . -- \
         python jobs/nightly.py --config configs/cluster-gpu.yaml \
-        --input s3://bucket/acl-anthology/md --queries /mnt/shared/queries.jsonl --root /mnt/shared/nightly
+        --input s3://bucket/acl-anthology/md --queries s3://bucket/queries.jsonl --root s3://bucket/nightly \
+        --run-id nightly-$(date -u +%Y%m%d)
 
-Rerun with the same --run-id after a crash to resume. Readers load the current span table with
-pandas.read_parquet("/mnt/shared/nightly/current/spans/spans").
+A dated --run-id: a rerun the same night after a crash resumes it (docs/cluster.md: Scheduled nights; exit codes 0
+committed, 2 refused, 130 interrupted, else failed). Readers load the current span table with
+verbatim_batch.runs.current_table("s3://bucket/nightly", "spans"), or, with --warehouse, from Iceberg tables
+(docs/publish.md).
 """
 
 import sys
