@@ -68,9 +68,17 @@ def main(argv: list[str] | None = None) -> int:
 
         return synth_main(argv[1:])
     args = parse_args(argv)
+    from ..telemetry import session
+
+    session.begin(args.command, push=getattr(args, "metrics_push", None), job=getattr(args, "metrics_job", None),
+                  address=getattr(args, "address", None), joins=hasattr(args, "address"))
+    status = "failed"
     try:
-        return HANDLERS[args.command](args)
+        rc = HANDLERS[args.command](args)
+        status = "committed" if rc == 0 else "failed"
+        return rc
     except KeyboardInterrupt:  # Ctrl-C: one line; committed work stays, a run's staging is resumable
+        status = "interrupted"
         stop_ray_quietly()  # what Ray's own processes log as they go down comes before the line, not after
         print(f"verbatim-batch {args.command}: interrupted; committed work is kept (rerun with the same --run-id "
               "to resume)", file=sys.stderr)
@@ -79,8 +87,11 @@ def main(argv: list[str] | None = None) -> int:
             NotImplementedError) as exc:
         from ..redact import redact_text
 
+        status = "refused"
         print(f"verbatim-batch {args.command}: error: {redact_text(str(exc))}", file=sys.stderr)
         return 2
+    finally:
+        session.finish(status)  # the metrics, pushed and exported however the command ended; never raises
 
 
 def stop_ray_quietly() -> None:

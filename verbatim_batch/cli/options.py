@@ -17,6 +17,7 @@ from functools import cache
 from typing import Any
 
 from ..options import OptionError, OptionField, check, option, options_of
+from ..telemetry.options import MetricsOptions
 
 
 def _thresholds(value: str) -> tuple[float, ...]:
@@ -46,7 +47,7 @@ def _extractor() -> Any:
 
 
 @dataclass(kw_only=True)
-class EvaluateOptions:
+class EvaluateOptions(MetricsOptions):
     """``evaluate``: gold pairs against predictions, or an extractor swept over thresholds."""
 
     gold: str = option(help="pairs file with relevant and gold_spans",
@@ -64,7 +65,7 @@ class EvaluateOptions:
 
 
 @dataclass(kw_only=True)
-class EvaluateRetrievalOptions:
+class EvaluateRetrievalOptions(MetricsOptions):
     """``evaluate-retrieval``: nDCG, MRR and Recall of a retrieval run on labelled queries."""
 
     retrieval: str = option(help="a retrieval or rerank run folder, or a TREC run file", path=True)
@@ -80,7 +81,7 @@ class EvaluateRetrievalOptions:
 
 
 @dataclass(kw_only=True)
-class RayOptions:
+class RayOptions(MetricsOptions):
     address: str | None = option(None, "Ray cluster address", default_help="RAY_ADDRESS, else a local Ray")
     num_cpus: int | None = option(None, "CPUs for a local Ray", low=1, default_help="all")
 
@@ -93,7 +94,7 @@ class DemoOptions(RayOptions):
 
 
 @dataclass(kw_only=True)
-class ReportOptions:
+class ReportOptions(MetricsOptions):
     samples: int = option(12, "pairs shown per query with their spans in context (extract runs)", low=0)
 
 

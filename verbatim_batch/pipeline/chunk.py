@@ -216,6 +216,7 @@ def _ids(staging: str, table: str) -> set[str]:
 
 class ChunkStage(TableStage):
     command = "chunk"
+    outcomes = {"rejected": ("quarantined",)}
     resumable = False
     tables = INGEST_TABLES | {"unchanged": UNCHANGED}
     key_column = "paper_id"

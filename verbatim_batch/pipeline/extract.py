@@ -432,6 +432,7 @@ class ExtractStage(TableStage):
     """The extract stage: every pair once, carried when its input and extractor are unchanged."""
 
     command = "extract"
+    outcomes = {"failed": ("pairs_failed",), "withheld": ("verbatim_violations",), "rejected": ("rejects",)}
     tables = EXTRACT_TABLES
     key_column = "pair_id"
     key_tables = ("pairs",)

@@ -39,6 +39,7 @@ class IndexFacts:
 
 class IndexStage(Stage):
     command = "index"
+    outcomes = {"in": ("chunks",), "written": ("chunks",)}
     resources = Resources(cpus=1, gpus=1)  # the build: one task, on a GPU where the cluster has one
 
     def plan(self) -> Plan:

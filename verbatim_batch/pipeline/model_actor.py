@@ -55,7 +55,10 @@ class ModelActor:
             config = dataclasses.replace(config, token_budget=token_budget)
         self.config = config
         self.retries = retries
+        born = time.perf_counter()
         self.model = self.load(config)
+        self._idle_since = time.perf_counter()
+        self._load_ms = round(1000 * (self._idle_since - born))
 
     def load(self, config: Any) -> Any:
         """The model, loaded once per actor."""
@@ -83,9 +86,16 @@ class ModelActor:
         before = dict(self.stats())
         t0 = time.perf_counter()
         out, carried = self.run(batch)
+        t1 = time.perf_counter()
         counts = Counter(carried)  # what rode along, plus what this batch cost here (added up, per name)
-        counts.update(self.counts(before, self.stats(), time.perf_counter() - t0))
-        return with_counts(out, dict(counts)) if counts else out
+        counts.update(self.counts(before, self.stats(), t1 - t0))
+        # the performance report's actor figures (telemetry.perf): batches, time busy, time waiting for input
+        # since the last batch, and the model's load time once
+        counts.update({"batches": 1, "time_ms.actor_busy": round(1000 * (t1 - t0)),
+                       "time_ms.actor_wait": round(1000 * max(0.0, t0 - self._idle_since)),
+                       "time_ms.actor_load": self._load_ms})
+        self._idle_since, self._load_ms = t1, 0
+        return with_counts(out, dict(counts))
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         try:

@@ -12,6 +12,7 @@ import ray
 # transformers' and the hub's progress bars (model loading) in workers: off
 QUIET_ENV = ("HF_HUB_DISABLE_PROGRESS_BARS",)
 LOCAL_START_ATTEMPTS = 3  # a local Ray that fails to start (a loaded machine) is retried with backoff
+_STARTED_LOCAL = False  # this process started the Ray it runs on (``_start_local``), rather than joined one
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None, log_to_driver: bool = True) -> None:
@@ -124,6 +125,8 @@ def _start_local(num_cpus: int | None = None, log_to_driver: bool = True) -> Non
     finally:
         if resolve is not None:
             services.resolve_ip_for_localhost = resolve
+    global _STARTED_LOCAL
+    _STARTED_LOCAL = True
     from .reaper import start
 
     start()  # the local Ray's processes do not outlive this driver, even after kill -9
@@ -144,6 +147,11 @@ def _end_children_since(started: float) -> None:
                 proc.kill()
         except psutil.Error:
             pass
+
+
+def started_locally() -> bool:
+    """Whether this process's Ray is a local one it started (its metrics end with it)."""
+    return _STARTED_LOCAL and ray.is_initialized()
 
 
 def gpus() -> int:

@@ -112,6 +112,7 @@ class RetrieveFacts:
 
 class RetrieveStage(TableStage):
     command = "retrieve"
+    outcomes = {"rejected": ("rejected_empty_query",)}
     tables = {"retrieval": RETRIEVAL}
     key_column = "query_id"
     table_counts = staticmethod(retrieval_table_counts)

@@ -53,6 +53,8 @@ from ..runs import (
     write_manifest,
 )
 from ..tables import config_hash
+from ..telemetry import accounting, perf, session
+from ..telemetry.options import MetricsOptions
 from .progress import Progress
 from .ray_env import init_ray
 from .sink import StageTableSink, TableSinkResult, carry_rows, compact, no_counts, write_files_index
@@ -69,8 +71,9 @@ def _run_id(run_id: str) -> str:
 
 
 @dataclass(kw_only=True)
-class RunOptions:
-    """What every run-writing job takes: where it writes, how it resumes, which Ray it runs on."""
+class RunOptions(MetricsOptions):
+    """What every run-writing job takes: where it writes, how it resumes, which Ray it runs on, where its
+    metrics go."""
 
     output: str = option(help="run folder to create (atomically)", path=True, writes=True)
     overwrite: bool = option(False, "replace an existing run folder that this tool wrote (anything else is refused)")
@@ -155,6 +158,9 @@ class Stage:
     command: ClassVar[str] = ""
     resumable: ClassVar[bool] = False  # keep the completed work of a killed run with the same run id
     takes_previous: ClassVar[bool] = True
+    # rows by outcome beyond the runner's standard counts: {outcome: the stage's counts that make it}, e.g.
+    # {"failed": ("pairs_failed",)} (telemetry.accounting; the outcomes are telemetry.declare.OUTCOMES)
+    outcomes: ClassVar[Mapping[str, tuple[str, ...]]] = {}
 
     def __init__(self, job: RunOptions) -> None:
         self.job = job
@@ -260,6 +266,15 @@ def run_stage(stage: Stage) -> tuple[str, dict[str, Any]]:
     if done := committed_run(output, job.run_id):
         return output, stage.on_committed(output, done) if isinstance(stage, CompositeStage) else done
     refuse_output_inside_inputs(output, input_paths(job))  # before any input is listed or read
+    window = perf.open_window()  # the performance report's figures: CPU-s of every process, memory, GPU
+    try:
+        return _run(stage, output, window, t0)
+    finally:
+        perf.discard(window)
+
+
+def _run(stage: Stage, output: str, window: perf.Window | None, t0: float) -> tuple[str, dict[str, Any]]:
+    job = stage.job
     plan = stage.plan()
     config = dict(plan.config) | ({"previous": job.previous} if job.previous else {})
     inputs = [*plan.inputs, *([job.previous] if job.previous else [])]
@@ -271,7 +286,7 @@ def run_stage(stage: Stage) -> tuple[str, dict[str, Any]]:
         try:
             folder = claim_composite(output, run_id, settings, overwrite=job.overwrite)
             ctx = StageContext(job=job, run_id=run_id, staging=folder, config=config, started=t0)
-            manifest = _manifest(stage, run_id, config, inputs, stage.execute(plan, ctx), t0)
+            manifest = _manifest(stage, run_id, config, inputs, stage.execute(plan, ctx), t0, folder, window)
             write_manifest(folder, manifest, on_commit=write_report)
         finally:
             release_lock(lock)
@@ -283,18 +298,37 @@ def run_stage(stage: Stage) -> tuple[str, dict[str, Any]]:
             result = _run_table_stage(stage, plan, ctx)
         else:
             result = stage.execute(plan, ctx)
-        manifest = _manifest(stage, run_id, config, inputs, result, t0)
-        return run.commit(manifest, on_commit=write_report), manifest
+        manifest = _manifest(stage, run_id, config, inputs, result, t0, run.staging, window)
+        path = run.commit(manifest, on_commit=write_report)
+        session.record(stage.command, manifest["metrics"])
+        return path, manifest
 
 
 def _manifest(stage: Stage, run_id: str, config: dict[str, Any], inputs: list[str], result: StageResult,
-              t0: float) -> dict[str, Any]:
+              t0: float, staging: str, window: perf.Window | None) -> dict[str, Any]:
+    """The run's manifest, with its metrics (what is exported for it) and performance report."""
+    timings = {**result.timings_s, "total": time.perf_counter() - t0}
     manifest = build_manifest(
         run_id=run_id, command=stage.command, config=config | result.config, inputs=inputs,
-        tables=result.tables, counts=result.counts,
-        timings_s={**result.timings_s, "total": time.perf_counter() - t0})
+        tables=result.tables, counts=result.counts, timings_s=timings)
     manifest.update(result.manifest)
+    counts = manifest["counts"]
+    if isinstance(stage, CompositeStage):  # its stages' runs hold their own rows and bytes
+        manifest["metrics"] = {"duration_seconds": round(timings["total"], 3)}
+    else:
+        manifest["metrics"] = accounting.stage_metrics(
+            counts, timings, stage.outcomes, accounting.read_bytes(counts, inputs),
+            accounting.written_bytes(staging))
+    rows = manifest["metrics"].get("rows", {})
+    manifest["performance"] = perf.performance(window, counts, rows, timings.get("work_and_write"))
     return manifest
+
+
+def _lost(stage: Stage, n_in: int, accounted: int, message: str) -> RuntimeError:
+    """Rows were lost: recorded for export (in, and what was accounted for as written) before the run fails."""
+    rows = accounting.row_outcomes({"rows_in": n_in, "rows_new": accounted}, {})
+    session.record(stage.command, {"rows": rows, "duration_seconds": 0.0})
+    return RuntimeError(message)
 
 
 def _unique_in(keys: pa.Array | pa.ChunkedArray, value_set: pa.Array) -> int:
@@ -364,15 +398,15 @@ def _run_table_stage(stage: TableStage, plan: Plan, ctx: StageContext) -> StageR
     if work.keys is None:  # one row per input record in the key tables
         out = sum(result.rows[t] for t in stage.key_tables or tuple(stage.tables)[:1])
         if out != work.n_in:
-            raise RuntimeError(f"{stage.command}: {work.n_in} rows in but {out} accounted for "
-                               f"({', '.join(stage.key_tables)}): rows were lost")
+            raise _lost(stage, work.n_in, out, f"{stage.command}: {work.n_in} rows in but {out} accounted for "
+                        f"({', '.join(stage.key_tables)}): rows were lost")
     else:
         wanted = pc.unique(work.keys)  # Arrow, not a Python set: a stage's keys can be millions
         missing = wanted.filter(pc.invert(pc.is_in(wanted, value_set=result.keys)))
         if len(missing) or len(wanted) != work.n_in:
-            raise RuntimeError(f"{stage.command}: {work.n_in} rows in but {len(wanted) - len(missing)} written, "
-                               f"carried or resumed (e.g. {sorted(missing.to_pylist())[:3]} missing): rows were "
-                               "lost")
+            raise _lost(stage, work.n_in, len(wanted) - len(missing),
+                        f"{stage.command}: {work.n_in} rows in but {len(wanted) - len(missing)} written, carried or "
+                        f"resumed (e.g. {sorted(missing.to_pylist())[:3]} missing): rows were lost")
     for name in stage.scratch_tables:
         storage.rmtree(storage.join(ctx.staging, name))
     write_files_index(ctx.staging, result, published)

@@ -67,6 +67,7 @@ class SilverDataStage(Stage):
     """The last step: teacher rows -> filtered, split silver tables (and tokenized windows)."""
 
     command = "silver-data"
+    outcomes = {"in": ("rows",), "written": ("kept",), "failed": ("rows_failed",), "rejected": ("dropped.*",)}
     takes_previous = False
 
     def __init__(self, job: SilverJob, steps: dict[str, tuple[str, dict[str, Any]]]) -> None:
