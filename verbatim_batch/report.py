@@ -46,6 +46,7 @@ from .report_html import (
     svg_lines,
     windows,
 )
+from .report_perf import performance_html, performance_rows
 from .report_sections import extract_section, retrieval_section
 from .runs import read_manifest
 
@@ -116,6 +117,8 @@ def build_report(run_dir: str, manifest: dict[str, Any] | None = None) -> dict[s
     if total > 0 and counts.get("papers_bytes"):
         rate["mb_per_s"] = counts["papers_bytes"] / 1e6 / total
     out["throughput"] = rate
+    subs = {s: _sub_manifest(run_dir, s) for s in manifest.get("stages") or {}} if command in COMPOSITES else {}
+    out["performance"] = performance_rows(manifest, subs)
     out["time_breakdown"] = time_breakdown(manifest)
     for key, value in out["time_breakdown"].items():
         if key.endswith("_per_s_excluding_ray_start"):
@@ -190,6 +193,7 @@ def render_html(report: dict[str, Any], sections: Sequence[str] = ()) -> str:
     body = [f"<h1>verbatim-batch {esc(command)} · {esc(report.get('run_id'))}</h1>",
             *sections,
             kv_table("Summary", summary), kv_table("Tables (rows)", report.get("tables", {})),
+            performance_html(report.get("performance") or {}),
             _time_html(command, report.get("time_breakdown", {})),
             *(_time_html(stage, b, f"Where the {stage} stage's time went")
               for stage, b in report.get("stage_time_breakdown", {}).items()),
