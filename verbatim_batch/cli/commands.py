@@ -310,7 +310,8 @@ def print_published(result: dict[str, Any]) -> None:
     """What a publish did, a line per table."""
     print(f"night {result['night']} published from {result['source']}")
     for t in result["tables"]:
-        what = (f"snapshot {t['snapshot']}: {t['rows']} rows in {t['files']} files" if t["published"]
+        what = (f"snapshot {t['snapshot']}: {t['rows']} rows in {t['files']} files (written by {t['written_by']})"
+                if t["published"]
                 else f"already published (snapshot {t['snapshot']}): nothing to do")
         print(f"  {t['table']:<18} {what}")
 

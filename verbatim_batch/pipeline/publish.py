@@ -8,12 +8,15 @@ write task), so a cluster writes them in parallel; then one pyiceberg transactio
 snapshot that replaces the night's partition (``publish.commit_night``). ``write_iceberg`` itself is not used
 for the commit: its overwrite is a delete snapshot and an append snapshot, it commits nothing for a night
 without rows (the night's old partition would stay), and it can commit a schema change before any data. A
-publish killed before its commit leaves data files no snapshot refers to, and the table as it was.
+publish killed before its commit leaves data files no snapshot refers to, and the table as it was. A small local
+publish (no cluster, no Ray up, under ``LOCAL_RAY_MIN_BYTES`` of Parquet) runs the same datasink ``write()`` in
+this process instead of starting a local Ray for it, as ``verify`` does.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +39,9 @@ from ..publish import (
 from ..runs import MANIFEST_FILE, RUNS_DIR, current_run, read_manifest
 
 log = logging.getLogger(__name__)
+# a local publish of less Parquet than this writes in this process: a local Ray's start (8-12 CPU-s on a small
+# machine) costs more than writing it
+LOCAL_RAY_MIN_BYTES = 256 << 20
 COMMIT_ATTEMPTS = 3  # a commit that lost a race with another writer of the table is tried again on the new state
 # the tables a single stage run publishes, by its command
 STAGE_RUN_TABLES = {"chunk": ("chunks",), "retrieve": ("retrieval",), "extract": ("pairs", "spans")}
@@ -107,27 +113,53 @@ class DataFilesSink(IcebergDatasink):
         self.data_files = [f for r in write_result.write_returns if r for f in r.data_files]
 
 
-def write_data_files(table: Any, name: str, night: str, files: list[str], address: str | None = None,
-                     num_cpus: int | None = None) -> list[Any]:
-    """The night's Parquet ``files`` of table ``name`` written as data files of ``table`` by Ray write tasks
-    (not committed): their pyiceberg ``DataFile`` records."""
+def write_data_files(table: Any, name: str, night: str, files: list[str], job: PublishJob | None = None) -> list[Any]:
+    """The night's Parquet ``files`` of table ``name`` written as data files of ``table`` (not committed): by Ray
+    write tasks, or, with no ``job`` (a small local publish), by the same datasink's ``write`` in this process, a
+    file at a time. Returns their pyiceberg ``DataFile`` records."""
     import ray
 
     from .ray_env import init_ray
 
-    init_ray(address, num_cpus)
+    sink = DataFilesSink(table)
+    if job is None:
+        return [f for path in files
+                for f in sink.write([conform(storage.read_parquet(path), name, night)], None).data_files]
+    init_ray(job.address, job.num_cpus)
     fs, first = storage.resolve(files[0])
     paths = [first] + [storage.resolve(f)[1] for f in files[1:]]
     ds = ray.data.read_parquet(paths, filesystem=fs)
     ds = ds.map_batches(conform, batch_format="pyarrow", batch_size=None, fn_kwargs={"name": name, "night": night})
-    sink = DataFilesSink(table)
     ds.write_datasink(sink)
     return sink.data_files
 
 
-def publish_table(catalog: Any, job: PublishJob, night: Night, name: str) -> dict[str, Any]:
+def table_files(night: Night, name: str) -> list[str]:
+    """The Parquet files of the night's table ``name``."""
+    folder = storage.join(night.stages[name], name)
+    return sorted(storage.join(folder, f) for f in storage.listdir(folder) if f.endswith(".parquet"))
+
+
+def with_ray(job: PublishJob, night: Night) -> bool:
+    """Whether the data files are written by Ray tasks: on a cluster (``--address``, ``RAY_ADDRESS``), when this
+    process already has Ray (a night's), or when the night's tables hold ``LOCAL_RAY_MIN_BYTES`` of Parquet or
+    more; a smaller local publish writes them in this process (a local Ray's start would cost more than that)."""
+    import ray
+
+    if ray.is_initialized() or job.address or os.environ.get("RAY_ADDRESS"):
+        return True
+    total = 0
+    for name in night.stages:
+        for path in table_files(night, name):
+            fs, local = storage.resolve(path)
+            total += fs.get_file_info(local).size or 0
+    return total >= LOCAL_RAY_MIN_BYTES
+
+
+def publish_table(catalog: Any, job: PublishJob, night: Night, name: str, ray_writes: bool = True) -> dict[str, Any]:
     """One table of the night: nothing when it was published with the same contents, else its data files
-    written and committed as one snapshot. Returns what was done."""
+    written (by Ray tasks, or in this process without ``ray_writes``) and committed as one snapshot. Returns what
+    was done."""
     from pyiceberg.exceptions import CommitFailedException
 
     namespace = job.target.namespace_name
@@ -136,9 +168,8 @@ def publish_table(catalog: Any, job: PublishJob, night: Night, name: str) -> dic
     digest = fingerprint(read_manifest(stage_dir))
     if is_published(table, night.night, digest):
         return {"table": f"{namespace}.{name}", "snapshot": night_snapshot(table, night.night), "published": False}
-    table_dir = storage.join(stage_dir, name)
-    files = sorted(storage.join(table_dir, f) for f in storage.listdir(table_dir) if f.endswith(".parquet"))
-    data_files = write_data_files(table, name, night.night, files, job.address, job.num_cpus) if files else []
+    files = table_files(night, name)
+    data_files = write_data_files(table, name, night.night, files, job if ray_writes else None) if files else []
     fault_point("publish.commit")  # data files written, nothing committed
     for attempt in range(COMMIT_ATTEMPTS):
         try:
@@ -153,7 +184,8 @@ def publish_table(catalog: Any, job: PublishJob, night: Night, name: str) -> dic
                 raise
             log.warning("%s.%s: another writer committed first; committing again on its snapshot", namespace, name)
     return {"table": f"{namespace}.{name}", "snapshot": snapshot, "published": True,
-            "rows": sum(f.record_count for f in data_files), "files": len(data_files)}
+            "rows": sum(f.record_count for f in data_files), "files": len(data_files),
+            "written_by": "ray" if ray_writes else "driver"}
 
 
 def run_publish(job: PublishJob) -> dict[str, Any]:
@@ -163,5 +195,6 @@ def run_publish(job: PublishJob) -> dict[str, Any]:
     job.target.check()
     night = find_night(job.source)
     catalog = open_catalog(job.target)
-    done = [publish_table(catalog, job, night, name) for name in PUBLISHED if name in night.stages]
+    ray_writes = with_ray(job, night)
+    done = [publish_table(catalog, job, night, name, ray_writes) for name in PUBLISHED if name in night.stages]
     return {"night": night.night, "source": night.run_dir, "tables": done}

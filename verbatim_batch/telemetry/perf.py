@@ -82,17 +82,19 @@ class Window:
     def close(self) -> dict[str, Any]:
         """The window's figures: wall, CPU-seconds by process kind, peak memory, GPU use."""
         s = self.sampler
-        s.sample()
-        s.windows.discard(self)
         by_kind: dict[str, float] = defaultdict(float)
-        for pid, cpu in s.cpu.items():
-            by_kind[s.kinds.get(pid, "other")] += max(0.0, cpu - self.cpu0.get(pid, 0.0))
+        with s.lock:
+            s._sample_locked()
+            s.windows.discard(self)
+            for pid, cpu in s.cpu.items():
+                by_kind[s.kinds.get(pid, "other")] += max(0.0, cpu - self.cpu0.get(pid, 0.0))
+            processes = len(s.cpu)
         shown = dict(sorted(by_kind.items(), key=lambda kv: -kv[1]))
         out: dict[str, Any] = {
             "wall_s": round(time.perf_counter() - self.t0, 3),
             "cpu_s": round(sum(by_kind.values()), 3),
             "cpu_s_by_process": {k: round(v, 3) for k, v in shown.items()},
-            "processes": len(s.cpu),
+            "processes": processes,
             "peak_rss_bytes": int(self.peak_rss),
             "scope": s.scope,
         }
@@ -199,7 +201,8 @@ def open_window() -> Window | None:
 def discard(window: Window | None) -> None:
     """Stop sampling for ``window`` (a run that ended without its report: refused, failed)."""
     if window is not None:
-        window.sampler.windows.discard(window)
+        with window.sampler.lock:
+            window.sampler.windows.discard(window)
 
 
 def performance(window: Window | None, counts: Mapping[str, Any], rows: Mapping[str, int],
