@@ -7,16 +7,21 @@ lives. Ray names them ``ray_<name>`` (and counters ``..._total``) and adds its o
 ``NodeAddress``, ``WorkerId``, ...). Counters here are running totals over every command the cluster ran
 (``increase()`` gives a night's rows); a restarted actor starts them again from zero, which Prometheus reads as a
 counter reset. Zero increments are not recorded (Ray refuses them): a series appears with its first row.
+Ray's metrics agent drops a gauge that was not reported again within two export intervals (20 s by default), so
+the actor sets its gauges (the last success) again every ``KEEPALIVE_S`` for as long as it lives.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 ACTOR_NAME = "verbatim_batch_metrics"
 NAMESPACE = "verbatim_batch"
 MAX_RESTARTS = 3  # a lost exporter is started again this many times, then the next command makes a new one
 TIMEOUT_S = 30.0
+KEEPALIVE_S = 5.0
 
 
 class MetricsExporter:
@@ -35,6 +40,20 @@ class MetricsExporter:
                 self.metrics[m.name] = metrics.Gauge(m.ray_name, m.help, m.labels)
             else:
                 self.metrics[m.name] = metrics.Histogram(m.ray_name, m.help, list(DURATION_BUCKETS), m.labels)
+        self.gauges: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}  # set again every KEEPALIVE_S
+        self.lock = threading.Lock()
+        threading.Thread(target=self._keep_gauges, name="verbatim-gauges", daemon=True).start()
+
+    def _keep_gauges(self) -> None:
+        while True:
+            time.sleep(KEEPALIVE_S)
+            with self.lock:
+                held = list(self.gauges.items())
+            for (name, tags), value in held:
+                try:
+                    self.metrics[name].set(value, tags=dict(tags))
+                except Exception:  # noqa: BLE001, S112 - the next round tries again
+                    continue
 
     def record(self, rows: list[tuple[str, dict[str, str], Any]]) -> int:
         """Record ``rows`` (``session.samples``); returns how many were recorded."""
@@ -51,6 +70,8 @@ class MetricsExporter:
                     n += 1
             else:
                 metric.set(float(value), tags=labels)
+                with self.lock:
+                    self.gauges[(name, tuple(sorted(labels.items())))] = float(value)
                 n += 1
         return n
 
