@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 INTERVAL_S = 1.0
+RESCAN_EVERY = 5  # samples between two walks of the process tree (new processes are found then, whole CPU time)
 
 
 def _kind(proc: Any) -> str:
@@ -84,7 +85,7 @@ class Window:
         s = self.sampler
         by_kind: dict[str, float] = defaultdict(float)
         with s.lock:
-            s._sample_locked()
+            s._sample_locked(rescan=True)
             s.windows.discard(self)
             for pid, cpu in s.cpu.items():
                 by_kind[s.kinds.get(pid, "other")] += max(0.0, cpu - self.cpu0.get(pid, 0.0))
@@ -123,6 +124,8 @@ class Sampler:
         self.lock = threading.Lock()
         self.last = time.perf_counter()
         self.thread: threading.Thread | None = None
+        self.procs: list[Any] = []
+        self.n = 0
 
     @property
     def scope(self) -> str:
@@ -134,7 +137,7 @@ class Sampler:
 
     def open(self) -> Window:
         with self.lock:
-            self._sample_locked()
+            self._sample_locked(rescan=True)
             w = Window(self)
             self.windows.add(w)
         if self.thread is None or not self.thread.is_alive():
@@ -151,14 +154,16 @@ class Sampler:
         with self.lock:
             self._sample_locked()
 
-    def _sample_locked(self) -> None:
+    def _sample_locked(self, rescan: bool = False) -> None:
         ps = self.psutil
-        try:
-            procs = [self.me, *self.me.children(recursive=True)]
-        except ps.Error:
-            procs = [self.me]
+        if rescan or self.n % RESCAN_EVERY == 0 or not self.procs:  # walking the tree reads every process of the host
+            try:
+                self.procs = [self.me, *self.me.children(recursive=True)]
+            except ps.Error:
+                self.procs = [self.me]
+        self.n += 1
         rss = 0
-        for p in procs:
+        for p in self.procs:
             try:
                 with p.oneshot():
                     t = p.cpu_times()
