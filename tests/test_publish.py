@@ -6,8 +6,9 @@ its night's partition, a night already published is a no-op, older nights are dr
 snapshot and stay readable by time travel, refusals are one line (exit 2), the iceberg extra missing is named,
 and a ``publish:`` section configures nightly. E2E (the session's nightly baseline): the CLI publishes a night
 (small and local: written in its own process), which pyiceberg, ``ray.data.read_iceberg``, pandas and duckdb read
-as the run's own tables; a republish adds no snapshot; where Ray is up its tasks write the files; a night killed (SIGKILL) while publishing, and a publish killed before its commit, leave every table
-at its last snapshot, and rerunning completes it.
+as the run's own tables; a republish adds no snapshot; where Ray is up its tasks write the files; a night killed
+(SIGKILL) while publishing, and a publish killed before its commit, leave every table at its last snapshot, and
+rerunning completes it.
 """
 
 from __future__ import annotations
@@ -238,7 +239,9 @@ def test_publish_then_read_with_pyiceberg_ray_pandas_and_duckdb(nightly_baseline
     con = duckdb.connect()
     con.register("spans", table.scan().to_arrow())  # duckdb, through Arrow
     assert con.sql("SELECT count(*) FROM spans WHERE night = 'r1'").fetchall() == [(spans.num_rows,)]
-    ds = ray.data.read_iceberg(table_identifier="verbatim.spans", row_filter="night == 'r1'",  # Ray
+    from pyiceberg.expressions import EqualTo
+
+    ds = ray.data.read_iceberg(table_identifier="verbatim.spans", row_filter=EqualTo("night", "r1"),  # Ray
                                catalog_kwargs={"name": "verbatim", "type": "sql",
                                                "uri": f"sqlite:///{lake}/catalog.db"})
     assert sorted(r["pair_id"] for r in ds.take_all()) == sorted(spans["pair_id"].to_pylist())
