@@ -109,8 +109,12 @@ class NightlyStage(CompositeStage):
         if job.publish is not None:  # also on a rerun of a committed night: a publish cut short completes
             from .publish import PublishJob, run_publish
 
-            manifest["published"] = run_publish(PublishJob(source=path, target=job.publish, address=job.address,
-                                                           num_cpus=job.num_cpus))
+            try:
+                manifest["published"] = run_publish(PublishJob(source=path, target=job.publish,
+                                                               address=job.address, num_cpus=job.num_cpus))
+            except (ValueError, OSError) as exc:  # not a refusal (exit 2): the night is committed, its publish failed
+                raise RuntimeError(f"night {manifest['run_id']} is committed and current, but publishing it failed: "
+                                   f"{exc}; rerun the night with --run-id {manifest['run_id']} to publish it") from exc
         return manifest
 
 
@@ -124,8 +128,11 @@ def run_nightly(job: NightlyJob) -> tuple[str, dict[str, Any]]:
     root = storage.normalize(job.root)
     run_id = safe_run_id(job.run_id or new_run_id("nightly", {"root": root}))
     job.chain.check()  # a refusal for a missing input leaves nothing, not even the root's lock folder
-    if job.publish is not None:
-        job.publish.check()  # the iceberg extra missing: refused before the night, not after it
+    if job.publish is not None:  # the extra missing, a catalog it cannot open: refused before the night, not after
+        from ..publish import open_catalog
+
+        job.publish.check()
+        open_catalog(job.publish)
     runs = storage.join(root, RUNS_DIR)
     try:
         lock = acquire_lock(runs, run_id, info={"base": current_run(root)})
