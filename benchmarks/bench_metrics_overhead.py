@@ -1,13 +1,14 @@
 """What metrics cost (issue 39): the one recurring cost they add to a run, the performance sampler's thread in the
-driver (once a second: the CPU time and memory of every process of the driver's tree), measured directly on a
-live local Ray (``time.thread_time`` of the sampling thread's work, per sample), and the one-off costs at a
-commit (the metrics block: listing the staging folder; the push: one HTTP request).
+driver (every ``perf.INTERVAL_S`` seconds: the CPU time and memory of every process of the driver's tree), measured
+directly on a live local Ray (``time.thread_time`` of the sampling thread's work, per sample), and the one-off costs
+at a commit (the metrics block: listing the staging folder; the push: one HTTP request).
 
 The per-sample figure times the samples a run takes (one per second of its wall time) over the run's tree
-CPU-seconds is the share metrics add to it; ``bench_before_after.py demo`` measures the same from the outside
-(the demo's tree CPU-seconds before and after, alternating), where run-to-run spread is several percent.
+CPU-seconds is the share metrics add to it; ``bench_before_after.py demo`` measures the same from the outside (the
+demo's tree CPU-seconds before and after, alternating), where run-to-run spread is several percent.
 
     .venv/bin/python benchmarks/bench_metrics_overhead.py --samples 200 --json benchmarks/results-metrics-overhead.json
+
 """
 
 from __future__ import annotations

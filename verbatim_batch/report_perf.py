@@ -42,7 +42,7 @@ def performance_html(rows: dict[str, dict[str, Any]]) -> str:
                  f"{(p.get('peak_rss_bytes') or 0) / 1e9:,.2f}", _gpu(p))
         body.append(f"<tr><th>{esc(stage)}</th>" + "".join(f"<td>{esc(c)}</td>" for c in cells) + "</tr>")
     scope = next((p.get("scope") for p in rows.values() if p.get("scope")), "")
-    note = (f'<p class="meta">CPU-seconds and memory: {esc(scope)}, sampled each second. rows/s: rows done by '
+    note = (f'<p class="meta">CPU-seconds and memory: {esc(scope)}, sampled every 2 s. rows/s: rows done by '
             "this run over the time its work took. Actor idle share: time model actors waited for input between "
             "batches, over time busy and waiting (after loading).</p>")
     return f"<h2>Performance</h2><table><tr>{head}</tr>{''.join(body)}</table>{note}"

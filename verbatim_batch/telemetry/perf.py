@@ -1,12 +1,12 @@
-"""A run's performance report: per stage, wall time, CPU-seconds of every process, rows/s and tokens/s, model
-actors' idle share, peak memory, and GPU-seconds and utilisation where the machine has an NVIDIA GPU.
+"""A run's performance report: per stage, wall time, CPU-seconds of every process, rows/s and tokens/s, model actors'
+idle share, peak memory, and GPU-seconds and utilisation where the machine has an NVIDIA GPU.
 
-One sampler thread per process (``Sampler``), started by the first stage and shared by every stage after it
-(a chain's stages and the chain itself), reads the process tree of this driver once a second (``psutil``): a
-local Ray's GCS, raylet and workers are all in it. Each stage opens a window on it (``Window``) and closes it
-at its commit. On a cluster joined with ``--address`` the tree is the driver alone (the scope says so): workers
-on other nodes are on the cluster's own dashboards (Ray's ``ray_node_*`` metrics). A process that ends between
-two samples loses at most one interval of its CPU time here.
+One sampler thread per process (``Sampler``), started by the first stage and shared by every stage after it (a
+chain's stages and the chain itself), reads the process tree of this driver every ``INTERVAL_S`` seconds
+(``psutil``): a local Ray's GCS, raylet and workers are all in it. Each stage opens a window on it (``Window``) and
+closes it at its commit. On a cluster joined with ``--address`` the tree is the driver alone (the scope says so):
+workers on other nodes are on the cluster's own dashboards (Ray's ``ray_node_*`` metrics). A process that ends
+between two samples loses at most one interval of its CPU time here.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
-INTERVAL_S = 1.0
+INTERVAL_S = 2.0
 RESCAN_EVERY = 5  # samples between two walks of the process tree (new processes are found then, whole CPU time)
 
 
