@@ -70,10 +70,16 @@ class PairExtractor:
         self.config_hash = info["config_hash"]
         self.last_ms: dict[str, int] = {}  # where the last batch's time went: model, gate (verbatim check, rows)
 
-    def _run(self, queries: list[str], chunks: list[str]) -> list[PairResult]:
-        """The extractor over a batch; if the batch fails, each pair alone, so one bad pair fails alone."""
+    def _run(self, queries: list[str], chunks: list[str], query_ids: list[str] | None = None,
+             ranks: list[int | None] | None = None) -> list[PairResult]:
+        """The extractor over a batch; if the batch fails, each pair alone, so one bad pair fails alone. An
+        extractor that judges a query's pairs together (``groups_queries``) gets their query ids and retrieval
+        ranks (a pair without a rank, from a pairs file, is judged alone)."""
         try:
-            results = self.extractor.extract(queries, chunks)
+            if getattr(self.extractor, "groups_queries", False) and query_ids is not None:
+                results = self.extractor.extract(queries, chunks, query_ids=query_ids, ranks=ranks)
+            else:
+                results = self.extractor.extract(queries, chunks)
             if len(results) != len(queries):
                 raise RuntimeError(f"extractor returned {len(results)} results for {len(queries)} pairs")
             return results
@@ -98,7 +104,8 @@ class PairExtractor:
         t0 = time.perf_counter()
         if todo:
             try:
-                got = self._run([rows[i]["query"] for i in todo], [rows[i]["chunk"] for i in todo])
+                got = self._run([rows[i]["query"] for i in todo], [rows[i]["chunk"] for i in todo],
+                                [rows[i]["query_id"] for i in todo], [rows[i]["rank"] for i in todo])
             except Exception as exc:  # noqa: BLE001 - a single pair failed
                 got = [PairResult([], None, _error_reason(exc))]
             results = dict(zip(todo, got, strict=True))

@@ -41,6 +41,7 @@ one, unlike the token-level highlighter (see the README for how they compare).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -167,6 +168,15 @@ class SemanticConfig:
     max_spans: int = option(6, "at most this many spans per pair, the best ones (0: no limit)", low=0)
     max_share: float = option(1.0, "at most this share of a chunk's characters in one pair's spans, the best "
                               "units first (1: no limit)", low=0, high=1, low_open=True)
+    query_margin: float = option(1.0, "pairs from retrieval (a rank per pair): a pair answers only when its best "
+                                 "sentence is within this of the best across its query's retrieved chunks (1: off, "
+                                 "each pair alone)", low=0, high=1)
+    query_threshold: float = option(0.50, "pairs from retrieval: a query answers when the best sentence across its "
+                                    "retrieved chunks reaches this (its best chunk may answer below --threshold)",
+                                    low=0, high=1)
+    query_max_spans: int = option(0, "pairs from retrieval: at most this many spans per query across its retrieved "
+                                  "chunks, the best ones (0: no limit)", low=0)
+    rank_weight: float = 0.0  # pairs from retrieval: a pair's best counts this much less per retrieval rank below 1
     keep_non_body: bool = option(False, "also take evidence from reference lists, tables of contents, author, "
                                  "affiliation and e-mail lines and bare headings (off: body text only)")
     row_gate: bool = True  # a table row is evidence only when the query names something in its own cells
@@ -188,8 +198,8 @@ class SemanticConfig:
             raise ValueError(f"unit_slack must be >= 0, got {self.unit_slack}")
         if not 0.0 < self.paragraph_fill <= 1.0:
             raise ValueError(f"paragraph_fill must be in (0, 1], got {self.paragraph_fill}")
-        if self.max_spans < 0:
-            raise ValueError(f"max_spans must be >= 0, got {self.max_spans}")
+        if self.max_spans < 0 or self.query_max_spans < 0:
+            raise ValueError("max_spans and query_max_spans must be >= 0")
         if not 0.0 < self.max_share <= 1.0:
             raise ValueError(f"max_share must be in (0, 1], got {self.max_share}")
 
@@ -205,6 +215,9 @@ class SemanticConfig:
     @property
     def hash(self) -> str:
         d = {k: v for k, v in self.to_dict().items() if k not in ("device", "token_budget", "model")}
+        if not judges_queries(self):  # selection per query off: its settings change nothing (earlier runs carry)
+            for k in ("query_margin", "query_threshold", "query_max_spans", "rank_weight"):
+                d.pop(k)
         d["embedder"] = self.embedder_config().hash
         return tables.config_hash({"semantic_version": SEMANTIC_VERSION, **d})
 
@@ -244,11 +257,9 @@ def _bounded(selected: np.ndarray, score: np.ndarray, lengths: np.ndarray, budge
     return keep
 
 
-def select_spans(scores: UnitScores, chunk: str, config: SemanticConfig, threshold: float | None = None) -> PairResult:
-    """A pair's spans from its unit signals under ``config`` (``threshold`` overrides the configured one)."""
-    if not scores.segments:
-        return PairResult([], 0.0)
-    t = config.threshold if threshold is None else threshold
+def _unit_evidence(scores: UnitScores, config: SemanticConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Each unit's combined score (a table row the query names raised to its caption's) and whether it may be
+    evidence."""
     score = scores.combined(config)
     eligible = np.ones(len(score), dtype=bool)
     if config.row_gate and scores.eligible is not None:
@@ -256,6 +267,64 @@ def select_spans(scores: UnitScores, chunk: str, config: SemanticConfig, thresho
         if scores.caption is not None:  # a row the query names is as good evidence as its table's caption
             rows = np.flatnonzero((scores.caption >= 0) & eligible)
             score[rows] = np.maximum(score[rows], score[scores.caption[rows]])
+    return score, eligible
+
+
+def pair_best(scores: UnitScores, config: SemanticConfig) -> float:
+    """A pair's best unit score (its ``relevance``): 0 when no unit may be evidence."""
+    if not scores.segments:
+        return 0.0
+    score, eligible = _unit_evidence(scores, config)
+    return float(score[eligible].max()) if eligible.any() else 0.0
+
+
+def judges_queries(config: SemanticConfig) -> bool:
+    """Whether ``config`` judges a query's retrieved pairs together (``select_query``)."""
+    return config.query_margin < 1.0 or config.query_max_spans > 0
+
+
+def select_query(scores: Sequence[UnitScores], chunks: Sequence[str], ranks: Sequence[int],
+                 config: SemanticConfig, threshold: float | None = None) -> list[PairResult]:
+    """The spans of one query's retrieved pairs, judged together (``query_margin`` < 1; else each pair alone).
+
+    A pair's best unit score, less ``rank_weight`` per rank below the first, is compared with the query's best:
+    the query abstains when that best is under ``query_threshold``; otherwise a pair answers when its own best
+    reaches ``query_threshold`` and is within ``query_margin`` of the query's best (so the query's best chunk may
+    answer under ``threshold``, and a chunk clearly worse than another retrieved for the query gives nothing).
+    An answering pair's units are selected as ``select_spans`` does, from its own best. ``threshold`` overrides
+    ``query_threshold`` (a sweep) by moving both cuts alike."""
+    if config.query_margin >= 1.0:
+        return _query_bound([select_spans(s, c, config, threshold) for s, c in zip(scores, chunks, strict=True)],
+                            config.query_max_spans)
+    qt = config.query_threshold if threshold is None else config.query_threshold + threshold - config.threshold
+    bests = [pair_best(s, config) for s in scores]
+    adjusted = [b - config.rank_weight * max(0, (r or 1) - 1) for b, r in zip(bests, ranks, strict=True)]
+    top = max(adjusted, default=0.0)
+    out = []
+    for s, c, b, a in zip(scores, chunks, bests, adjusted, strict=True):
+        if top < qt or b < qt or a < top - config.query_margin:
+            out.append(PairResult([], b))
+        else:
+            out.append(select_spans(s, c, config, min(b, config.threshold if threshold is None else threshold)))
+    return _query_bound(out, config.query_max_spans)
+
+
+def _query_bound(results: list[PairResult], limit: int) -> list[PairResult]:
+    """At most ``limit`` spans over a query's pairs, the best scoring ones (0: all)."""
+    ranked = sorted(((-sp.score, i, j) for i, r in enumerate(results) for j, sp in enumerate(r.spans)))
+    if not limit or len(ranked) <= limit:
+        return results
+    keep = {(i, j) for _, i, j in ranked[:limit]}
+    return [dataclasses.replace(r, spans=[sp for j, sp in enumerate(r.spans) if (i, j) in keep])
+            for i, r in enumerate(results)]
+
+
+def select_spans(scores: UnitScores, chunk: str, config: SemanticConfig, threshold: float | None = None) -> PairResult:
+    """A pair's spans from its unit signals under ``config`` (``threshold`` overrides the configured one)."""
+    if not scores.segments:
+        return PairResult([], 0.0)
+    t = config.threshold if threshold is None else threshold
+    score, eligible = _unit_evidence(scores, config)
     if not eligible.any():
         return PairResult([], 0.0)
     best = float(score[eligible].max())
@@ -359,14 +428,40 @@ class SemanticExtractor:
     def spans_from_scores(self, scores: UnitScores, chunk: str, threshold: float | None = None) -> PairResult:
         return select_spans(scores, chunk, self.config, threshold)
 
-    def sweep(self, queries: Sequence[str], chunks: Sequence[str],
-              thresholds: Sequence[float]) -> dict[float, list[PairResult]]:
-        scored = self.unit_scores(queries, chunks)
-        return {t: [PairResult([], None, s) if isinstance(s, str) else self.spans_from_scores(s, c, t)
-                    for s, c in zip(scored, chunks, strict=True)] for t in thresholds}
+    groups_queries = True  # ``extract`` takes each pair's query id and retrieval rank (``gate.PairExtractor``)
 
-    def extract(self, queries: Sequence[str], chunks: Sequence[str]) -> list[PairResult]:
-        return self.sweep(queries, chunks, [self.config.threshold])[self.config.threshold]
+    def sweep(self, queries: Sequence[str], chunks: Sequence[str], thresholds: Sequence[float],
+              query_ids: Sequence[str] | None = None,
+              ranks: Sequence[int | None] | None = None) -> dict[float, list[PairResult]]:
+        scored = self.unit_scores(queries, chunks)
+        return {t: self.select(scored, chunks, t, query_ids, ranks) for t in thresholds}
+
+    def select(self, scored: Sequence[UnitScores | str], chunks: Sequence[str], threshold: float | None = None,
+               query_ids: Sequence[str] | None = None,
+               ranks: Sequence[int | None] | None = None) -> list[PairResult]:
+        """Each pair's result from its unit signals: pairs with a retrieval rank (``ranks``) judged with the other
+        pairs of their query (``select_query``), the others alone (``select_spans``)."""
+        out: list[PairResult | None] = [PairResult([], None, s) if isinstance(s, str) else None for s in scored]
+        groups: dict[str, list[int]] = {}
+        for i, s in enumerate(scored):
+            if out[i] is not None:
+                continue
+            if query_ids is None or ranks is None or ranks[i] is None or not judges_queries(self.config):
+                out[i] = select_spans(s, chunks[i], self.config, threshold)
+            else:
+                groups.setdefault(query_ids[i], []).append(i)
+        for members in groups.values():
+            got = select_query([scored[i] for i in members], [chunks[i] for i in members],
+                               [ranks[i] for i in members], self.config, threshold)
+            for i, r in zip(members, got, strict=True):
+                out[i] = r
+        return out  # type: ignore[return-value]
+
+    def extract(self, queries: Sequence[str], chunks: Sequence[str], query_ids: Sequence[str] | None = None,
+                ranks: Sequence[int | None] | None = None) -> list[PairResult]:
+        """One result per pair; with ``query_ids`` and ``ranks`` (pairs from retrieval), each query's pairs are
+        judged together (``query_margin``)."""
+        return self.select(self.unit_scores(queries, chunks), chunks, None, query_ids, ranks)
 
 
 def _fingerprint(config: SemanticConfig) -> str:

@@ -320,17 +320,29 @@ def pairs_dataset(pairs: pa.Table | ray.data.Dataset, batch_rows: int, query_gro
     return ray.data.from_arrow([pairs.slice(i, batch_rows) for i in range(0, max(1, pairs.num_rows), batch_rows)])
 
 
+def judges_queries(config: Any) -> bool:
+    """Whether an extractor judges a query's retrieved pairs together (the semantic extractor with a
+    ``query_margin`` below 1 or a ``query_max_spans``): then its batches hold whole queries."""
+    from ..extract.semantic import judges_queries as semantic_judges
+
+    return isinstance(config, SemanticConfig) and semantic_judges(config)
+
+
 def _model_actors(setup: ExtractSetup, pairs: pa.Table | ray.data.Dataset) -> ray.data.Dataset:
     """One extractor (model) per GPU, else CPU actors; the highlighter's host work runs in CPU stages around its
-    model actors (``_highlighter_stages``)."""
+    model actors (``_highlighter_stages``). An extractor that judges a query's pairs together gets blocks of
+    whole queries (the planner's, or a table's ``query_blocks``), each call its ``query_blocks`` of about
+    ``batch_rows`` pairs, so a query's pairs are never split between calls."""
     from ..extract.highlighter import HighlighterConfig
 
-    ds = pairs_dataset(pairs, setup.resources.batch_rows, query_grouped=False)
+    grouped = judges_queries(setup.extractor)
+    res = setup.resources.with_(whole_blocks=True) if grouped else setup.resources
+    ds = pairs_dataset(pairs, res.batch_rows, query_grouped=grouped)
     if isinstance(setup.extractor, HighlighterConfig):
         return _highlighter_stages(setup, ds)
     kwargs = {"config": setup.extractor, "run_id": setup.run_id, "max_chunk_chars": setup.max_chunk_chars,
-              "retries": setup.retries}
-    return ds.map_batches(ExtractActor, **ray_args(setup.resources, ExtractActor, setup.cluster,
+              "retries": setup.retries, "query_block_rows": res.batch_rows if grouped else None}
+    return ds.map_batches(ExtractActor, **ray_args(res, ExtractActor, setup.cluster,
                                                    batch_format="pyarrow", fn_constructor_kwargs=kwargs))
 
 
@@ -478,7 +490,8 @@ class ExtractStage(TableStage):
             pairs: pa.Table = work.data
             return extract_dataset(self.job, drop_keys(pairs, "pair_id", skip), ctx.run_id)
         placement = registry.placement(self.job.extractor)
-        grouped = placement in ("io", "vllm")  # blocks of whole queries, for extractors that group them
+        # blocks of whole queries, for extractors that group them or judge a query's pairs together
+        grouped = placement in ("io", "vllm") or judges_queries(self.job.extractor)
         rows = extract_setup(self.job, ctx.run_id).resources.batch_rows
         return extract_dataset(self.job, work.data.dataset(skip, grouped, rows), ctx.run_id)
 
