@@ -239,11 +239,11 @@ def test_publish_then_read_with_pyiceberg_ray_pandas_and_duckdb(nightly_baseline
     con = duckdb.connect()
     con.register("spans", table.scan().to_arrow())  # duckdb, through Arrow
     assert con.sql("SELECT count(*) FROM spans WHERE night = 'r1'").fetchall() == [(spans.num_rows,)]
-    from pyiceberg.expressions import EqualTo
+    from ray.data.expressions import col
 
-    ds = ray.data.read_iceberg(table_identifier="verbatim.spans", row_filter=EqualTo("night", "r1"),  # Ray
+    ds = ray.data.read_iceberg(table_identifier="verbatim.spans",  # Ray
                                catalog_kwargs={"name": "verbatim", "type": "sql",
-                                               "uri": f"sqlite:///{lake}/catalog.db"})
+                                               "uri": f"sqlite:///{lake}/catalog.db"}).filter(expr=col("night") == "r1")
     assert sorted(r["pair_id"] for r in ds.take_all()) == sorted(spans["pair_id"].to_pylist())
 
     before = _snapshots(lake)  # publishing the same night again adds nothing, and starts no Ray
