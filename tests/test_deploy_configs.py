@@ -131,9 +131,12 @@ def test_the_cluster_examples_are_safe_to_copy():
     assert config_problems(ROOT / "configs" / "cluster-gpu.yaml", "nightly", shared_mounts(launcher)) == []
     for path in sorted((ROOT / "deploy").glob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
+            if not isinstance(doc, dict):
+                continue
+            data = doc.get("data") if isinstance(doc.get("data"), dict) else {}
             jobs = [doc] if doc.get("kind") == "RayJob" else [
-                yaml.safe_load(text.replace("@NIGHT@", "20261128")) for text in (doc.get("data") or {}).values()
-                if "kind: RayJob" in text]
+                yaml.safe_load(text.replace("@NIGHT@", "20261128")) for text in data.values()
+                if isinstance(text, str) and "kind: RayJob" in text]
             for job in jobs:
                 assert rayjob_problems(job) == [], path.name
                 command = Path(shlex.split(job["spec"]["entrypoint"])[1]).stem
