@@ -37,6 +37,7 @@ from ..publish import (
     open_catalog,
 )
 from ..runs import MANIFEST_FILE, RUNS_DIR, current_run, read_manifest
+from ..telemetry.options import MetricsOptions
 
 log = logging.getLogger(__name__)
 # a local publish of less Parquet than this writes in this process: a local Ray's start (8-12 CPU-s on a small
@@ -48,7 +49,7 @@ STAGE_RUN_TABLES = {"chunk": ("chunks",), "retrieve": ("retrieval",), "extract":
 
 
 @dataclass(kw_only=True)
-class PublishJob:
+class PublishJob(MetricsOptions):
     """Publish ``source`` (a nightly root's current night, a nightly or chain run folder, or a chunk, retrieve or
     extract run) to ``target``."""
 
