@@ -18,7 +18,6 @@ No timing is asserted: every limit is a generous poll (``promservers.scaled``), 
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
 import subprocess
@@ -294,17 +293,19 @@ def test_no_successful_night_fires_when_nothing_was_pushed_and_stops_once_a_nigh
         assert len(age) == 1 and float(age[0]["value"][1]) < 26 * 3600
 
 
-@pytest.mark.stage  # the command starts a local Ray
-def test_an_unreachable_pushgateway_costs_one_warning_line_not_the_run(tmp_path):
+def test_an_unreachable_pushgateway_costs_one_warning_line_not_the_run(ray_local, tmp_path, capfd):
+    """``chunk`` of the bundled corpus (on the session's Ray) with --metrics-push at a closed port: committed,
+    exit 0, and one warning line."""
+    from verbatim_batch.cli import main
+
     with socket.socket() as closed:  # bound, never listening: connections to it are refused, and nobody takes it
         closed.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{closed.getsockname()[1]}"
-        env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "VERBATIM_BATCH_FAULT")}
-        done = subprocess.run([*CLI, "chunk", "--input", str(REPO / "verbatim_batch" / "examples" / "corpus"),
-                               "--output", str(tmp_path / "chunks"), "--num-cpus", "1", "--metrics-push", url],
-                              capture_output=True, text=True, timeout=scaled(300), env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    warnings = [line for line in done.stderr.splitlines() if line.startswith("verbatim-batch: warning:")]
-    assert len(warnings) == 1 and f"metrics not pushed to {url}" in warnings[0], done.stderr[-3000:]
-    assert "Traceback" not in done.stderr
+        code = main(["chunk", "--input", str(REPO / "verbatim_batch" / "examples" / "corpus"),
+                     "--output", str(tmp_path / "chunks"), "--metrics-push", url])
+    err = capfd.readouterr().err
+    assert code == 0, err[-3000:]
+    warnings = [line for line in err.splitlines() if line.startswith("verbatim-batch: warning:")]
+    assert len(warnings) == 1 and f"metrics not pushed to {url}" in warnings[0], err[-3000:]
+    assert "Traceback" not in err
     assert json.loads((tmp_path / "chunks" / "manifest.json").read_text())["metrics"]["rows"]["written"] > 0
