@@ -123,7 +123,10 @@ class Pushgateway(_Server):
     name = "pushgateway"
 
     def command(self) -> list[str]:
-        return [PUSHGATEWAY, f"--web.listen-address=127.0.0.1:{self.port}"]
+        # Its own persistence file: Debian's build defaults to /var/lib/prometheus/pushgateway.data, shared by
+        # every gateway on the machine, and a new one would start with what others pushed.
+        return [PUSHGATEWAY, f"--web.listen-address=127.0.0.1:{self.port}",
+                f"--persistence.file={self.folder / 'pushgateway.data'}"]
 
 
 class Prometheus(_Server):
