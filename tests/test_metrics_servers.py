@@ -119,12 +119,14 @@ def night(tmp_path_factory):
         ray.shutdown()
     tmp = tmp_path_factory.mktemp("metrics-servers")
     (tmp / "ray-logs").mkdir()
+    started = time.monotonic()
     with Pushgateway(tmp / "pushgateway") as gateway, MetricsRayHead(tmp / "ray-logs") as head:
         sd_file = head.write_sd_file(tmp / "ray_sd.json")
         with Prometheus(tmp / "prometheus", prometheus_config(gateway.url, sd_file)) as prom:
             wait_until(lambda: prom.targets_up() == {"pushgateway": "up", "ray": "up"}, "both targets up",
                        scaled(120), prom.proc, prom.log)
             t0 = time.time()
+            servers_s = time.monotonic() - started
             out = tmp / "demo"
             demo = subprocess.run(
                 [*CLI, "demo", "--n-papers", "3", "--output", str(out), "--address", head.gcs_address,
@@ -153,6 +155,8 @@ def night(tmp_path_factory):
                 wait_until(arrived, "the demo's rows in Prometheus", scaled(300), interval=2)
             except TimeoutError:
                 pass
+            print(f"\n[metrics servers] servers and Ray head up in {servers_s:.0f}s, demo {result.ended - t0:.0f}s, "
+                  f"both forms in Prometheus {time.time() - result.ended:.0f}s later")  # pytest -s shows it
             yield result
 
 
