@@ -1,7 +1,7 @@
 """What publishing a night as Iceberg tables costs next to the night itself (issue 40), in CPU-seconds of the whole
 process tree, side by side on one synthetic corpus.
 
-    .venv/bin/python benchmarks/bench_publish.py --papers 60 --out benchmarks/results-publish.json
+    .venv/bin/python benchmarks/bench_publish.py --papers 20 --out benchmarks/results-publish.json
 
 Three nights on one root (offline CPU defaults, 16 bundled queries), each followed by `verbatim-batch publish`
 into one warehouse (pyiceberg's SQLite catalog): night 1 from scratch, night 2 over the same corpus, night 3 after
@@ -60,7 +60,7 @@ def rows(lake: Path) -> dict[str, int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--papers", type=int, default=60)
+    ap.add_argument("--papers", type=int, default=20)
     ap.add_argument("--changed", type=float, default=0.01)
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results-publish.json"))
     ap.add_argument("--work", default=None, help="folder for the corpus, root and warehouse (default: a temp dir)")
@@ -84,7 +84,8 @@ def main() -> None:
                     p.write_text(text[:cut] + "\n\nA sentence added by the benchmark's nightly edit.\n\n" + text[cut:],
                                  encoding="utf-8")
             night = call(["nightly", "--input", str(corpus), "--metadata", str(corpus / "metadata.jsonl"),
-                          "--queries", str(QUERIES), "--root", str(root), "--run-id", run_id, "--num-cpus", "2"],
+                          "--queries", str(QUERIES), "--root", str(root), "--run-id", run_id, "--num-cpus", "2",
+                          "--embed-batch-rows", "64", "--extract-batch-rows", "16"],  # small blocks: steady progress
                          work / f"{run_id}.log", env)
             publish = call(["publish", str(root), "--warehouse", str(lake), "--num-cpus", "2"],
                            work / f"{run_id}-publish.log", env)
