@@ -7,16 +7,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
-
 from helpers import EXAMPLES, PAPERS, REPO
+
 from verbatim_batch.telemetry import accounting, session
 from verbatim_batch.telemetry.declare import BY_NAME, METRICS, OUTCOMES
 
@@ -93,35 +91,15 @@ def test_a_bad_pushgateway_url_is_refused_in_one_line(url, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def pushgateway(tmp_path_factory):
-    """Debian's Pushgateway on loopback."""
-    binary = shutil.which("prometheus-pushgateway") or shutil.which("pushgateway")
-    if binary is None:
+    """Debian's Pushgateway on loopback, with a persistence file of its own (tests/promservers.py)."""
+    from promservers import PUSHGATEWAY, Pushgateway
+
+    if PUSHGATEWAY is None:
         pytest.skip("prometheus-pushgateway is not installed (apt-get install prometheus-pushgateway; CI does)")
-    port = _free_port()
-    proc = subprocess.Popen([binary, f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, cwd=tmp_path_factory.mktemp("pgw"))
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            urllib.request.urlopen(url + "/-/ready", timeout=5).read()
-            break
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                pytest.fail("the Pushgateway did not start")
-            time.sleep(0.5)
-    yield url
-    proc.kill()
-    proc.wait()
+    with Pushgateway(tmp_path_factory.mktemp("pgw")) as gateway:
+        yield gateway.url
 
 
 def _scrape(url: str) -> dict[tuple[str, tuple], float]:
