@@ -215,41 +215,60 @@ def _snapshots(lake: Path) -> dict[str, list[int]]:
     return {name: [s.snapshot_id for s in catalog.load_table(("verbatim", name)).snapshots()] for name in PUBLISHED}
 
 
-def test_publish_then_read_with_pyiceberg_ray_pandas_and_duckdb(nightly_baseline, ray_local, tmp_path):
-    import duckdb
-    import ray
-
-    root, lake = _copy_root(nightly_baseline, tmp_path), tmp_path / "lake"
+@pytest.fixture(scope="module")
+def published(nightly_baseline, tmp_path_factory):
+    """The baseline night r1 published by the CLI (small and local: written in its own process), once per module."""
+    tmp = tmp_path_factory.mktemp("published")
+    root, lake = _copy_root(nightly_baseline, tmp), tmp / "lake"
     done = _cli("publish", str(root), "--warehouse", str(lake), "--num-cpus", "2")
     assert done.returncode == 0, done.stderr[-4000:]
-    assert "night r1 published" in done.stdout and done.stdout.count("written by driver") == 4  # small: no Ray
+    assert "night r1 published" in done.stdout and done.stdout.count("written by driver") == 4, done.stdout
     assert "Started a local Ray" not in done.stderr
-    run = root / "runs" / "r1"
+    return {"root": root, "lake": lake, "run": root / "runs" / "r1",
+            "spans": pq.read_table(root / "runs" / "r1" / "spans" / "spans")}
+
+
+def test_read_with_pyiceberg_every_table_is_the_nights_run_table(published):
     for name, spec in PUBLISHED.items():
-        want = pq.read_table(run / spec.stage / name)
-        table = _catalog(lake).load_table(("verbatim", name))
-        got = table.scan(row_filter=f"night == '{table.properties['verbatim.night']}'").to_arrow()  # pyiceberg
+        want = pq.read_table(published["run"] / spec.stage / name)
+        table = _catalog(published["lake"]).load_table(("verbatim", name))
+        got = table.scan(row_filter=f"night == '{table.properties['verbatim.night']}'").to_arrow()
         assert got.num_rows == want.num_rows > 0, name
-        key = tables.CHUNKS.names[0] if name == "chunks" else ("pair_id" if name != "retrieval" else "query_id")
-        assert sorted(got[key].to_pylist()) == sorted(want[key].to_pylist()), name
-    spans = pq.read_table(run / "spans" / "spans")
-    table = _catalog(lake).load_table(("verbatim", "spans"))
-    frame = table.scan().to_pandas()  # pandas
-    assert sorted(frame["text"]) == sorted(spans["text"].to_pylist())
+        assert got.column_names == [NIGHT, *want.column_names], name
+        rows = sorted(got.drop_columns([NIGHT]).to_pylist(), key=str)  # every row and value, as the run wrote it
+        assert rows == sorted(want.to_pylist(), key=str), name
+
+
+def test_read_with_pandas(published):
+    frame = _catalog(published["lake"]).load_table(("verbatim", "spans")).scan().to_pandas()
+    assert sorted(frame["text"]) == sorted(published["spans"]["text"].to_pylist())
+    assert set(frame["night"]) == {"r1"}
+
+
+def test_read_with_duckdb_through_arrow(published):
+    import duckdb
+
     con = duckdb.connect()
-    con.register("spans", table.scan().to_arrow())  # duckdb, through Arrow
-    assert con.sql("SELECT count(*) FROM spans WHERE night = 'r1'").fetchall() == [(spans.num_rows,)]
+    con.register("spans", _catalog(published["lake"]).load_table(("verbatim", "spans")).scan().to_arrow())
+    assert con.sql("SELECT count(*) FROM spans WHERE night = 'r1'").fetchall() == [(published["spans"].num_rows,)]
+
+
+def test_read_with_ray(published, ray_local):
+    import ray
     from ray.data.expressions import col
 
-    ds = ray.data.read_iceberg(table_identifier="verbatim.spans",  # Ray
+    ds = ray.data.read_iceberg(table_identifier="verbatim.spans",
                                catalog_kwargs={"name": "verbatim", "type": "sql",
-                                               "uri": f"sqlite:///{lake}/catalog.db"}).filter(expr=col("night") == "r1")
-    assert sorted(r["pair_id"] for r in ds.take_all()) == sorted(spans["pair_id"].to_pylist())
+                                               "uri": f"sqlite:///{published['lake']}/catalog.db"})
+    pair_ids = sorted(r["pair_id"] for r in ds.filter(expr=col("night") == "r1").take_all())
+    assert pair_ids == sorted(published["spans"]["pair_id"].to_pylist())
 
-    before = _snapshots(lake)  # publishing the same night again adds nothing, and starts no Ray
-    again = _cli("publish", str(root), "--warehouse", str(lake))
+
+def test_publishing_the_same_night_again_adds_nothing(published):
+    before = _snapshots(published["lake"])
+    again = _cli("publish", str(published["root"]), "--warehouse", str(published["lake"]))
     assert again.returncode == 0 and again.stdout.count("nothing to do") == 4, again.stdout + again.stderr[-2000:]
-    assert _snapshots(lake) == before and all(len(s) == 1 for s in before.values())
+    assert _snapshots(published["lake"]) == before and all(len(s) == 1 for s in before.values())
     assert "Started a local Ray" not in again.stderr
 
 
