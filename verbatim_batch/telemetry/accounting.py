@@ -6,7 +6,6 @@ session exports, so what Prometheus shows for a stage equals what its manifest s
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -52,16 +51,18 @@ def stage_metrics(counts: Mapping[str, int], timings: Mapping[str, float], decla
 
 
 def run_bytes(path: str) -> int | None:
-    """Bytes of a committed run's tables (its ``files.json``), or of a file; None for anything else (a corpus
-    folder: its stage counts the papers' bytes itself)."""
+    """Bytes of a committed run's tables (its ``files.json``, read bounded and checked: a forged or damaged one
+    counts what it validly lists), or of a file; None for anything else (a corpus folder: its stage counts the
+    papers' bytes itself). Never raises: a figure is an account, never a reason to fail a run."""
+    from ..runs.folder import read_files_index
+
     try:
-        index = storage.join(path, "files.json")
-        if storage.isfile(index):
-            files = json.loads(storage.read_text_bounded(index, 64 << 20))
+        files, _ = read_files_index(path)
+        if files is not None:
             return sum(int(f.get("bytes", 0) or 0) for table in files.values() for f in table.values())
         if storage.isfile(path):
             return _size(path)
-    except (OSError, ValueError, AttributeError, TypeError):
+    except Exception:  # noqa: BLE001 - any input is hostile; the count is left out
         return None
     return None
 

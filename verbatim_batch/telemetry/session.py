@@ -103,7 +103,10 @@ def finish(status: str) -> None:
     address = session.address or os.environ.get("RAY_ADDRESS")
     ray = sys.modules.get("ray")
     joined = bool(ray is not None and ray.is_initialized() and not _started_locally())
-    if joined or (session.joins and address and address != "local" and not _started_locally()):
+    # a cluster is joined for its metrics only by a command that committed: a refused one (e.g. its cluster is
+    # not there) says so in its own one line, and its push (if any) records the refusal
+    if joined or (status == "committed" and session.joins and address and address != "local"
+                  and not _started_locally()):
         from .ray_export import export
 
         export(address, rows)
