@@ -197,8 +197,11 @@ class MetricsRayHead(LocalRayCluster):
         self.env.setdefault("RAY_agent_register_timeout_ms", "600000")
 
     def start_head(self) -> None:
+        # Without the dashboard Ray still starts a small head process on the dashboard port (8265 unless told,
+        # with no retry): a free one, so that two Rays on the machine do not fight over it.
         self._start(["--head", "--node-ip-address", "127.0.0.1", "--port", str(self.gcs_port),
-                     "--include-dashboard=false", "--metrics-export-port", str(self.metrics_port),
+                     "--include-dashboard=false", "--dashboard-port", str(self.dash_port),
+                     "--metrics-export-port", str(self.metrics_port),
                      "--ray-client-server-port", str(free_port()), "--num-cpus", str(self.head_cpus)], "head")
         metrics = f"http://127.0.0.1:{self.metrics_port}/metrics"
         self._wait(lambda: self._http_ok(metrics), "the head's metrics export port", scaled(180))
