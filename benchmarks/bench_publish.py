@@ -7,7 +7,8 @@ Three nights on one root (offline CPU defaults, 16 bundled queries), each follow
 into one warehouse (pyiceberg's SQLite catalog): night 1 from scratch, night 2 over the same corpus, night 3 after
 1% of the papers were edited (at least one). Each publish twice: as a user runs it here (a small local publish
 writes in its own process) and through a local Ray (`--address local`: Ray's write tasks, as on a cluster, plus a
-local Ray's start) into a second warehouse. Then the same publish again (a no-op). Every call is a subprocess with
+local Ray's start) into a second warehouse. Then the same publish again (a no-op), and a night 4 (nothing changed)
+that publishes itself as it commits (`nightly --warehouse`), against night 2. Every call is a subprocess with
 its own local Ray (`--num-cpus 2`), measured as bench_scale.py measures: a cgroup-v1 cpuacct group per call (root),
 so the driver, Ray's GCS, raylet and workers all count. The ratio publish / night is the figure (issue 40 asks for at
 most 10%); the machine is shared, so absolute times vary more than ratios.
@@ -96,12 +97,19 @@ def main() -> None:
                               "publish_over_night_cpu": round(publish["tree_cpu_s"] / night["tree_cpu_s"], 3),
                               "ray_publish_over_night_cpu": round(with_ray["tree_cpu_s"] / night["tree_cpu_s"], 3)}
         again = call(["publish", str(root), "--warehouse", str(lake)], work / "republish.log", env)
+        # night 4, nothing changed since night 3, publishing itself as it commits (nightly --warehouse, one process):
+        # against night 2 (nothing changed, no publish), what publishing adds to a scheduled night
+        n4 = call(["nightly", "--input", str(corpus), "--metadata", str(corpus / "metadata.jsonl"),
+                   "--queries", str(QUERIES), "--root", str(root), "--run-id", "n4", "--num-cpus", "2",
+                   "--warehouse", str(work / "lake-nightly")], work / "n4.log", env)
         out = {
             "date": dt.date.today().isoformat(), "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, "
             f"{platform.platform()}", "command": " ".join([sys.executable.split('/')[-1], *sys.argv]),
             "papers": args.papers, "nights": {"n1": "from scratch", "n2": "nothing changed",
                                               "n3": f"{max(1, round(args.changed * args.papers))} papers edited"},
             "results": nights, "republish_noop": again,
+            "night4_unchanged_with_warehouse": n4 | {
+                "over_night2_cpu": round(n4["tree_cpu_s"] / nights["n2"]["night"]["tree_cpu_s"], 3)},
         }
         Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
         print(json.dumps(out, indent=2))

@@ -276,8 +276,8 @@ def test_a_killed_publish_leaves_the_last_snapshot_and_a_rerun_completes(nightly
     from verbatim_batch.pipeline.publish import PublishJob, run_publish
 
     root, lake = _copy_root(nightly_baseline, tmp_path), tmp_path / "lake"
-    result = run_publish(PublishJob(source=str(root), target=IcebergTarget(warehouse=str(lake))))  # r1, in-process
-    assert {t["written_by"] for t in result["tables"]} == {"ray"}  # this process has Ray up: its tasks write
+    result = run_publish(PublishJob(source=str(root), target=IcebergTarget(warehouse=str(lake)), address="local"))
+    assert {t["written_by"] for t in result["tables"]} == {"ray"}  # r1, with an address: Ray's tasks write
     first = _snapshots(lake)
     r1_spans = _catalog(lake).load_table(("verbatim", "spans")).scan().to_arrow()
 

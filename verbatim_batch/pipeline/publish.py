@@ -9,8 +9,8 @@ snapshot that replaces the night's partition (``publish.commit_night``). ``write
 for the commit: its overwrite is a delete snapshot and an append snapshot, it commits nothing for a night
 without rows (the night's old partition would stay), and it can commit a schema change before any data. A
 publish killed before its commit leaves data files no snapshot refers to, and the table as it was. A small local
-publish (no cluster, no Ray up, under ``LOCAL_RAY_MIN_BYTES`` of Parquet) runs the same datasink ``write()`` in
-this process instead of starting a local Ray for it, as ``verify`` does.
+publish (no cluster, under ``LOCAL_RAY_MIN_BYTES`` of Parquet) runs the same datasink ``write()`` in this process
+instead, as ``verify`` does.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from ..runs import MANIFEST_FILE, RUNS_DIR, current_run, read_manifest
 from ..telemetry.options import MetricsOptions
 
 log = logging.getLogger(__name__)
-# a local publish of less Parquet than this writes in this process: a local Ray's start (8-12 CPU-s on a small
-# machine) costs more than writing it
+# a local publish of less Parquet than this writes in this process: through a local Ray it cost 53 tree CPU-s
+# against 5.5 in process for a 20-paper night (benchmarks/history/publish.md)
 LOCAL_RAY_MIN_BYTES = 256 << 20
 COMMIT_ATTEMPTS = 3  # a commit that lost a race with another writer of the table is tried again on the new state
 # the tables a single stage run publishes, by its command
@@ -142,12 +142,15 @@ def table_files(night: Night, name: str) -> list[str]:
 
 
 def with_ray(job: PublishJob, night: Night) -> bool:
-    """Whether the data files are written by Ray tasks: on a cluster (``--address``, ``RAY_ADDRESS``), when this
-    process already has Ray (a night's), or when the night's tables hold ``LOCAL_RAY_MIN_BYTES`` of Parquet or
-    more; a smaller local publish writes them in this process (a local Ray's start would cost more than that)."""
+    """Whether the data files are written by Ray tasks: on a cluster (``--address``, ``RAY_ADDRESS``, or this
+    process joined to one), or when the night's tables hold ``LOCAL_RAY_MIN_BYTES`` of Parquet or more. A smaller
+    local publish writes them in this process, also where the night's own local Ray is up: a local Ray's start,
+    and even one Ray Data execution per table, cost more than writing them."""
     import ray
 
-    if ray.is_initialized() or job.address or os.environ.get("RAY_ADDRESS"):
+    from .ray_env import started_locally
+
+    if job.address or os.environ.get("RAY_ADDRESS") or (ray.is_initialized() and not started_locally()):
         return True
     total = 0
     for name in night.stages:
