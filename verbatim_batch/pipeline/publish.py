@@ -40,8 +40,8 @@ from ..runs import MANIFEST_FILE, RUNS_DIR, current_run, read_manifest
 from ..telemetry.options import MetricsOptions
 
 log = logging.getLogger(__name__)
-# a local publish of less Parquet than this writes in this process: through a local Ray it cost 53 tree CPU-s
-# against 5.5 in process for a 20-paper night (benchmarks/history/publish.md)
+# a local publish of less Parquet than this writes in this process: through a local Ray it cost 36-53 tree CPU-s
+# against 4.5-5.5 in process for a 20-paper night (benchmarks/history/publish.md)
 LOCAL_RAY_MIN_BYTES = 256 << 20
 COMMIT_ATTEMPTS = 3  # a commit that lost a race with another writer of the table is tried again on the new state
 # the tables a single stage run publishes, by its command
