@@ -135,3 +135,27 @@ def test_cli_verify_runs_in_process_unless_large_or_asked(split_run, monkeypatch
     monkeypatch.setattr(commands, "VERIFY_LOCAL_RAY_UNITS", 2)
     monkeypatch.setattr("os.cpu_count", lambda: 4)
     assert main(["verify", str(run)]) == 0 and started[-1] == (None, None)
+
+
+def test_units_a_worker_could_not_read_are_checked_here(split_run, monkeypatch):
+    """A unit whose read failed in the file system on a worker (an object store whose credentials only this
+    process has; CI saw ACCESS_DENIED from S3 on the workers) is checked again in this process, and this
+    process's reading is reported. The worker's failure is a test double (the first two units' results are
+    replaced by what a worker that cannot open the files returns): which workers fail cannot be arranged
+    on a local Ray, whose workers read what the driver reads."""
+    _, run = split_run
+    original = verify._in_tasks
+
+    def failing_workers(fn, calls):
+        results = original(fn, calls)
+        for i in (0, 1):
+            results[i] = {"counts": {"papers": 0}, "n_errors": 1, "rejected": [], "io_error": True,
+                          "errors": [f"papers/x row group {i}: unreadable (AWS Error ACCESS_DENIED)"]}
+        return results
+
+    monkeypatch.setattr(verify, "_in_tasks", failing_workers)
+    checked = verify.verify_run(str(run))
+    assert checked["errors"] == [] and checked["papers"] == 7 and checked["unchecked"] == {}
+    monkeypatch.setattr(verify, "check_unit", lambda *a: {"counts": {}, "n_errors": 1, "rejected": [],
+                                                           "errors": ["read here: unreadable (gone)"]})
+    assert "read here: unreadable (gone)" in verify.verify_run(str(run))["errors"]

@@ -273,12 +273,14 @@ def check_unit(fs: pafs.FileSystem, papers_file: str, group: int, chunk_groups: 
             ids = []
         return {"counts": {"papers": len(ids)}, "n_errors": 1,
                 "errors": [f"{_short(papers_file)} row group {group}: unreadable ({_one_line(exc)})"][:max_errors],
-                "rejected": [i for i in ids if isinstance(i, str)] if want_rejected else []}
+                "rejected": [i for i in ids if isinstance(i, str)] if want_rejected else [],
+                "io_error": isinstance(exc, OSError)}
     value_set = pa.array(sorted({p for p in papers["paper_id"].to_pylist() if isinstance(p, str)}), pa.string())
     by_paper: dict[str, list[dict]] = defaultdict(list)
     errors: list[str] = []
     n_errors = 0
     lost = False  # a chunk row group could not be read: none of this unit's papers is trusted
+    io_error = False  # a read failed in the file system (not in the file): another process may read it
     for f, g in chunk_groups:
         try:
             t = read(f, g, CHUNK_COLUMNS)
@@ -286,7 +288,7 @@ def check_unit(fs: pafs.FileSystem, papers_file: str, group: int, chunk_groups: 
         except READ_ERRORS as exc:
             n_errors += 1
             errors.append(f"{_short(f)} row group {g}: unreadable ({_one_line(exc)})")
-            lost = True
+            lost, io_error = True, io_error or isinstance(exc, OSError)
             continue
         for row in rows:
             by_paper[row["paper_id"]].append(row)
@@ -313,7 +315,8 @@ def check_unit(fs: pafs.FileSystem, papers_file: str, group: int, chunk_groups: 
         errors.extend(problems[: max(0, max_errors - len(errors))])
         if want_rejected and (problems or not with_text):
             rejected.append(pid)
-    return {"counts": dict(counts), "n_errors": n_errors, "errors": errors[:max_errors], "rejected": rejected}
+    return {"counts": dict(counts), "n_errors": n_errors, "errors": errors[:max_errors], "rejected": rejected,
+            "io_error": io_error}
 
 
 def _in_tasks(fn, calls: list[tuple]) -> list:
@@ -331,15 +334,24 @@ def _in_tasks(fn, calls: list[tuple]) -> list:
 
 def _units_in_tasks(calls: list[tuple], root: str) -> list:
     """The units as Ray tasks; if the cluster's workers cannot read the run (an object store whose credentials
-    this process has and its workers do not), they are checked here instead, with one warning."""
+    this process has and its workers do not), they are checked here instead, with one warning. A unit whose
+    read failed in the file system on a worker (``io_error``) is checked again here: this process's reading
+    is the one reported."""
     try:
-        return _in_tasks(check_unit, calls)
+        results = _in_tasks(check_unit, calls)
     except Exception as exc:  # noqa: BLE001 - RayTaskError wraps the worker's OSError
         if not isinstance(exc, OSError) and not isinstance(getattr(exc, "cause", None), OSError):
             raise
         log.warning("the Ray workers could not read %s (%s): checking it in this process",
                     root, str(exc).splitlines()[-1][:200])
         return [check_unit(*c) for c in calls]
+    again = [i for i, r in enumerate(results) if r.get("io_error")]
+    if again:
+        log.warning("the Ray workers could not read %d of %d units of %s (%s): checking them in this process",
+                    len(again), len(results), root, results[again[0]]["errors"][:1])
+        for i in again:
+            results[i] = check_unit(*calls[i])
+    return results
 
 
 def check_papers(root: str, max_errors: int = 20, want_rejected: bool = False, bad: set[str] | None = None) -> dict:
