@@ -43,7 +43,6 @@ from collections import Counter, defaultdict
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -577,7 +576,7 @@ def _paper_texts(chunks_run: str, paper_ids: set[str]) -> dict[str, str | None]:
     if not paper_ids or not storage.isdir(papers_dir):
         return {}
     table = storage.dataset(papers_dir).to_table(columns=["paper_id", "markdown"],
-                                                 filter=pads.field("paper_id").isin(sorted(paper_ids)))
+                                                 filter=pc.field("paper_id").isin(sorted(paper_ids)))
     return dict(zip(table["paper_id"].to_pylist(), table["markdown"].to_pylist(), strict=True))
 
 

@@ -41,11 +41,14 @@ import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import faiss
 import numpy as np
 
 from ..options import option
+
+if TYPE_CHECKING:
+    import faiss  # imported where an index is built or read: the jobs' options (DenseSpec) need no FAISS
 
 KINDS = ("auto", "flat", "ivf_flat", "ivf_pq")
 GPU_CHOICES = ("auto", "yes", "no")
@@ -234,6 +237,8 @@ def _train_sample(batches: Callable[[], Iterable[np.ndarray]], n: int, dim: int,
 
 
 def _new_index(spec: DenseSpec, dim: int) -> faiss.Index:
+    import faiss
+
     if spec.kind == "flat":
         return faiss.IndexFlatIP(dim)
     quantizer = faiss.IndexFlatIP(dim)
@@ -248,6 +253,8 @@ def _new_index(spec: DenseSpec, dim: int) -> faiss.Index:
 
 
 def _num_gpus() -> int:
+    import faiss
+
     get = getattr(faiss, "get_num_gpus", None)
     return int(get()) if get is not None else 0
 
@@ -302,6 +309,8 @@ def _train_add_gpu(index: faiss.Index, spec: DenseSpec, batches, n: int, dim: in
     encoding) stays in CPU memory, so corpora larger than GPU memory work and no
     GPU index needs converting back. (FAISS's ``bench_all_ivf.py`` does the same.)
     """
+    import faiss
+
     sample = _train_sample(batches, n, dim, spec)
     ivf = faiss.extract_index_ivf(index)
     # SWIG does not keep the Python objects alive through the C++ pointers: hold them here.
@@ -328,12 +337,16 @@ def _train_add_gpu(index: faiss.Index, spec: DenseSpec, batches, n: int, dim: in
 
 def save_dense(index: faiss.Index, folder: str | Path) -> None:
     """Write ``folder/dense.faiss`` (the folder is created if missing)."""
+    import faiss
+
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     faiss.write_index(index, str(folder / DENSE_FILE))
 
 
 def _mmap_flags(path: Path) -> int:
+    import faiss
+
     with open(path, "rb") as f:
         fourcc = f.read(4)
     if fourcc.startswith(b"Iw"):  # IVF: inverted lists mapped as read-only on-disk lists
@@ -348,6 +361,8 @@ def load_dense(folder: str | Path, mmap: bool | str = "auto", nprobe: int | None
     ``nprobe`` (IVF only) overrides the value saved with the index. A mapped
     index must not have its file replaced or deleted while in use.
     """
+    import faiss
+
     path = Path(folder) / DENSE_FILE
     if not path.is_file():
         raise FileNotFoundError(f"no dense index at {path}")
@@ -362,6 +377,8 @@ def load_dense(folder: str | Path, mmap: bool | str = "auto", nprobe: int | None
 
 
 def _ivf_or_none(index: faiss.Index):
+    import faiss
+
     try:
         return faiss.extract_index_ivf(index)
     except RuntimeError:

@@ -28,7 +28,6 @@ from ..verify import check_papers
 from .ray_env import cpus
 from .runner import Outcome, Plan, RunOptions, StageContext, StageResult, TableStage, Work, run_stage
 from .sink import changed_files
-from .source import CorpusDatasource, file_digests, find_duplicates, read_corpus
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +178,8 @@ def unchanged_sources(fs, files: list[corpus.SourceFile], duplicates: dict[str, 
         wanted[f.path] = (pid, prev.source_sha256)
     if not wanted:
         return {}
+    from .source import file_digests  # the corpus reader's module needs Ray Data: imported when a run reads
+
     digests = file_digests(fs, [f for f in files if f.path in wanted])
     return {path: wanted[path][0] for path, digest in digests.items() if digest == wanted[path][1]}
 
@@ -250,6 +251,8 @@ class ChunkStage(TableStage):
             # already shows work, the checks below run as Ray tasks. Else they run here, and a night that
             # finds nothing changed never starts Ray.
             ctx.ray()
+        from .source import find_duplicates
+
         duplicates, n_records = find_duplicates(fs, files, fmt, job.max_paper_bytes)
         t_scan = ctx.elapsed()
         previous, rejected = unchanged_map(job)
@@ -277,6 +280,8 @@ class ChunkStage(TableStage):
         w: ChunkWork = work.data
         if not w.files:
             return []
+        from .source import CorpusDatasource, read_corpus
+
         return read_corpus(CorpusDatasource(w.fs, w.files, plan.facts, job.max_paper_bytes,
                                             parallelism=max(200, 4 * cpus())))
 

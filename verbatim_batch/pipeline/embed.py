@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import ray
 
 from .. import storage
 from ..embed import EmbedderConfig
@@ -19,6 +18,9 @@ from .batches import drop_keys, strip_internal, with_counts
 from .model_actor import ModelActor, host
 from .resources import Cluster, Resources, ray_args
 from .runner import Plan, RunOptions, StageContext, TableStage, Work, run_stage
+
+if TYPE_CHECKING:
+    import ray  # imported where a stage runs: the CLI parses its options without importing Ray
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +154,8 @@ class EmbedStage(TableStage):
 
     def dataset(self, plan: Plan, work: Work, skip: pa.Array, ctx: StageContext) -> ray.data.Dataset:
         job: EmbedJob = self.job
+        import ray
+
         ds = ray.data.read_parquet(plan.facts.chunks_dir).select_columns(list(EMBED_COLUMNS))
         if len(skip):
             ds = ds.map_batches(drop_keys, fn_kwargs={"column": "chunk_id", "keys": skip}, batch_format="pyarrow")

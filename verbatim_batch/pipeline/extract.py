@@ -13,11 +13,10 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import ray
 
 from .. import storage
 from ..extract.gate import DEFAULT_MAX_CHUNK_CHARS
@@ -33,6 +32,9 @@ from .pair_plan import query_blocks
 from .resources import Cluster, Resources, ray_args
 from .retrieve import read_queries
 from .runner import Outcome, Plan, RunOptions, StageContext, StageResult, TableStage, Work, run_stage
+
+if TYPE_CHECKING:
+    import ray  # imported where a stage runs: the CLI parses its options without importing Ray
 
 EXTRACT_TABLES = {"spans": SPANS, "pairs": PAIRS, "rejects": REJECTS}
 
@@ -313,6 +315,8 @@ def _highlighter_stages(setup: ExtractSetup, pairs: ray.data.Dataset) -> ray.dat
 def pairs_dataset(pairs: pa.Table | ray.data.Dataset, batch_rows: int, query_grouped: bool) -> ray.data.Dataset:
     """The pairs as the extractor's blocks: a dataset the planner built (``pair_plan``) as it is, a table as
     blocks of ``batch_rows`` pairs, or of whole queries (``query_blocks``) for an extractor that groups them."""
+    import ray
+
     if isinstance(pairs, ray.data.Dataset):
         return pairs
     if query_grouped:

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-import ray
 
 from .. import storage
 from ..index.dense import DenseSpec
@@ -88,6 +87,8 @@ class IndexStage(Stage):
             stats, unreadable = None, 1
         if stats is None:
             ctx.ray()
+            import ray
+
             task = ray.remote(**ray_args(self.resources))(build_index_files)
             stats = ray.get(task.remote(facts.emb_dir, facts.chunks_dir, ctx.staging, job.dense or DenseSpec(),
                                         job.bm25))

@@ -20,8 +20,6 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ray.data._internal.datasource.iceberg_datasink import IcebergDatasink
-
 from .. import storage
 from ..faults import fault_point
 from ..options import group, option
@@ -94,32 +92,13 @@ def find_night(source: str) -> Night:
     return Night(manifest["run_id"], run_dir, stages)
 
 
-class DataFilesSink(IcebergDatasink):
-    """Ray's Iceberg datasink (what ``Dataset.write_iceberg`` runs) writing data files only: no schema change, no
-    commit (``publish.commit_night`` does). Its ``data_files`` are set once the write completes."""
-
-    def __init__(self, table: Any) -> None:
-        super().__init__(table_identifier=".".join(table.name()), catalog_kwargs={})
-        self._io, self._table_metadata = table.io, table.metadata
-        self.data_files: list[Any] = []
-
-    def on_write_start(self, schema: Any = None) -> None:  # the table is ours: its schema is the declared one
-        pass
-
-    def write(self, blocks: Any, ctx: Any) -> Any:
-        fault_point("publish.write")
-        return super().write(blocks, ctx)
-
-    def on_write_complete(self, write_result: Any) -> None:
-        self.data_files = [f for r in write_result.write_returns if r for f in r.data_files]
-
-
 def write_data_files(table: Any, name: str, night: str, files: list[str], job: PublishJob | None = None) -> list[Any]:
     """The night's Parquet ``files`` of table ``name`` written as data files of ``table`` (not committed): by Ray
     write tasks, or, with no ``job`` (a small local publish), by the same datasink's ``write`` in this process, a
     file at a time. Returns their pyiceberg ``DataFile`` records."""
     import ray
 
+    from .iceberg_sink import DataFilesSink
     from .ray_env import init_ray
 
     sink = DataFilesSink(table)

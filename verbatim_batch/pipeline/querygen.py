@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import ray
 
 from .. import storage
 from ..extract.llm import LLMConfig
@@ -18,6 +17,9 @@ from ..tables import GENERATED_QUERIES
 from .batches import drop_keys
 from .resources import Resources, ray_args
 from .runner import Outcome, Plan, RunOptions, StageContext, TableStage, Work, run_stage
+
+if TYPE_CHECKING:
+    import ray  # imported where a stage runs: the CLI parses its options without importing Ray
 
 
 class QueryGenActor:
@@ -86,6 +88,8 @@ class QueryGenStage(TableStage):
         res = self.resources.with_job(job)
         rows = res.batch_rows
         blocks = [todo.slice(i, rows) for i in range(0, todo.num_rows, rows)]
+        import ray
+
         return ray.data.from_arrow(blocks).map_batches(
             QueryGenActor, **ray_args(res, QueryGenActor, batch_format="pyarrow",
                                       fn_constructor_kwargs={"config": job.llm}))

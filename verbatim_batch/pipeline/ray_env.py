@@ -7,8 +7,6 @@ import os
 import socket
 import time
 
-import ray
-
 # transformers' and the hub's progress bars (model loading) in workers: off
 QUIET_ENV = ("HF_HUB_DISABLE_PROGRESS_BARS",)
 LOCAL_START_ATTEMPTS = 3  # a local Ray that fails to start (a loaded machine) is retried with backoff
@@ -21,6 +19,8 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, log_to_dri
     listens on loopback only (``_start_local``; also for ``address="local"``), never silently joining
     whatever ``ray start`` left running here. On a cluster, Ray's own node address settings apply. A no-op
     when this process already has Ray up."""
+    import ray  # here, not at the top: the CLI parses its options without importing Ray
+
     if ray.is_initialized():
         return
     quiet_ray_data()
@@ -103,6 +103,7 @@ def _start_local(num_cpus: int | None = None, log_to_driver: bool = True) -> Non
     """
     if num_cpus is not None and num_cpus < 1:
         raise ValueError(f"--num-cpus must be at least 1, got {num_cpus}")
+    import ray
     from ray._private import services
 
     resolve = getattr(services, "resolve_ip_for_localhost", None)
@@ -151,16 +152,24 @@ def _end_children_since(started: float) -> None:
 
 def started_locally() -> bool:
     """Whether this process's Ray is a local one it started (its metrics end with it)."""
-    return _STARTED_LOCAL and ray.is_initialized()
+    if not _STARTED_LOCAL:
+        return False
+    import ray
+
+    return ray.is_initialized()
 
 
 def gpus() -> int:
     """GPUs in the cluster."""
+    import ray
+
     return int(ray.cluster_resources().get("GPU", 0))
 
 
 def cpus() -> int:
     """CPUs in the cluster (at least 1)."""
+    import ray
+
     return max(1, int(ray.cluster_resources().get("CPU", 1)))
 
 

@@ -12,11 +12,10 @@ a run with the same input, settings and weights is carried as is.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import ray
 
 from ..options import group, option
 from ..rerank import RerankerConfig
@@ -26,6 +25,9 @@ from .batches import drop_keys
 from .model_actor import ModelActor
 from .resources import Resources, ray_args
 from .runner import Outcome, Plan, RunOptions, StageContext, StageResult, TableStage, Work, run_stage
+
+if TYPE_CHECKING:
+    import ray  # imported where a stage runs: the CLI parses its options without importing Ray
 
 
 class RerankActor(ModelActor):
@@ -109,6 +111,8 @@ class RerankStage(TableStage):
         return work.keys if manifest_config(previous).get("key") == plan.config["key"] else []
 
     def dataset(self, plan: Plan, work: Work, skip: pa.Array, ctx: StageContext) -> ray.data.Dataset:
+        import ray
+
         from .pair_plan import query_blocks
 
         job: RerankJob = self.job

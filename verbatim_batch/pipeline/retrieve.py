@@ -6,10 +6,9 @@ import dataclasses
 import json
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import ray
 
 from .. import storage
 from ..options import group, option
@@ -20,6 +19,9 @@ from ..tables import QUERIES, RETRIEVAL, query_id_for, stable_hash
 from .batches import drop_keys
 from .resources import Cluster, Resources, ray_args
 from .runner import Outcome, Plan, RunOptions, StageContext, TableStage, Work, run_stage
+
+if TYPE_CHECKING:
+    import ray  # imported where a stage runs: the CLI parses its options without importing Ray
 
 
 class RetrieveActor:
@@ -146,6 +148,8 @@ class RetrieveStage(TableStage):
         res = self.resources.with_job(job)
         rows = res.batch_rows
         blocks = [todo.slice(i, rows) for i in range(0, todo.num_rows, rows)]
+        import ray
+
         return retrieve_dataset(ray.data.from_arrow(blocks), plan.facts.config, res)
 
     def counts(self, plan: Plan, work: Work, outcome: Outcome) -> dict[str, int]:

@@ -57,7 +57,7 @@ from ..telemetry import accounting, perf, session
 from ..telemetry.options import MetricsOptions
 from .progress import Progress
 from .ray_env import init_ray
-from .sink import StageTableSink, TableSinkResult, carry_rows, compact, no_counts, write_files_index
+from .sink import TableSinkResult, carry_rows, compact, no_counts, write_files_index
 
 log = logging.getLogger(__name__)
 
@@ -345,6 +345,8 @@ def _run_table_stage(stage: TableStage, plan: Plan, ctx: StageContext) -> StageR
     done = completed_keys(ctx.staging) if stage.resumable else none  # distinct keys, Arrow
     work = stage.work(plan, ctx)
     schemas = dict(stage.schemas(plan))
+    from .datasink import StageTableSink  # Ray Data: imported when a stage writes, not with the jobs' options
+
     sink = StageTableSink(stage.writer(plan, work), ctx.staging, schemas,
                           key_columns=stage.record_keys(), table_counts=stage.table_counts)
     carried = none

@@ -1,5 +1,5 @@
-"""Writing a stage's tables: a Ray Datasink that runs a stage's writer on each block and records every
-completed write (so a resumed run skips it), and the carry of unchanged rows from a previous run.
+"""Writing a stage's tables: the files and records of each write (the Ray Datasink that runs a stage's writer on
+each block is ``datasink.StageTableSink``), the carry of unchanged rows from a previous run, compaction.
 
 The sink knows nothing of any stage: the stage hands it a writer (block -> tables), the schemas, the key
 column recorded per table, and a function of its own that counts a written table (``table_counts``).
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -17,8 +16,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from ray.data import Datasink
-from ray.data.block import BlockAccessor
 
 from .. import storage
 from ..faults import fault_point
@@ -33,7 +30,6 @@ from ..runs import (
 )
 from ..runs import record_keys as keys_of_records
 from ..tables import stable_hash
-from .batches import strip_internal
 from .resources import Resources, ray_args
 
 log = logging.getLogger(__name__)
@@ -79,64 +75,6 @@ def _write_empty_parquet(schema: pa.Schema, loc: str) -> dict[str, int | str]:
     data = sink.getvalue().to_pybytes()
     storage.write_bytes(loc, data)
     return {"bytes": len(data), "digest": storage.bytes_digest(data)}
-
-
-class StageTableSink(Datasink):
-    """Runs a stage's writer on each block and writes ``<staging>/<table>/part-<key>.parquet``.
-
-    The writer (e.g. ``IngestStage``) maps one Arrow batch to several tables (papers, chunks, quarantine).
-    Running it inside the write task, fused with the read, keeps its outputs out of Ray's object store. The
-    file key hashes the row keys a write task holds, so the same input gives the same file names.
-
-    Every write ends with a record in ``_writes/part-<key>.json`` (the row keys it covers, and each file's
-    rows, bytes, digest and counts), written after its table files: a write is done exactly when its record
-    exists. ``runs.completed_keys`` reads them back so a resumed run skips that work, and ``finish`` (called
-    by the runner, once) sums the live files, old writes, carried and compacted files included.
-    """
-
-    def __init__(self, writer: Callable[[pa.Table], dict[str, pa.Table]], staging: str,
-                 schemas: dict[str, pa.Schema], key_columns: dict[str, str],
-                 table_counts: TableCounter = no_counts) -> None:
-        self.writer, self.staging, self.schemas = writer, staging, schemas
-        self.key_columns, self.table_counts = key_columns, table_counts
-
-    def _keys(self, output: dict[str, pa.Table]) -> list[str]:
-        return [
-            str(v) for name, col in self.key_columns.items() if name in output for v in output[name][col].to_pylist()
-        ]
-
-    def write(self, blocks: Iterable, ctx) -> dict[str, Any]:
-        reported: Counter = Counter()
-        outputs = []
-        for block in blocks:
-            table, counts = strip_internal(BlockAccessor.for_block(block).to_arrow())
-            reported.update(counts)
-            outputs.append(self.writer(table))
-        outputs = [o for o in outputs if any(t.num_rows for t in o.values())]
-        outputs.sort(key=lambda o: min(self._keys(o), default=""))  # same order whatever order blocks came in
-        keys = sorted(k for o in outputs for k in self._keys(o))
-        key = stable_hash(*keys, size=10)
-        out: dict[str, Any] = {"rows": {}, "files": {}, "counts": dict(reported), "keys": keys, "stats": {}}
-        t_write = time.perf_counter()
-        for name, schema in self.schemas.items():
-            parts = [o[name] for o in outputs if name in o and o[name].num_rows]
-            if not parts:
-                continue
-            table = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
-            path, stats = write_table_file(self.staging, name, f"part-{key}", table, schema, self.table_counts)
-            out["rows"][name], out["files"][name], out["stats"][path] = table.num_rows, path, stats
-            fault_point("sink.write")  # some of this write's tables are on disk, its record is not
-        if any(k.startswith("time_ms.") for k in reported):  # stages that report their time get the write's too
-            out["counts"]["time_ms.write"] = round(1000 * (time.perf_counter() - t_write))
-        if keys or reported.get("stage_retries"):
-            record_write(self.staging, f"part-{key}", out)
-            fault_point(f"sink.recorded:{next(iter(self.schemas))}")  # this write is done, the stage is not
-        return {k: v for k, v in out.items() if k not in ("keys", "stats")}
-
-    def finish(self) -> TableSinkResult:
-        """Sum every live file (this run's writes, a resumed run's, carried and compacted files) into one
-        result; every table exists, even when empty."""
-        return sum_live_files(self.staging, self.schemas)
 
 
 def sum_live_files(staging: str, schemas: dict[str, pa.Schema]) -> TableSinkResult:
