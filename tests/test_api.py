@@ -119,8 +119,8 @@ def test_retrieve_over_an_index_folder_and_build_processor(ray_local, tmp_path):
     pq.write_table(pa.table({"chunk_id": list(texts), "paper_id": ["P1", "P1", "P2"]}), index / "ids.parquet")
     from verbatim_batch.runs import build_manifest
 
-    manifest = build_manifest(run_id="index-test", command="index", config={}, inputs=[], tables={}, counts={},
-                              timings_s={})
+    manifest = build_manifest(run_id="index-test", command="index", config={}, inputs=[],
+                              tables={"ids": {"rows": 3, "files": 1}}, counts={}, timings_s={})
     (index / "manifest.json").write_text(json.dumps(manifest))
     queries = ray.data.from_items([{"query_id": "q1", "query": "annotated training pairs"},
                                    {"query": "held-out results"}])
@@ -135,7 +135,7 @@ def test_retrieve_over_an_index_folder_and_build_processor(ray_local, tmp_path):
     assert all(r["hook"] == 1 for r in processor(queries).take_all())
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "manifest.json").write_text(json.dumps({"run_id": "x", "command": "embed"}))
-    with pytest.raises(ValueError, match="index run"):
+    with pytest.raises(ValueError, match="holding ids; .* is a embed run"):
         api.retrieve(queries, str(tmp_path / "other"))
     with pytest.raises(TypeError, match="no processor"):
         api.build_processor(object())

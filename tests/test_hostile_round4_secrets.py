@@ -114,8 +114,8 @@ def test_a_secret_in_base_url_is_found_nowhere_the_run_writes(ray_local, tmp_pat
     assert any(p.name == "manifest.json" for p in files) and any(p.name == "report.html" for p in files)
     for p in files:
         assert CANARY.encode() not in p.read_bytes(), p
-    config = json.loads(json.loads((out / "manifest.json").read_text())["config"])
-    assert "127.0.0.1" in json.dumps(config) and "api-key=REDACTED" in json.dumps(config)
+    runtime = json.loads((out / "manifest.json").read_text())["runtime"]  # the endpoint: a runtime option
+    assert "127.0.0.1" in json.dumps(runtime) and "api-key=REDACTED" in json.dumps(runtime)
     logs = _ray_logs()
     if logs is not None and logs.is_dir():  # what the workers logged during this run
         for p in logs.rglob("*"):

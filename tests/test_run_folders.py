@@ -156,11 +156,13 @@ def test_runs_of_the_wrong_kind_are_one_line_and_exit_2(tmp_path, capsys):
     chunks = str(fake_run(tmp_path / "chunks", "c1", command="chunk"))
     embed = str(fake_run(tmp_path / "embed", "e1", command="embed"))
     cases = [
-        (["embed", "--chunks", index], "--chunks expects a committed chunk run"),
-        (["extract", "--retrieval", chunks], "--retrieval expects a committed retrieve or rerank run"),
+        # an input is checked by the tables it holds (Stage.reads), whichever command wrote it
+        (["embed", "--chunks", index], "--chunks expects a committed run holding chunks; "),
+        (["extract", "--retrieval", chunks], "--retrieval expects a committed run holding retrieval; "),
         (["retrieve", "--index", embed, "--queries", str(REPO / "verbatim_batch" / "examples" / "queries.jsonl")],
-         "--index expects a committed index run"),
-        (["index", "--embeddings", chunks, "--chunks", chunks], "--embeddings expects a committed embed run"),
+         "--index expects a committed run holding ids; "),
+        (["index", "--embeddings", chunks, "--chunks", chunks], "--embeddings expects a committed run holding "
+         "embeddings; "),
     ]
     for argv, message in cases:
         rc = main([*argv, "--output", str(tmp_path / "out")])

@@ -169,10 +169,10 @@ def embed(chunks: ray.data.Dataset, config: EmbedderConfig | None = None, *, bat
 def _retrieve(queries: ray.data.Dataset, config: RetrieverConfig, *, batch_rows: int = RetrieveJob.batch_rows,
               concurrency: int | None = None, with_text: bool = False) -> ray.data.Dataset:
     from .pipeline.retrieve import RetrieveStage, retrieve_dataset
-    from .runs import expect_run
+    from .runs import expect_tables
 
     config = dataclasses.replace(config, index_dir=storage.normalize(config.index_dir))  # actors run elsewhere
-    expect_run(config.index_dir, "api.retrieve", "index")
+    expect_tables(config.index_dir, "api.retrieve", ("ids",))
     res = RetrieveStage.resources.with_(batch_rows=batch_rows, actors=concurrency)
     return retrieve_dataset(queries, config, res, cluster=_user_pipeline(), with_text=with_text)
 

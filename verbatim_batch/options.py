@@ -10,7 +10,15 @@ fields are the command's options too; a group may choose among several configs b
 extractor: ``--extractor semantic|highlighter|llm``).
 
 Values are checked the same way whatever they come from (a flag's text, a YAML value, a Python argument):
-``check`` converts and bounds them and raises ``OptionError`` with a one-line message naming the option.
+``check`` converts and bounds them and raises ``OptionError`` with a one-line message naming the option. A class
+that derives from ``Declared`` checks every declared bound and choice of its own fields when it is built
+(``validate``), so a config built in Python is refused as its flag would be; its ``__post_init__`` keeps only
+what a single declaration cannot say (one option against another).
+
+Every field has a role: by default a value decides the output (it is part of the run's settings, bound to its run
+id and compared by the nights); ``runtime=True`` (``option(..., runtime=True)``, or ``runtime(default)`` for a
+plain field) marks one that only decides how the run goes (workers, batch sizes that do not change results,
+retries, addresses, where metrics go). ``settings`` derives a job's or config's settings from the roles.
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ class Option:
     invert: bool = False  # a flag --no-x that sets the bool field x to False
     default_help: str | None = None  # the default in words, where the value alone says little
     metavar: str | None = None
+    runtime: bool = False  # only how the run goes (workers, batch sizes, retries, addresses), never its output
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,57 @@ class Group:
 def option(default: Any = MISSING, help: str = "", *, default_factory: Any = MISSING, **settings: Any) -> Any:
     """A dataclass field that is an option (``settings``: the fields of ``Option``)."""
     return field(default=default, default_factory=default_factory, metadata={"option": Option(help, **settings)})
+
+
+def runtime(default: Any = MISSING, *, default_factory: Any = MISSING) -> Any:
+    """A plain (not an option) dataclass field that only decides how the run goes, never its output."""
+    return field(default=default, default_factory=default_factory, metadata={"runtime": True})
+
+
+def is_runtime(f: dataclasses.Field) -> bool:
+    """Whether a dataclass field only decides how the run goes (``option(..., runtime=True)`` or ``runtime``)."""
+    return bool(f.metadata.get("runtime")) or ("option" in f.metadata and f.metadata["option"].runtime)
+
+
+@cache
+def runtime_fields(cls: type) -> frozenset[str]:
+    """The names of ``cls``'s fields that only decide how the run goes."""
+    return frozenset(f.name for f in dataclasses.fields(cls) if is_runtime(f))
+
+
+def settings(obj: Any) -> dict[str, Any]:
+    """What decides the output of a job or config: every field but the runtime ones, nested dataclasses (a
+    group's config) by their own settings, in declaration order."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        if is_runtime(f):
+            continue
+        value = getattr(obj, f.name)
+        out[f.name] = settings(value) if dataclasses.is_dataclass(value) and not isinstance(value, type) else value
+    return out
+
+
+def validate(obj: Any) -> None:
+    """Every declared bound and choice of ``obj``'s own option fields checked on the value it holds (a nested
+    config checks itself when built): ``OptionError`` naming the option, as its flag would be refused."""
+    for of in options_of(type(obj)):
+        if of.group is not None:
+            continue
+        value = getattr(obj, of.field)
+        if of.option.invert or (of.option.path and value == ""):
+            continue
+        try:
+            check(of, value)
+        except OptionError as exc:
+            raise OptionError(f"{of.key} {exc}") from None
+
+
+class Declared:
+    """A dataclass whose option fields check themselves when it is built (``validate``). A subclass's own
+    ``__post_init__`` calls ``super().__post_init__()`` first and adds only checks across options."""
+
+    def __post_init__(self) -> None:
+        validate(self)
 
 
 def group(*kinds: type, default: Any = None, default_factory: Any = MISSING, required: bool = False,

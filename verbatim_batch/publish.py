@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from . import storage, tables
-from .options import option
+from .options import Declared, option
 from .redact import redact_text
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ PUBLISHED: dict[str, Published] = {
 
 
 @dataclass(frozen=True, kw_only=True)
-class IcebergTarget:
+class IcebergTarget(Declared):
     """Where nights are published: a catalog (by default pyiceberg's SQL catalog in ``WAREHOUSE/catalog.db``)
     and a namespace. ``publish`` takes these options, and so does ``nightly``: a night given a warehouse or a
     catalog publishes itself once it is committed."""

@@ -48,7 +48,7 @@ from .report_html import (
 )
 from .report_perf import performance_html, performance_rows
 from .report_sections import extract_section, retrieval_section
-from .runs import read_manifest
+from .runs import holding, read_manifest
 
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
@@ -125,8 +125,7 @@ def build_report(run_dir: str, manifest: dict[str, Any] | None = None) -> dict[s
             rate[key] = value
     where = {"quarantine": run_dir, "pairs": run_dir, "rejects": run_dir}
     if command in COMPOSITES:  # a run of stage runs: figures per stage, tables in theirs
-        where = {"quarantine": storage.join(run_dir, "chunks"), "pairs": storage.join(run_dir, "spans"),
-                 "rejects": storage.join(run_dir, "spans")}
+        where = {t: holding(run_dir, (t,), manifest) or run_dir for t in where}
         stages: dict[str, dict[str, Any]] = {}
         for key, value in counts.items():
             stage, _, name = key.partition(".")
@@ -136,7 +135,7 @@ def build_report(run_dir: str, manifest: dict[str, Any] | None = None) -> dict[s
             figures["seconds"] = seconds
             out.setdefault("stage_counts", {})[stage] = figures
         out["stage_time_breakdown"] = {}
-        for stage in ("chunks", "embeddings", "index", "retrieval", "spans"):
+        for stage in (s for s in manifest.get("stages") or {} if isinstance(s, str)):  # the run's own, in order
             sub = _sub_manifest(run_dir, stage)
             if sub is not None:
                 out["stage_time_breakdown"][stage] = time_breakdown(sub)

@@ -23,37 +23,35 @@ import pyarrow as pa
 
 from . import tables
 from .models import fingerprint, load_model, resolve_device, resolve_dtype, resolve_model_dir, safetensors_files
-from .options import option
+from .options import Declared, option, runtime, settings
 
 RERANK_VERSION = 1
 METHOD = "rerank"  # the ``method`` of reranked rows
 CANDIDATE_COLUMNS = ("query_id", "query", "chunk_id", "paper_id", "chunk", "first_method", "first_rank",
                      "first_score", "dense_rank", "bm25_rank")
-_RUNTIME_FIELDS = ("device", "token_budget", "max_batch_rows")
 
 
 @dataclass(frozen=True)
-class RerankerConfig:
+class RerankerConfig(Declared):
     """Settings of the reranker. ``hash`` covers what can change a score."""
 
     model: str = option(help="the cross-encoder: hub id or local path (safetensors; a sequence classifier with 1 or "
                         "2 labels)")
     revision: str | None = option(None, "model revision (hub)")
-    max_length: int = option(512, "tokens per (query, chunk) input; the chunk is cut to fit", low=2)
+    max_length: int = option(512, "tokens per (query, chunk) input; the chunk is cut to fit", low=8)
     dtype: str = option("auto", "weights' type (auto: bfloat16 on CUDA, float32 on CPU)",
                         choices=("auto", "float32", "bfloat16", "float16"))
-    device: str = "auto"
-    token_budget: int = option(16384, "padded tokens per forward pass", low=1)
-    max_batch_rows: int = 256
+    device: str = runtime("auto")
+    token_budget: int = option(16384, "padded tokens per forward pass", low=1, runtime=True)
+    max_batch_rows: int = runtime(256)
     trust_remote_code: bool = option(False, "allow model code from the hub (off by default)")
 
     def __post_init__(self) -> None:
+        super().__post_init__()  # the declared bounds and choices
         if not self.model:
             raise ValueError("a reranker needs a model (hub id or local path)")
-        if self.max_length < 8:
-            raise ValueError(f"max_length must be >= 8, got {self.max_length}")
-        if self.token_budget <= 0 or self.max_batch_rows <= 0:
-            raise ValueError("token_budget and max_batch_rows must be positive")
+        if self.max_batch_rows <= 0:
+            raise ValueError("max_batch_rows must be positive")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -62,8 +60,7 @@ class RerankerConfig:
     def hash(self) -> str:
         from .embed import portable_model_id
 
-        d = {k: v for k, v in self.to_dict().items() if k not in _RUNTIME_FIELDS}
-        d["model"] = portable_model_id(self.model)
+        d = settings(self) | {"model": portable_model_id(self.model)}
         return tables.config_hash({"rerank_version": RERANK_VERSION, **d})
 
 

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import storage
-from .options import option
+from .options import Declared, option, runtime
 from .tables import RETRIEVAL, query_id_for
 
 METHODS = ("dense", "bm25", "hybrid")
@@ -61,7 +61,7 @@ def parse_weights(value: str) -> dict[str, float]:
 
 
 @dataclass(frozen=True)
-class RetrieverConfig:
+class RetrieverConfig(Declared):
     index_dir: str = ""  # the retrieve job sets it to its --index
     k: int = option(10, "chunks retrieved per query and method", low=1)
     methods: tuple[str, ...] = option(METHODS, f"any of {','.join(METHODS)}", parse=parse_methods)
@@ -73,16 +73,13 @@ class RetrieverConfig:
                         "method's top hits are ranked by the other one too", low=1)
     fill_missing: bool = True  # a candidate outside a method's pool counts at the rank just past it
     nprobe: int | None = option(None, "IVF lists to probe", low=1, default_help="the index's")
-    device: str = "auto"
+    device: str = runtime("auto")
 
     def __post_init__(self) -> None:
+        super().__post_init__()  # the declared bounds
         bad = set(self.methods) - set(METHODS)
         if bad or not self.methods:
             raise ValueError(f"methods must be a non-empty subset of {METHODS}, got {self.methods}")
-        if self.k < 1:
-            raise ValueError("k must be >= 1")
-        if self.depth < 1:
-            raise ValueError("depth must be >= 1")
         unknown = set(self.weights) - {"dense", "bm25"}
         if unknown or any(w < 0 for w in self.weights.values()) or not any(self.weights.values()):
             raise ValueError(f"weights must be non-negative for dense/bm25 with one > 0, got {self.weights}")

@@ -332,20 +332,15 @@ def _in_tasks(fn, calls: list[tuple]) -> list:
 
 
 def _units_in_tasks(calls: list[tuple], root: str) -> list:
-    """The units as Ray tasks; if the cluster's workers cannot read the run (an object store whose credentials
-    this process has and its workers do not), they are checked here instead, with one warning. A unit whose
-    read failed in the file system on a worker (``io_error``) is checked again here: this process's reading
-    is the one reported."""
+    """The units as Ray tasks. A unit a worker could not read (``io_error``: an object store whose credentials
+    this process has and its workers do not) is checked again here, with one warning: this reading counts."""
     try:
         results = _in_tasks(check_unit, calls)
     except Exception as exc:  # noqa: BLE001 - RayTaskError wraps the worker's OSError
         if not isinstance(exc, OSError) and not isinstance(getattr(exc, "cause", None), OSError):
             raise
-        log.warning("the Ray workers could not read %s (%s): checking it in this process",
-                    root, str(exc).splitlines()[-1][:200])
-        return [check_unit(*c) for c in calls]
-    again = [i for i, r in enumerate(results) if r.get("io_error")]
-    if again:
+        results = [{"io_error": True, "errors": [str(exc).splitlines()[-1][:200]]} for _ in calls]
+    if again := [i for i, r in enumerate(results) if r.get("io_error")]:
         log.warning("the Ray workers could not read %d of %d units of %s (%s): checking them in this process",
                     len(again), len(results), root, results[again[0]]["errors"][:1])
         for i in again:

@@ -59,18 +59,17 @@ import numpy as np
 
 from .. import tables
 from ..models import fingerprint, load_model, resolve_device, resolve_dtype, resolve_model_dir, safetensors_files
-from ..options import option
+from ..options import Declared, option, runtime, settings
 from .highlighter_spans import ContextScores, TokenScores, highlight_spans
 from .registry import ExtractorKind
 from .spans import PairResult
 
 HIGHLIGHTER_VERSION = "2"  # 2: merge-then-drop per-window runs, as the released process()
 PAPER_STUDENT = "KRLabsOrg/acl-verbatim-modernbert"
-_RUNTIME_FIELDS = ("device", "token_budget", "max_batch_rows")
 
 
 @dataclass(frozen=True)
-class HighlighterConfig:
+class HighlighterConfig(Declared):
     """Settings of the highlighter. ``hash`` covers everything that can change a span."""
 
     kind: ClassVar[str] = "highlighter"
@@ -84,29 +83,24 @@ class HighlighterConfig:
     max_length: int = option(8192, "tokens per window, query included", low=16)
     stride: int = option(256, "tokens shared by neighbouring windows", low=0)
     max_query_tokens: int | None = None  # None: min(512, max_length // 4); longer queries are error rows
-    device: str = "auto"
+    device: str = runtime("auto")
     dtype: str = option("auto", "weights' type (auto: bfloat16 on CUDA, float32 on CPU)",
                         choices=("auto", "float32", "bfloat16", "float16"))
     attn_implementation: str = "auto"
-    token_budget: int = option(32768, "padded tokens per forward pass", low=1)
-    max_batch_rows: int = 128
+    token_budget: int = option(32768, "padded tokens per forward pass", low=1, runtime=True)
+    max_batch_rows: int = runtime(128)
     trust_remote_code: bool = option(False, "allow model code from the hub (off by default)")
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.threshold <= 1.0:
-            raise ValueError(f"threshold must be in [0, 1], got {self.threshold}")
-        if self.min_chars < 0 or self.merge_gap < 0:
-            raise ValueError("min_chars and merge_gap must be >= 0")
-        if self.max_length < 16:
-            raise ValueError(f"max_length must be >= 16, got {self.max_length}")
+        super().__post_init__()  # the declared bounds and choices
         if not 0 <= self.stride < self.max_length // 2:
             raise ValueError(f"stride must be in [0, max_length / 2), got {self.stride}")
         if self.max_query_tokens is None:
             object.__setattr__(self, "max_query_tokens", min(512, self.max_length // 4))
         if not 0 < self.max_query_tokens < self.max_length - self.stride - 8:
             raise ValueError("max_query_tokens must leave room for the stride and some context in each window")
-        if self.token_budget <= 0 or self.max_batch_rows <= 0:
-            raise ValueError("token_budget and max_batch_rows must be positive")
+        if self.max_batch_rows <= 0:
+            raise ValueError("max_batch_rows must be positive")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -115,8 +109,7 @@ class HighlighterConfig:
     def hash(self) -> str:
         from ..embed import portable_model_id
 
-        d = {k: v for k, v in self.to_dict().items() if k not in _RUNTIME_FIELDS}
-        d["model"] = portable_model_id(self.model)
+        d = settings(self) | {"model": portable_model_id(self.model)}
         return tables.config_hash({"highlighter_version": HIGHLIGHTER_VERSION, **d})
 
 

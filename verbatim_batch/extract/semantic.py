@@ -50,7 +50,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .. import tables
-from ..options import option
+from ..options import Declared, option, runtime, settings
 from .registry import ExtractorKind
 from .sentences import CAPTION, NON_BODY, RUN_IN, TABLE_ROW, Unit, units
 from .spans import PairResult, Span, postprocess
@@ -147,7 +147,7 @@ def row_names_query(query_terms: set[str], row: str) -> bool:
 
 
 @dataclass(frozen=True)
-class SemanticConfig:
+class SemanticConfig(Declared):
     """Settings of the semantic extractor (see the module docs; README, "Extractors", for where each came from)."""
 
     kind: ClassVar[str] = "semantic"
@@ -181,16 +181,12 @@ class SemanticConfig:
                                  "affiliation and e-mail lines and bare headings (off: body text only)")
     row_gate: bool = True  # a table row is evidence only when the query names something in its own cells
     max_units: int = 2_000  # units per chunk; a pair beyond this is an error row
-    device: str = "auto"
-    token_budget: int = option(16384, "padded tokens per forward pass", low=1)
+    device: str = runtime("auto")
+    token_budget: int = option(16384, "padded tokens per forward pass", low=1, runtime=True)
 
     def __post_init__(self) -> None:
-        if not -1.0 <= self.threshold <= 1.0:
-            raise ValueError(f"threshold must be a score in [-1, 1], got {self.threshold}")
-        if self.margin is not None and self.margin < 0:
-            raise ValueError("margin must be >= 0")
-        if self.min_chars < 0 or self.merge_gap < 0:
-            raise ValueError("min_chars and merge_gap must be >= 0")
+        super().__post_init__()  # the declared bounds (threshold in [0, 1], as its flag takes it)
+        # the plain (undeclared) fields
         weights = (self.lexical_weight, self.paragraph_weight, self.context_weight)
         if min(weights) < 0 or sum(weights) > 1 + 1e-9:
             raise ValueError("lexical_weight, paragraph_weight and context_weight must be >= 0 and sum to at most 1")
@@ -198,10 +194,6 @@ class SemanticConfig:
             raise ValueError(f"unit_slack must be >= 0, got {self.unit_slack}")
         if not 0.0 < self.paragraph_fill <= 1.0:
             raise ValueError(f"paragraph_fill must be in (0, 1], got {self.paragraph_fill}")
-        if self.max_spans < 0 or self.query_max_spans < 0:
-            raise ValueError("max_spans and query_max_spans must be >= 0")
-        if not 0.0 < self.max_share <= 1.0:
-            raise ValueError(f"max_share must be in (0, 1], got {self.max_share}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -214,7 +206,8 @@ class SemanticConfig:
 
     @property
     def hash(self) -> str:
-        d = {k: v for k, v in self.to_dict().items() if k not in ("device", "token_budget", "model")}
+        d = settings(self)
+        d.pop("model")  # the embedder's hash below stands for it
         if not judges_queries(self):  # selection per query off: its settings change nothing (earlier runs carry)
             for k in ("query_margin", "query_threshold", "query_max_spans", "rank_weight"):
                 d.pop(k)

@@ -70,7 +70,8 @@ class DenseSpec:
     In a resolved spec, settings that do not apply to the kind are 0 (e.g.
     ``nlist`` for flat, ``pq_m`` for ivf_flat). ``use_gpu`` stays as given
     ("auto" is decided where the index is built; ``build_dense`` returns the
-    spec with "yes" or "no").
+    spec with "yes" or "no"). Not ``Declared``: a resolved spec holds 0 where
+    its options hold >= 1; a user's spec is checked by ``resolve_spec``.
     """
 
     kind: str = option("auto", "auto: exact Flat below 1M vectors, IVF-Flat up to 20M, IVF-PQ above",

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import corpus, storage
-from ..options import OptionError, check, group, option, options_of
+from ..options import Declared, OptionError, check, group, option, options_of
 from ..runs import jsonable
 from .chunk import ChunkJob, run_chunk  # noqa: F401 - runners looked up by name (STAGE_JOBS)
 from .embed import EmbedJob, run_embed  # noqa: F401 - runners looked up by name (STAGE_JOBS)
@@ -35,7 +35,7 @@ SECTIONS = tuple(command for command, _, _ in STAGE_JOBS.values())
 
 
 @dataclass
-class Chain:
+class Chain(Declared):
     """What a chain run reads, and each stage's options by its command's name (``{"extract": {"threshold":
     0.3}}``: a config file's sections; unset options keep the stage job's defaults). A ``rerank`` section with a
     ``model`` adds the rerank stage between retrieval and extraction."""
@@ -47,6 +47,7 @@ class Chain:
     stages: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        super().__post_init__()  # the declared bounds and choices
         self.stages = {name: stage_options(name, values) for name, values in self.stages.items()}
 
     def check(self) -> None:

@@ -21,8 +21,8 @@ from .. import corpus, storage
 from ..chunk import FORCED_SPLIT, OVERSIZED_BLOCK, UNDERSIZED, ChunkerConfig
 from ..ingest import DEFAULT_MAX_PAPER_MB, METADATA_FIELDS, UNCHANGED, IngestStage, paper_fingerprint
 from ..metadata import load_metadata, metadata_stats
-from ..options import group, option
-from ..runs import committed_table_dir, manifest_config, read_manifest, read_readable
+from ..options import group, option, settings
+from ..runs import committed_table_dir, jsonable, manifest_config, read_manifest, read_readable
 from ..tables import CHUNKS, PAPERS, QUARANTINE
 from ..verify import check_papers
 from .ray_env import cpus
@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 
 INGEST_TABLES = {"papers": PAPERS, "chunks": CHUNKS, "quarantine": QUARANTINE}
 
+
+# The settings a night changes and its papers carry across (each paper carries by its fingerprint).
+CARRY_ACROSS = ("input", "metadata", "format", "chunker")  # the chunker: by its hash (``chunker_config_hash``)
 
 @dataclass
 class ChunkJob(RunOptions):
@@ -45,22 +48,18 @@ class ChunkJob(RunOptions):
     max_paper_mb: float = option(DEFAULT_MAX_PAPER_MB, "quarantine papers larger than this (MB)", low=0,
                                  low_open=True)
     store_text: bool = option(True, "do not keep paper text in the papers table", name="no_store_text", invert=True)
-    concurrency: int | None = option(None, "parallel ingest tasks", low=1, default_help="as many as Ray schedules")
+    concurrency: int | None = option(None, "parallel ingest tasks", low=1, default_help="as many as Ray schedules",
+                                     runtime=True)
 
     @property
     def max_paper_bytes(self) -> int:
         return int(self.max_paper_mb * 1024 * 1024)
 
     def config(self) -> dict[str, Any]:
-        return {
-            "input": self.input,
-            "format": self.format,
-            "metadata": self.metadata,
-            "chunker": self.chunker.to_dict(),
-            "chunker_config_hash": self.chunker.hash,
-            "max_paper_bytes": self.max_paper_bytes,
-            "store_text": self.store_text,
-        }
+        """The output-deciding options (``options.settings``), the chunker's hash and the byte limit with them."""
+        return jsonable(settings(self)) | {"chunker": jsonable(self.chunker.to_dict()),
+                                           "chunker_config_hash": self.chunker.hash,
+                                           "max_paper_bytes": self.max_paper_bytes}
 
 
 @dataclass(frozen=True)
@@ -89,9 +88,10 @@ def unchanged_map(job: ChunkJob) -> tuple[dict[str, PreviousPaper], int]:
     """
     if not job.previous:
         return {}, 0
-    prev = manifest_config(job.previous)
-    if (prev.get("chunker_config_hash") != job.chunker.hash or prev.get("store_text") != job.store_text
-            or not job.store_text):
+    prev, now = manifest_config(job.previous), job.config()
+    # a paper carries across the inputs (it carries by its own fingerprint), never across another setting; one a
+    # run of an earlier release did not record counts as unchanged
+    if not job.store_text or any(prev.get(k, v) != v for k, v in now.items() if k not in CARRY_ACROSS):
         return {}, 0
     papers_dir = committed_table_dir(job.previous, "papers")
     if set(_table_columns(papers_dir)) != set(PAPERS.names):

@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 from .. import storage
 from ..embed import EmbedderConfig
 from ..options import group, option
-from ..runs import committed_table_dir, expect_run, manifest_config
+from ..runs import committed_table_dir, manifest_config
 from ..tables import embeddings_schema
 from .batches import drop_keys, strip_internal, with_counts
 from .model_actor import ModelActor, host
@@ -81,9 +81,9 @@ def embed_dataset(chunks: ray.data.Dataset, config, res: Resources, retries: int
 class EmbedJob(RunOptions):
     chunks: str = option(help="a committed chunk run folder", path=True)
     embedder: Any = group(EmbedderConfig)  # None: the offline default
-    batch_rows: int = option(1024, "chunks per actor call, sorted and packed inside", low=1)
-    concurrency: int | None = option(None, "model actors", low=1, default_help="one per GPU, else 1")
-    threads: int | None = option(None, "torch threads per CPU actor", low=1, default_help="all CPUs")
+    batch_rows: int = option(1024, "chunks per actor call, sorted and packed inside", low=1, runtime=True)
+    concurrency: int | None = option(None, "model actors", low=1, default_help="one per GPU, else 1", runtime=True)
+    threads: int | None = option(None, "torch threads per CPU actor", low=1, default_help="all CPUs", runtime=True)
 
 
 def unchanged_chunks(previous: str, chunks_dir: str, config: dict[str, Any]) -> tuple[pa.Array, str | None]:
@@ -116,6 +116,7 @@ class EmbedFacts:
 
 class EmbedStage(TableStage):
     command = "embed"
+    reads = {"chunks": ("chunks",)}
     key_column = "chunk_id"
     table_counts = staticmethod(embed_table_counts)
     resources = Resources(cpus=1, gpus=1, batch_rows=EmbedJob.batch_rows)  # one model per GPU, else CPU actors
@@ -132,7 +133,6 @@ class EmbedStage(TableStage):
 
         job: EmbedJob = self.job
         cfg = job.embedder or EmbedderConfig()
-        expect_run(job.chunks, "--chunks", "chunk")
         chunks_dir = committed_table_dir(job.chunks, "chunks")
         revision = embedder_fingerprint(cfg)  # the model folder checked (models.check_model_dir) before it is read
         dim = int(AutoConfig.from_pretrained(cfg.model, revision=cfg.revision,

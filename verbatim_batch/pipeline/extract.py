@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -23,8 +23,8 @@ from ..extract.gate import DEFAULT_MAX_CHUNK_CHARS
 from ..extract.highlighter import HighlighterConfig
 from ..extract.llm import LLMConfig
 from ..extract.semantic import SemanticConfig
-from ..options import group, option
-from ..runs import committed_table_dir, expect_run, jsonable, manifest_config, read_manifest, read_table
+from ..options import group, is_runtime, option, runtime_fields, settings
+from ..runs import committed_table_dir, expect_tables, jsonable, manifest_config, read_manifest, read_table
 from ..tables import PAIR_INPUT, PAIRS, REJECTS, SPANS
 from .batches import drop_keys, strip_internal, with_counts, with_retry_count
 from .model_actor import ModelActor, host, stage_failed
@@ -131,10 +131,10 @@ class ExtractJob(RunOptions):
     method: str | None = option(None, "retrieval method whose top-k rows become pairs",
                                 default_help="rerank for a rerank run, else hybrid")
     top_k: int = option(5, "retrieved chunks per query to extract from", low=1)
-    batch_rows: int = option(64, "pairs per actor call, sorted and packed inside", low=1)
+    batch_rows: int = option(64, "pairs per actor call, sorted and packed inside", low=1, runtime=True)
     concurrency: int | None = option(None, "model actors", low=1, default_help="one per GPU, else 1; 2 for LLM "
-                                     "requests")
-    threads: int | None = option(None, "torch threads per CPU actor", low=1, default_help="all CPUs")
+                                     "requests", runtime=True)
+    threads: int | None = option(None, "torch threads per CPU actor", low=1, default_help="all CPUs", runtime=True)
     max_chunk_chars: int = option(DEFAULT_MAX_CHUNK_CHARS, "pairs with longer chunks become error rows", low=1)
 
 
@@ -144,12 +144,12 @@ def pair_sources(job: ExtractJob) -> dict[str, Any]:
     if (job.pairs is None) == (job.retrieval is None):
         raise ValueError("give exactly one of --pairs FILE or --retrieval RUN_DIR")
     if job.chunks:
-        expect_run(job.chunks, "--chunks", "chunk")
+        expect_tables(job.chunks, "--chunks", ("chunks",))  # also here: build_pairs is called without the runner
     if job.pairs is not None:
         if not storage.exists(job.pairs):
             raise FileNotFoundError(f"pairs file not found: {job.pairs}")
         return {"pairs": job.pairs, "chunks": job.chunks}
-    expect_run(job.retrieval, "--retrieval", "retrieve", "rerank")
+    expect_tables(job.retrieval, "--retrieval", ("retrieval",))
     retrieval_cfg = manifest_config(job.retrieval)
     if job.queries is None and not storage.exists(retrieval_cfg["queries"]):
         raise FileNotFoundError(f"the query file {retrieval_cfg['queries']} that {job.retrieval} was made from is "
@@ -409,10 +409,30 @@ def extract_dataset(job: ExtractJob, pairs: pa.Table | ray.data.Dataset, run_id:
     return PLACEMENTS[registry.placement(job.extractor)](extract_setup(job, run_id), pairs)
 
 
+# The job's settings that choose which pairs there are, not what a pair gives: a pair carries across them.
+PAIR_CHOICE = ("method", "top_k")
+_NOT_OWN = ("extractor", "pairs", "retrieval", "chunks", "queries")  # by hash, and resolved (``pair_sources``)
+
+
+def output_settings(job: ExtractJob) -> dict[str, Any]:
+    """The job's own output-deciding options (``options.settings``): the extractor (its hash stands for it)
+    and the pairs' sources (recorded resolved, ``pair_sources``) left out."""
+    return {k: jsonable(v) for k, v in settings(job).items() if k not in _NOT_OWN}
+
+
+def _pair_settings() -> tuple[str, ...]:
+    """The job's output-deciding options that decide what a pair gives (all but the pair choice)."""
+    return tuple(f.name for f in fields(ExtractJob)
+                 if not is_runtime(f) and f.name not in _NOT_OWN and f.name not in PAIR_CHOICE)
+
+
 def same_extractor(previous: str, config: dict[str, Any]) -> bool:
-    """Whether ``previous`` ran the extractor of ``config`` (config hash and weights): else nothing carries."""
+    """Whether ``previous`` ran the extractor of ``config`` (config hash and weights) under the same job settings
+    that decide a pair's rows (every output-deciding option but ``PAIR_CHOICE``; one that a run of an earlier
+    release did not record counts as unchanged): else nothing carries."""
     prev = manifest_config(previous)
-    return prev.get("extractor_hash") == config["extractor_hash"] and not (
+    same_job = all(prev.get(k, config.get(k)) == config.get(k) for k in _pair_settings())
+    return same_job and prev.get("extractor_hash") == config["extractor_hash"] and not (
         config.get("model_revision") and prev.get("model_revision") != config["model_revision"])
 
 
@@ -448,6 +468,7 @@ class ExtractStage(TableStage):
     """The extract stage: every pair once, carried when its input and extractor are unchanged."""
 
     command = "extract"
+    reads = {"chunks": ("chunks",), "retrieval": ("retrieval",)}
     outcomes = {"failed": ("pairs_failed",), "withheld": ("verbatim_violations",), "rejected": ("rejects",)}
     tables = EXTRACT_TABLES
     key_column = "pair_id"
@@ -461,11 +482,12 @@ class ExtractStage(TableStage):
         job: ExtractJob = self.job
         sources = pair_sources(job)
         cfg = job.extractor
-        config = {"extractor": registry.kind_of(cfg), "extractor_config": jsonable(cfg.to_dict()),
-                  "extractor_hash": cfg.hash, "method": pair_method(job), "top_k": job.top_k, **sources}
+        config = {"extractor": registry.kind_of(cfg), "extractor_config": jsonable(settings(cfg)),
+                  "extractor_hash": cfg.hash, **output_settings(job), "method": pair_method(job), **sources}
         if weights := registry.weights_fingerprint(cfg):
             config["model_revision"] = weights
-        return Plan(config=config, inputs=tuple(v for v in sources.values() if v), facts=sources)
+        runtime = {"extractor": {k: v for k, v in cfg.to_dict().items() if k in runtime_fields(type(cfg))}}
+        return Plan(config=config, inputs=tuple(v for v in sources.values() if v), facts=sources, runtime=runtime)
 
     def work(self, plan: Plan, ctx: StageContext) -> Work:
         """A pairs file's pairs (a table), or a retrieval run's planned in Ray tasks (``pair_plan``): then the

@@ -14,7 +14,7 @@ from .. import storage
 from ..index.dense import DenseSpec
 from ..index.folder import build_index_files, index_fingerprint, update_index_files
 from ..options import group, option
-from ..runs import committed_table_dir, expect_run, manifest_config, read_manifest
+from ..runs import committed_table_dir, manifest_config, read_manifest
 from .resources import Resources, ray_args
 from .runner import Plan, RunOptions, Stage, StageContext, StageResult, run_stage
 
@@ -38,13 +38,12 @@ class IndexFacts:
 
 class IndexStage(Stage):
     command = "index"
+    reads = {"embeddings": ("embeddings",), "chunks": ("chunks",)}
     outcomes = {"in": ("chunks",), "written": ("chunks",)}
     resources = Resources(cpus=1, gpus=1)  # the build: one task, on a GPU where the cluster has one
 
     def plan(self) -> Plan:
         job: IndexJob = self.job
-        expect_run(job.embeddings, "--embeddings", "embed")
-        expect_run(job.chunks, "--chunks", "chunk")
         facts = IndexFacts(emb_dir=committed_table_dir(job.embeddings, "embeddings"),
                            chunks_dir=committed_table_dir(job.chunks, "chunks"),
                            embed_config=manifest_config(job.embeddings))

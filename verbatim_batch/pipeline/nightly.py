@@ -28,12 +28,12 @@ Readers load the current span table with one call::
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import Field, dataclass, fields, is_dataclass
 from typing import Any
 
 from .. import storage
 from ..faults import fault_point
-from ..options import group, option
+from ..options import group, is_runtime, option, settings
 from ..publish import IcebergTarget
 from ..runs import (
     RUNS_DIR,
@@ -51,32 +51,41 @@ from .chains import Chain, chain_result, run_chain
 from .runner import CompositeStage, Plan, RunOptions, StageContext, StageResult, run_stage
 
 
+def _setting(value: Any, f: Field) -> Any:
+    """A stage job's setting as a night records it: a model config by its hash, a nested config by its settings;
+    a group left unset (None: the stage's own default config) as that default's."""
+    if value is None and "group" in f.metadata:
+        try:
+            value = f.metadata["group"].kinds[0]()
+        except (TypeError, ValueError):  # a config with no default (a reranker needs its model): unset
+            return None
+    if hasattr(value, "hash") and is_dataclass(value):
+        return value.hash
+    return jsonable(settings(value)) if is_dataclass(value) else jsonable(value)
+
+
 @dataclass(kw_only=True)
 class NightlyJob(RunOptions):
     """A nightly run: a chain under ``root``. ``output`` is not set by the user: it is ``root/runs/<run id>``."""
 
     chain: Chain = group(Chain, required=True)
-    root: str = option(help="folder holding runs/ and the current pointer", path=True, writes=True)
-    keep_runs: int = option(7, "committed runs kept (older ones are deleted)", low=1)
+    root: str = option(help="folder holding runs/ and the current pointer", path=True, writes=True, runtime=True)
+    keep_runs: int = option(7, "committed runs kept (older ones are deleted)", low=1, runtime=True)
     # with a warehouse or a catalog, the night publishes itself as Iceberg tables once committed (publish.py)
     publish: IcebergTarget | None = group(IcebergTarget)
     output: str = ""
 
     def config(self) -> dict[str, Any]:
-        """What decides a night's outputs: its inputs and every stage's settings."""
-        from ..embed import EmbedderConfig
-        from ..extract.semantic import SemanticConfig
-
+        """What decides a night's outputs: its inputs and every stage job's output-deciding options
+        (``options.settings``; a model's config by its hash, which holds the model as a portable id), so a
+        runtime option (workers, batch sizes, retries) given to a stage changes nothing here. The stages' paths
+        are the chain's wiring (its inputs are recorded once, above; the rest are its own folders)."""
         c = self.chain
-        jobs = c.stage_jobs()
-        extract, index = jobs["spans"], jobs["index"]
+        stages = {name: {f.name: _setting(getattr(job, f.name), f) for f in fields(job)
+                         if not is_runtime(f) and not ("option" in f.metadata and f.metadata["option"].path)}
+                  for name, job in c.stage_jobs().items()}
         return {"input": c.input, "queries": c.queries, "metadata": c.metadata, "format": c.format,
-                "chunker_config_hash": jobs["chunks"].chunker.hash,
-                "embedder_hash": (jobs["embeddings"].embedder or EmbedderConfig()).hash,
-                "extractor_hash": (extract.extractor or SemanticConfig()).hash, "method": extract.method,
-                "top_k": extract.top_k, "max_drift": index.max_drift,
-                "dense": jsonable(index.dense.__dict__) if index.dense is not None else None,
-                "stages": jsonable(c.stages)}
+                "stages": stages}
 
 
 class NightlyStage(CompositeStage):

@@ -11,8 +11,8 @@ import pyarrow as pa
 
 from .. import storage
 from ..extract.llm import LLMConfig
-from ..options import group, option
-from ..runs import committed_table_dir, expect_run, jsonable, read_table
+from ..options import group, option, runtime
+from ..runs import committed_table_dir, jsonable, read_table
 from ..tables import GENERATED_QUERIES
 from .batches import drop_keys
 from .resources import Resources, ray_args
@@ -47,12 +47,13 @@ class QueryGenJob(RunOptions):
     llm: Any = group(LLMConfig, required=True, only=HTTP_OPTIONS, fixed={"backend": "http"})
     n_papers: int = option(100, "papers to sample, one chunk each", low=1)
     seed: int = option(0, "sampling seed", low=0)
-    batch_rows: int = 16
-    concurrency: int | None = option(None, "parallel request actors", low=1, default_help="2")
+    batch_rows: int = runtime(16)
+    concurrency: int | None = option(None, "parallel request actors", low=1, default_help="2", runtime=True)
 
 
 class QueryGenStage(TableStage):
     command = "querygen"
+    reads = {"chunks": ("chunks",)}
     tables = {"queries": GENERATED_QUERIES}
     key_column = "chunk_id"  # a write covers whole chunks: a rerun skips them
     takes_previous = False
@@ -64,7 +65,6 @@ class QueryGenStage(TableStage):
         if job.llm.backend != "http":
             raise ValueError("querygen talks to an OpenAI-compatible endpoint (e.g. `vllm serve` on the cluster): "
                              "use the http backend")
-        expect_run(job.chunks, "--chunks", "chunk")
         config = {"chunks": job.chunks, "n_papers": job.n_papers, "seed": job.seed, "llm": jsonable(job.llm.to_dict())}
         return Plan(config=config, inputs=(job.chunks,))
 

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from ..options import group, option
 from ..rerank import RerankerConfig
-from ..runs import committed_table_dir, expect_run, jsonable, manifest_config, read_table
+from ..runs import committed_table_dir, jsonable, manifest_config, read_table
 from ..tables import RERANKED, stable_hash
 from .batches import drop_keys
 from .model_actor import ModelActor
@@ -63,9 +63,9 @@ class RerankJob(RunOptions):
     top_k: int = option(20, "candidates per query the cross-encoder scores", low=1)
     chunks: str | None = option(None, "the chunk run", path=True, default_help="found through the run's manifests")
     queries: str | None = option(None, "the retrieval run's query file", path=True, default_help="from its manifest")
-    batch_rows: int = option(256, "candidates per actor call (whole queries)", low=1)
-    concurrency: int | None = option(None, "model actors", low=1, default_help="one per GPU, else 1")
-    threads: int | None = option(None, "torch threads per CPU actor", low=1, default_help="all CPUs")
+    batch_rows: int = option(256, "candidates per actor call (whole queries)", low=1, runtime=True)
+    concurrency: int | None = option(None, "model actors", low=1, default_help="one per GPU, else 1", runtime=True)
+    threads: int | None = option(None, "torch threads per CPU actor", low=1, default_help="all CPUs", runtime=True)
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,7 @@ class RerankFacts:
 
 class RerankStage(TableStage):
     command = "rerank"
+    reads = {"retrieval": ("retrieval",), "chunks": ("chunks",)}
     tables = {"retrieval": RERANKED}
     key_column = "query_id"
     # one cross-encoder per GPU, else CPU actors; each call one block of whole queries (about batch_rows rows)
@@ -87,9 +88,6 @@ class RerankStage(TableStage):
         job: RerankJob = self.job
         if job.top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {job.top_k}")
-        expect_run(job.retrieval, "--retrieval", "retrieve")
-        if job.chunks:
-            expect_run(job.chunks, "--chunks", "chunk")
         source = manifest_config(job.retrieval)
         queries = job.queries or source["queries"]
         chunks = job.chunks or manifest_config(source["index"])["chunks"]

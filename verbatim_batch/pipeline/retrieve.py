@@ -14,7 +14,7 @@ from .. import storage
 from ..options import group, option
 from ..records import iter_records
 from ..retrieve import RetrieverConfig
-from ..runs import expect_run, jsonable, manifest_config
+from ..runs import jsonable, manifest_config
 from ..tables import QUERIES, RETRIEVAL, query_id_for, stable_hash
 from .batches import drop_keys
 from .resources import Cluster, Resources, ray_args
@@ -67,8 +67,8 @@ class RetrieveJob(RunOptions):
     index: str = option(help="an index run folder from `verbatim-batch index`", path=True)
     queries: str = option(help="query file (JSONL, Parquet or CSV) with query (and query_id)", path=True)
     retriever: Any = group(RetrieverConfig)  # its index_dir is the job's index
-    batch_rows: int = option(256, "queries per actor call", low=1)
-    concurrency: int | None = option(None, "retriever actors", low=1, default_help="one per GPU, else 1")
+    batch_rows: int = option(256, "queries per actor call", low=1, runtime=True)
+    concurrency: int | None = option(None, "retriever actors", low=1, default_help="one per GPU, else 1", runtime=True)
 
 
 def read_queries(path: str) -> tuple[pa.Table, int]:
@@ -114,6 +114,7 @@ class RetrieveFacts:
 
 class RetrieveStage(TableStage):
     command = "retrieve"
+    reads = {"index": ("ids",)}
     outcomes = {"rejected": ("rejected_empty_query",)}
     tables = {"retrieval": RETRIEVAL}
     key_column = "query_id"
@@ -126,7 +127,6 @@ class RetrieveStage(TableStage):
         job: RetrieveJob = self.job
         cfg = job.retriever or RetrieverConfig(index_dir=job.index)
         cfg = dataclasses.replace(cfg, index_dir=storage.normalize(job.index))
-        expect_run(job.index, "--index", "index")
         queries, rejected = read_queries(job.queries)  # the key covers the queries: a small file
         key = retrieval_key(job.index, queries, cfg)
         config = {"index": job.index, "queries": job.queries, "retriever": jsonable(dataclasses.asdict(cfg)),

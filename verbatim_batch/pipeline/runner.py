@@ -28,6 +28,7 @@ is written last, and ``on_committed`` runs after the commit (and on a no-op reru
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -39,13 +40,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import storage
-from ..options import input_paths, option
+from ..options import input_paths, option, options_of
+from ..redact import redact
 from ..runs import (
     acquire_lock,
     build_manifest,
     claim_composite,
     committed_run,
     completed_keys,
+    expect_tables,
+    jsonable,
     new_run_id,
     release_lock,
     safe_run_id,
@@ -75,20 +79,22 @@ class RunOptions(MetricsOptions):
     """What every run-writing job takes: where it writes, how it resumes, which Ray it runs on, where its
     metrics go."""
 
-    output: str = option(help="run folder to create (atomically)", path=True, writes=True)
-    overwrite: bool = option(False, "replace an existing run folder that this tool wrote (anything else is refused)")
+    output: str = option(help="run folder to create (atomically)", path=True, writes=True, runtime=True)
+    overwrite: bool = option(False, "replace an existing run folder that this tool wrote (anything else is refused)",
+                             runtime=True)
     run_id: str | None = option(None, "name the run; rerunning with the same id after a crash resumes it (committed "
-                                "work is skipped) and a committed run is left as is", parse=_run_id)
+                                "work is skipped) and a committed run is left as is", parse=_run_id, runtime=True)
     previous: str | None = option(None, "an earlier run of this stage: its results for unchanged input are carried "
-                                  "over instead of computed again", path=True)
-    address: str | None = option(None, "Ray cluster address", default_help="RAY_ADDRESS, else a local Ray")
-    num_cpus: int | None = option(None, "CPUs for a local Ray", low=1, default_help="all")
+                                  "over instead of computed again", path=True, runtime=True)
+    address: str | None = option(None, "Ray cluster address", default_help="RAY_ADDRESS, else a local Ray",
+                                 runtime=True)
+    num_cpus: int | None = option(None, "CPUs for a local Ray", low=1, default_help="all", runtime=True)
     batch_retries: int = option(2, "retries of a failed batch of rows before its rows become error rows (recorded "
-                                "in the manifest)", low=0)
+                                "in the manifest)", low=0, runtime=True)
     target_file_mb: float = option(128.0, "compaction merges a table's small files toward files of this size (MB)",
-                                   low=0, low_open=True)
+                                   low=0, low_open=True, runtime=True)
     max_small_files: int = option(16, "compaction starts once a table has more files under a quarter of "
-                                  "--target-file-mb than this", low=1)
+                                  "--target-file-mb than this", low=1, runtime=True)
 
 
 @dataclass(frozen=True)
@@ -98,6 +104,7 @@ class Plan:
     config: Mapping[str, Any]  # the settings that decide the output: hashed, and bound to the run id
     inputs: tuple[str, ...]  # paths the run reads (an output inside one of them is refused)
     facts: Any = None  # read-only facts the stage's later steps need (resolved paths, a schema)
+    runtime: Mapping[str, Any] = field(default_factory=dict)  # how it runs (recorded, never hashed or bound)
 
 
 @dataclass(frozen=True)
@@ -152,6 +159,34 @@ class StageContext:
         return time.perf_counter() - self.started
 
 
+def declaration_problems(cls: type[Stage]) -> list[str]:
+    """What is missing or inconsistent in a stage class's declarations (empty when sound)."""
+    from ..telemetry.declare import OUTCOMES
+    from .resources import Resources
+
+    out = []
+    for name, tables in cls.reads.items():
+        if not isinstance(name, str) or not isinstance(tables, tuple) or not tables \
+                or not all(isinstance(t, str) and t for t in tables):
+            out.append(f"reads[{name!r}] must name a job field and a non-empty tuple of table names")
+    if bad := sorted(set(cls.outcomes) - set(OUTCOMES)):
+        out.append(f"outcomes {bad} are not among {OUTCOMES}")
+    res = cls.__dict__.get("resources")
+    if res is not None and not isinstance(res, Resources) and not (
+            isinstance(res, Mapping) and res and all(isinstance(r, Resources) for r in res.values())):
+        out.append("resources must be a Resources, or a Resources per placement")
+    tables = getattr(cls, "tables", None)
+    if tables is not None:
+        if not all(isinstance(s, pa.Schema) for s in tables.values()):
+            out.append("tables must map names to Arrow schemas (tables.py)")
+        for what in ("key_tables", "scratch_tables"):
+            if extra := sorted(set(getattr(cls, what, ())) - set(tables)):
+                out.append(f"{what} {extra} are not among its tables {sorted(tables)}")
+        if cls.command and tables and not getattr(cls, "key_column", ""):
+            out.append("a stage with tables names its key_column")
+    return out
+
+
 class Stage:
     """A stage that writes its own files into the staging folder (``execute``)."""
 
@@ -161,9 +196,19 @@ class Stage:
     # rows by outcome beyond the runner's standard counts: {outcome: the stage's counts that make it}, e.g.
     # {"failed": ("pairs_failed",)} (telemetry.accounting; the outcomes are telemetry.declare.OUTCOMES)
     outcomes: ClassVar[Mapping[str, tuple[str, ...]]] = {}
+    # the runs it reads: {job field: the tables the run there must hold committed} (``expect_tables``: an
+    # input is what it holds; a chain's folder stands for its stage folder that holds them)
+    reads: ClassVar[Mapping[str, tuple[str, ...]]] = {}
 
     def __init__(self, job: RunOptions) -> None:
         self.job = job
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A stage's declarations checked when its class is defined, not mid-run."""
+        super().__init_subclass__(**kwargs)
+        problems = declaration_problems(cls)
+        if problems:
+            raise TypeError(f"stage {cls.__name__}: {'; '.join(problems)}")
 
     def plan(self) -> Plan:
         """Settings and inputs; raises on bad input before any folder is touched. Cheap."""
@@ -254,6 +299,23 @@ def refuse_output_inside_inputs(output: str, inputs: Iterable[str]) -> None:
             raise ValueError(f"--output {output} is inside the input folder {path}: choose an output outside it")
 
 
+def resolve_reads(stage: Stage) -> None:
+    """Each run ``stage`` reads (``Stage.reads``) checked by the tables it holds before anything else is read; a
+    chain's folder given for one is replaced by its stage folder that holds them."""
+    flags = {of.field: of.flag for of in options_of(type(stage.job)) if of.group is None}
+    changes = {}
+    for name, tables in stage.reads.items():
+        if not hasattr(stage.job, name):
+            raise TypeError(f"stage {type(stage).__name__} reads {name!r}, which {type(stage.job).__name__} lacks")
+        value = getattr(stage.job, name)
+        if value:
+            found = expect_tables(value, flags.get(name, name), tables)
+            if found != value:
+                changes[name] = found
+    if changes:
+        stage.job = dataclasses.replace(stage.job, **changes)
+
+
 def run_stage(stage: Stage) -> tuple[str, dict[str, Any]]:
     """Run ``stage`` into ``stage.job.output``; returns ``(path, manifest)`` of the committed run."""
     job = stage.job
@@ -266,6 +328,7 @@ def run_stage(stage: Stage) -> tuple[str, dict[str, Any]]:
     if done := committed_run(output, job.run_id):
         return output, stage.on_committed(output, done) if isinstance(stage, CompositeStage) else done
     refuse_output_inside_inputs(output, input_paths(job))  # before any input is listed or read
+    resolve_reads(stage)
     window = perf.open_window()  # the performance report's figures: CPU-s of every process, memory, GPU
     try:
         return _run(stage, output, window, t0)
@@ -286,7 +349,8 @@ def _run(stage: Stage, output: str, window: perf.Window | None, t0: float) -> tu
         try:
             folder = claim_composite(output, run_id, settings, overwrite=job.overwrite)
             ctx = StageContext(job=job, run_id=run_id, staging=folder, config=config, started=t0)
-            manifest = _manifest(stage, run_id, config, inputs, stage.execute(plan, ctx), t0, folder, window)
+            manifest = _manifest(stage, run_id, config, inputs, stage.execute(plan, ctx), t0, folder, window,
+                                 plan.runtime)
             write_manifest(folder, manifest, on_commit=write_report)
         finally:
             release_lock(lock)
@@ -298,20 +362,24 @@ def _run(stage: Stage, output: str, window: perf.Window | None, t0: float) -> tu
             result = _run_table_stage(stage, plan, ctx)
         else:
             result = stage.execute(plan, ctx)
-        manifest = _manifest(stage, run_id, config, inputs, result, t0, run.staging, window)
+        manifest = _manifest(stage, run_id, config, inputs, result, t0, run.staging, window, plan.runtime)
         path = run.commit(manifest, on_commit=write_report)
         session.record(stage.command, manifest["metrics"])
         return path, manifest
 
 
 def _manifest(stage: Stage, run_id: str, config: dict[str, Any], inputs: list[str], result: StageResult,
-              t0: float, staging: str, window: perf.Window | None) -> dict[str, Any]:
-    """The run's manifest, with its metrics (what is exported for it) and performance report."""
+              t0: float, staging: str, window: perf.Window | None,
+              runtime: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The run's manifest, with its metrics (what is exported for it) and performance report; ``runtime``
+    (the plan's runtime options, credentials in URLs redacted) is recorded beside the settings, never hashed."""
     timings = {**result.timings_s, "total": time.perf_counter() - t0}
     manifest = build_manifest(
         run_id=run_id, command=stage.command, config=config | result.config, inputs=inputs,
         tables=result.tables, counts=result.counts, timings_s=timings)
     manifest.update(result.manifest)
+    if runtime:
+        manifest["runtime"] = redact(jsonable(dict(runtime)))
     counts = manifest["counts"]
     if isinstance(stage, CompositeStage):  # its stages' runs hold their own rows and bytes
         manifest["metrics"] = {"duration_seconds": round(timings["total"], 3)}

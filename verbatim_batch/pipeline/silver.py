@@ -20,7 +20,7 @@ from .. import storage
 from ..extract.highlighter import HighlighterConfig
 from ..extract.llm import LLMConfig
 from ..options import group, option
-from ..runs import committed_table_dir, expect_run, jsonable, read_table
+from ..runs import committed_table_dir, jsonable, read_table
 from ..tables import group_by
 from .extract import ExtractJob, run_extract
 from .querygen import HTTP_OPTIONS, QueryGenJob, run_querygen
@@ -107,12 +107,11 @@ class SilverStage(CompositeStage):
     """The whole silver pipeline: each step a committed sub-run under the job's output, one run id."""
 
     command = "silver"
+    reads = {"chunks": ("chunks",), "index": ("ids",)}
     takes_previous = False
 
     def plan(self) -> Plan:
         job: SilverJob = self.job
-        expect_run(job.chunks, "--chunks", "chunk")
-        expect_run(job.index, "--index", "index")
         if job.tokenizer:  # checked now, not after the LLM work (one line, exit 2)
             from ..models import load_tokenizer
 

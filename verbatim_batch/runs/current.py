@@ -62,10 +62,15 @@ def current_table(root: str, table: str, stage: str | None = None, columns: list
     run_id = current_run(root)
     if run_id is None:
         raise FileNotFoundError(f"{root} has no current run yet")
-    stage = stage or {"spans": "spans", "pairs": "spans", "rejects": "spans", "papers": "chunks",
-                      "chunks": "chunks", "quarantine": "chunks", "embeddings": "embeddings",
-                      "retrieval": "retrieval"}.get(table, table)
-    return read_table(storage.join(storage.normalize(root), RUNS_DIR, run_id, stage), table, columns)
+    run_dir = storage.join(storage.normalize(root), RUNS_DIR, run_id)
+    if stage is not None:
+        return read_table(storage.join(run_dir, stage), table, columns)
+    from .manifest import holding
+
+    found = holding(run_dir, (table,))  # the stage folder that holds it (a chain's last, as the chain reads it)
+    if found is None:
+        raise FileNotFoundError(f"the current run {run_id} of {root} holds no {table} table")
+    return read_table(found, table, columns)
 
 
 def _started(run_dir: str) -> float:

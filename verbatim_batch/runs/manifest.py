@@ -154,6 +154,42 @@ def read_manifest(run_dir: str, strict: bool = True) -> dict[str, Any]:
     return manifest
 
 
+def holding(run_dir: str, tables: tuple[str, ...], manifest: dict[str, Any] | None = None) -> str | None:
+    """The folder of a committed run holding every table of ``tables``: ``run_dir`` itself when it does, else,
+    for a chain's folder (``run``, ``demo``, a night), its last committed stage folder that does (a chain's
+    spans are read from ``reranked`` when it has one, as the chain wires them); None when none does."""
+    manifest = manifest if manifest is not None else read_manifest(run_dir)
+    held = manifest.get("tables") if isinstance(manifest.get("tables"), dict) else {}
+    if all(t in held for t in tables):
+        return run_dir
+    stages = manifest.get("stages") if isinstance(manifest.get("stages"), dict) else {}
+    found = []
+    for stage in stages:
+        if not isinstance(stage, str) or not stage or "/" in stage or stage.startswith("."):
+            continue  # a stage is a folder name of the run's own
+        sub = storage.join(run_dir, stage)
+        try:
+            sub_manifest = read_manifest(sub)
+        except (OSError, ValueError):
+            continue
+        sub_tables = sub_manifest.get("tables")
+        if isinstance(sub_tables, dict) and all(t in sub_tables for t in tables):
+            found.append((str(sub_manifest.get("created_at") or ""), stage, sub))
+    return max(found)[2] if found else None  # the last committed: a chain commits its stages in order
+
+
+def expect_tables(run_dir: str, option: str, tables: tuple[str, ...]) -> str:
+    """The run folder holding ``tables`` (``holding``), or one line naming what ``option`` expects and what
+    ``run_dir`` holds. An input is what it holds, not which command made it."""
+    manifest = read_manifest(run_dir)
+    found = holding(run_dir, tables, manifest)
+    if found is None:
+        held = manifest.get("tables") if isinstance(manifest.get("tables"), dict) else {}
+        raise ValueError(f"{option} expects a committed run holding {' and '.join(tables)}; {run_dir} is a "
+                         f"{manifest['command']} run holding {', '.join(sorted(held)) or 'no tables'}")
+    return found
+
+
 def expect_run(run_dir: str, option: str, *commands: str) -> dict[str, Any]:
     """The manifest of ``run_dir`` when it is a committed run of one of ``commands``; else one line naming
     what ``option`` expects and what was found."""

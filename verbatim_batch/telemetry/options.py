@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..options import option
+from ..options import Declared, option
 
 
 def _push_url(url: str) -> str:
@@ -22,11 +22,11 @@ def _job_label(value: str) -> str:
 
 
 @dataclass(kw_only=True)
-class MetricsOptions:
+class MetricsOptions(Declared):
     """Where a command's metrics go when it ends (docs/operations.md)."""
 
     metrics_push: str | None = option(None, "push the command's metrics to this Prometheus Pushgateway when it "
                                       "ends, committed or refused (an unreachable gateway costs one warning)",
-                                      parse=_push_url, metavar="URL", default_help="no push")
+                                      parse=_push_url, metavar="URL", default_help="no push", runtime=True)
     metrics_job: str = option("verbatim-batch", "the Pushgateway's job label for the pushed metrics",
-                              parse=_job_label)
+                              parse=_job_label, runtime=True)

@@ -20,11 +20,11 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from .. import storage
-from ..options import option
+from ..options import option, settings
 from ..pipeline.runner import Plan, RunOptions, Stage, StageContext, StageResult, run_stage
 from . import data
 from .loop import BEST_METRIC, train_loop_per_worker
@@ -34,7 +34,6 @@ CHECKPOINTS = "checkpoints"
 MODEL_DIR = "model"
 SUMMARY = "train_summary.json"  # written by rank 0 when training ends: steps, tokens, times
 TRAINING_STATE_FILES = ("optimizer.pt", "scheduler.pt", "scaler.pt", "trainer_state.json", "training_args.bin")
-_RUNTIME = ("output", "run_id", "overwrite", "address", "num_cpus", "previous", "batch_retries")
 
 
 @dataclass
@@ -51,7 +50,7 @@ class TrainJob(RunOptions):
     batch_size: int | None = option(8, "windows per step per worker", low=1)
     batch_tokens: int | None = option(None, "token budget per step per worker instead of --batch-size", low=1)
     grad_accum: int = option(1, "batches per optimizer step", low=1)
-    warmup_ratio: float = option(0.1, "share of steps spent warming up", low=0, high=1)
+    warmup_ratio: float = option(0.1, "share of steps spent warming up", low=0, high=1, high_open=True)
     weight_decay: float = 0.01
     max_length: int = option(8192, "tokens per window (capped at the model's positions), as the highlighter reads",
                              low=16)
@@ -59,18 +58,13 @@ class TrainJob(RunOptions):
     num_workers: int = option(2, "Ray Train workers, DDP", low=1)
     use_gpu: bool = option(False, "one GPU per worker, NCCL, bf16 autocast")
     cpus_per_worker: float = option(1.0, "CPUs per training worker", low=0, low_open=True)
-    keep_checkpoints: int = option(2, "checkpoints kept besides the best", low=1)
+    keep_checkpoints: int = option(2, "checkpoints kept besides the best", low=1, runtime=True)
     seed: int = option(0, "sampling and initialisation seed", low=0)
 
     def __post_init__(self) -> None:
-        if self.epochs < 1 or self.num_workers < 1 or self.grad_accum < 1:
-            raise ValueError("epochs, num_workers and grad_accum must be >= 1")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be positive, got {self.lr}")
-        if not self.batch_tokens and not (self.batch_size and self.batch_size > 0):
+        super().__post_init__()  # the declared bounds and choices
+        if not self.batch_tokens and not self.batch_size:
             raise ValueError("give a positive batch_size or batch_tokens")
-        if not 0 <= self.warmup_ratio < 1:
-            raise ValueError("warmup_ratio must be in [0, 1)")
         if not 0 <= self.stride < self.max_length // 2:
             raise ValueError(f"stride must be in [0, max_length / 2), got {self.stride}")
         local = os.path.expanduser(self.model)
@@ -79,7 +73,7 @@ class TrainJob(RunOptions):
 
     def config(self) -> dict[str, Any]:
         """What decides the trained weights (not where the run goes or which cluster runs it)."""
-        return {k: v for k, v in asdict(self).items() if k not in _RUNTIME}
+        return settings(self)
 
 
 def _effective_max_length(model: str, max_length: int) -> tuple[int, Any]:

@@ -1,0 +1,95 @@
+"""The stage contract checks itself (issue 41): a stage declares the runs it reads by the tables they must hold
+(``Stage.reads``), an input is accepted for what it holds whichever command wrote it, a chain's folder stands for
+its stage folder that holds the tables, and a stage class with inconsistent declarations fails when it is
+defined, not mid-run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from verbatim_batch.pipeline.runner import Stage, TableStage
+from verbatim_batch.runs import build_manifest, expect_tables, holding, write_manifest
+
+
+def _run(path: Path, command: str, tables: dict, stages: dict | None = None, created: str = "") -> str:
+    path.mkdir(parents=True, exist_ok=True)
+    extra = ({"stages": stages} if stages else {}) | ({"created_at": created} if created else {})
+    manifest = build_manifest(run_id="r1", command=command, config={}, inputs=[],
+                              tables={t: {"rows": 1, "files": 1} for t in tables}, counts={}, timings_s={}) | extra
+    write_manifest(str(path), manifest)
+    return str(path)
+
+
+def test_an_input_is_what_it_holds(tmp_path):
+    own = _run(tmp_path / "own", "my-dedup", {"papers", "chunks", "quarantine"})  # a stage of a user's own
+    assert expect_tables(own, "--chunks", ("chunks",)) == own
+    with pytest.raises(ValueError, match=r"--index expects a committed run holding ids; .* is a my-dedup run "
+                                         r"holding chunks, papers, quarantine$"):
+        expect_tables(own, "--index", ("ids",))
+
+
+def test_a_chain_folder_stands_for_its_stage_folder(tmp_path):
+    chain = tmp_path / "demo"
+    # committed in the chain's order (a manifest's keys are written sorted: the stages' order is their commits')
+    _run(chain / "chunks", "chunk", {"papers", "chunks", "quarantine"}, created="2026-11-28T01:00:00+00:00")
+    _run(chain / "retrieval", "retrieve", {"retrieval"}, created="2026-11-28T01:10:00+00:00")
+    _run(chain / "reranked", "rerank", {"retrieval"}, created="2026-11-28T01:20:00+00:00")
+    _run(chain / "spans", "extract", {"spans", "pairs", "rejects"}, created="2026-11-28T01:30:00+00:00")
+    stages = {"chunks": "chunks", "retrieval": "retrieval", "reranked": "reranked", "spans": "spans"}
+    _run(chain, "run", {"chunks/papers", "spans/spans"}, stages)
+    assert expect_tables(str(chain), "--chunks", ("chunks",)) == str(chain / "chunks")
+    assert holding(str(chain), ("retrieval",)) == str(chain / "reranked")  # the last, as the chain wires spans
+    assert holding(str(chain), ("ids",)) is None
+    # a forged stage name never leads outside the run
+    forged = tmp_path / "forged"
+    _run(forged, "run", set(), {"../demo/chunks": "x", "/etc": "y", ".hidden": "z"})
+    assert holding(str(forged), ("chunks",)) is None
+
+
+def test_inconsistent_declarations_fail_when_the_class_is_defined():
+    with pytest.raises(TypeError, match="reads"):
+        class BadReads(Stage):  # noqa: F841
+            command = "bad-reads"
+            reads = {"chunks": ()}
+
+    with pytest.raises(TypeError, match=r"key_tables \['nope'\] are not among its tables"):
+        class BadKeys(TableStage):  # noqa: F841
+            command = "bad-keys"
+            tables = {"rows": pa.schema([("row_id", pa.string())])}
+            key_column = "row_id"
+            key_tables = ("nope",)
+
+    with pytest.raises(TypeError, match="outcomes"):
+        class BadOutcome(Stage):  # noqa: F841
+            command = "bad-outcome"
+            outcomes = {"lost": ("x",)}
+
+    with pytest.raises(TypeError, match="Arrow schemas"):
+        class BadSchema(TableStage):  # noqa: F841
+            command = "bad-schema"
+            tables = {"rows": "row_id: string"}
+            key_column = "row_id"
+
+    class Good(TableStage):
+        command = "good"
+        reads = {"chunks": ("chunks",)}
+        tables = {"rows": pa.schema([("row_id", pa.string())])}
+        key_column = "row_id"
+
+    assert Good.reads == {"chunks": ("chunks",)}
+
+
+def test_every_shipped_stage_declares_what_it_reads():
+    from verbatim_batch.pipeline.embed import EmbedStage
+    from verbatim_batch.pipeline.extract import ExtractStage
+    from verbatim_batch.pipeline.index import IndexStage
+    from verbatim_batch.pipeline.querygen import QueryGenStage
+    from verbatim_batch.pipeline.rerank import RerankStage
+    from verbatim_batch.pipeline.retrieve import RetrieveStage
+    from verbatim_batch.pipeline.silver import SilverStage
+
+    for stage in (EmbedStage, IndexStage, RetrieveStage, RerankStage, ExtractStage, QueryGenStage, SilverStage):
+        assert stage.reads, stage.__name__
