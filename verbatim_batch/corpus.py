@@ -6,7 +6,9 @@ reason instead of a reader crashing the job. Paths may be local or any URI that
 ``pyarrow.fs`` understands (``s3://``, ``gs://``).
 
 Formats:
-  * ``md``: a folder of ``*.md`` files (searched recursively); ``paper_id`` is the stem.
+  * ``md``: a folder of ``*.md``, ``*.markdown`` or ``*.txt`` files (searched recursively; plain text is read as
+    markdown without headings); ``paper_id`` is the stem. Files of other kinds in the folder are not read, and
+    ``skipped_files`` names them so a run can say so.
   * ``parquet`` / ``jsonl``: rows with ``anthology_id`` (or ``paper_id``) and
     ``markdown``, the layout of the acl-anthology-md full-text release.
 """
@@ -34,7 +36,8 @@ from .tables import RAW_RECORDS, QuarantineReason
 FORMATS = ("md", "parquet", "jsonl")
 ID_COLUMNS = ("anthology_id", "paper_id")
 TEXT_COLUMNS = ("markdown", "text")
-_EXTENSIONS = {"md": (".md",), "parquet": (".parquet",), "jsonl": (".jsonl", ".json", ".ndjson")}
+_EXTENSIONS = {"md": (".md", ".markdown", ".txt"), "parquet": (".parquet",),
+               "jsonl": (".jsonl", ".json", ".ndjson")}
 BLOCK_BYTES = 64 * 1024 * 1024
 
 
@@ -67,7 +70,7 @@ def detect_format(uri: str) -> str:
     for fmt in FORMATS:
         if any(n.lower().endswith(_EXTENSIONS[fmt]) for n in names):
             return fmt
-    raise ValueError(f"no .md, .parquet or .jsonl files under {uri}")
+    raise ValueError(f"no .md, .txt, .parquet or .jsonl files under {uri}")
 
 
 def list_sources(uri: str, fmt: str) -> tuple[pafs.FileSystem, list[SourceFile]]:
@@ -286,8 +289,36 @@ def read_md_files(
 
 
 def md_paper_id(path: str) -> str:
+    """A text file's paper id: its name without the extension (``2023.acl-long.1.txt`` -> ``2023.acl-long.1``)."""
     name = os.path.basename(path)
-    return name[: -len(".md")] if name.lower().endswith(".md") else name
+    for ext in _EXTENSIONS["md"]:
+        if name.lower().endswith(ext):
+            return name[: -len(ext)]
+    return name
+
+
+def extensions(fmt: str) -> tuple[str, ...]:
+    """The file name endings format ``fmt`` reads."""
+    return _EXTENSIONS[fmt]
+
+
+def skipped_files(uri: str, fmt: str, limit: int = 20, ignore: tuple[str, ...] = ()) -> tuple[int, list[str]]:
+    """``(count, the first ``limit`` paths)`` of the files under a corpus folder that ``fmt`` does not read (a
+    ``.pdf`` beside the ``.md`` papers), sorted; ``ignore``: paths the run reads otherwise (its metadata file).
+    Only names are listed, nothing is opened."""
+    fs, path = resolve(uri)
+    if _is_local(fs):
+        if not os.path.isdir(path):
+            return 0, []
+        names = [f.path for f in _walk_local(path, None) if f.problem is None]
+    else:
+        info = fs.get_file_info(path)
+        if info.type != pafs.FileType.Directory:
+            return 0, []
+        names = [f.path for f in fs.get_file_info(pafs.FileSelector(path, recursive=True))
+                 if f.type == pafs.FileType.File]
+    skipped = sorted(n for n in names if not n.lower().endswith(_EXTENSIONS[fmt]) and n not in ignore)
+    return len(skipped), skipped[:limit]
 
 
 def _pick(names: Iterable[str], wanted: tuple[str, ...], what: str, where: str) -> str:

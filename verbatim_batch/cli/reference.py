@@ -22,10 +22,13 @@ def markdown() -> str:
              "flag, and a key of a YAML config (`--config FILE`): at the top level for every command that takes "
              "it, or in the command's section. `run` and `nightly` also take each stage's section (`chunk:`, "
              "`embed:`, `index:`, `retrieve:`, `rerank:`, `extract:`), or the same options on the command line "
-             "as `--<stage>-<option>` (the extract stage's also without the prefix).", ""]
+             "as `--<stage>-<option>` (the extract stage's also without the prefix). An option's role is `output` when "
+             "its value decides the run's rows (it is part of the settings bound to the run id and compared by the "
+             "nights) or `runtime` when it only decides how the run goes (a killed run resumes with another "
+             "value).", ""]
     for command, spec in COMMANDS.items():
         lines += [f"## `verbatim-batch {command}`", "", _cell(spec.help) + ".", "",
-                  "| flag | YAML key | default | help |", "|---|---|---|---|"]
+                  "| flag | YAML key | default | role | help |", "|---|---|---|---|---|"]
         stages: dict[str, list[str]] = {}
         for key, flag in command_flags(command).items():
             if flag.stage is not None:
@@ -41,7 +44,9 @@ def markdown() -> str:
             else:
                 shown = [(k, v) for k, v in of.defaults if v is not None]
                 default = ", ".join(f"{k} {show(v)}" if k else show(v) for k, v in shown) if shown else ""
-            lines.append(f"| `{' '.join(flag.flags)}` | `{key}` | {_cell(default)} | {_cell(of.option.help)} |")
+            role = "runtime" if of.option.runtime else "output"
+            lines.append(f"| `{' '.join(flag.flags)}` | `{key}` | {_cell(default)} | {role} "
+                         f"| {_cell(of.option.help)} |")
         if stages:
             lines += ["", "Stage sections (the options of each stage's command above, but its inputs, outputs and "
                       "run options, which the chain sets):", ""]

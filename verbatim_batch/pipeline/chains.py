@@ -40,7 +40,8 @@ class Chain(Declared):
     0.3}}``: a config file's sections; unset options keep the stage job's defaults). A ``rerank`` section with a
     ``model`` adds the rerank stage between retrieval and extraction."""
 
-    input: str = option(help="the corpus: a folder of .md files, or a Parquet/JSONL file or folder", path=True)
+    input: str = option(help="the corpus: a folder of .md or .txt files, or a Parquet/JSONL file or "
+                       "folder", path=True)
     queries: str = option(help="query file (JSONL, Parquet or CSV) with query (and query_id)", path=True)
     metadata: str | None = option(None, "metadata table (.parquet/.jsonl/.csv) joined by paper id", path=True)
     format: str = option("auto", "input format (auto: from file extensions)", choices=("auto", *corpus.FORMATS))

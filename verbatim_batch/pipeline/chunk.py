@@ -41,7 +41,8 @@ CARRY_ACROSS = ("input", "metadata", "format", "chunker")  # the chunker: by its
 class ChunkJob(RunOptions):
     """Settings of the chunk job (the CLI and jobs/chunk.py build one of these)."""
 
-    input: str = option(help="the corpus: a folder of .md files, or a Parquet/JSONL file or folder", path=True)
+    input: str = option(help="the corpus: a folder of .md or .txt files, or a Parquet/JSONL file or "
+                       "folder", path=True)
     format: str = option("auto", "input format (auto: from file extensions)", choices=("auto", *corpus.FORMATS))
     metadata: str | None = option(None, "metadata table (.parquet/.jsonl/.csv) joined by paper id", path=True)
     chunker: ChunkerConfig = group(ChunkerConfig, default_factory=ChunkerConfig)
@@ -209,6 +210,7 @@ class ChunkWork:
     rejected: int  # previous papers that did not verify (chunked again)
     same_sources: frozenset = frozenset()  # paper ids whose source bytes are unchanged (never read this run)
     previous_ids: frozenset = frozenset()  # the previous run's papers that could be carried
+    skipped: tuple[int, tuple[str, ...]] = (0, ())  # files in the corpus folder its format does not read
 
 
 def _ids(staging: str, table: str) -> set[str]:
@@ -243,9 +245,13 @@ class ChunkStage(TableStage):
         job: ChunkJob = self.job
         fmt = plan.facts
         fs, files = corpus.list_sources(job.input, fmt)
-        if job.metadata:  # a metadata file inside the input folder is not a paper
-            meta_path = corpus.resolve(job.metadata)[1]
+        meta_path = corpus.resolve(job.metadata)[1] if job.metadata else None
+        if meta_path:  # a metadata file inside the input folder is not a paper
             files = [f for f in files if f.path != meta_path]
+        n_skipped, first = corpus.skipped_files(job.input, fmt, ignore=(meta_path,) if meta_path else ())
+        if n_skipped:  # said, never silent: a folder of .pdf papers would otherwise chunk nothing
+            log.warning("%d file(s) under %s are not read: not %s (%s%s)", n_skipped, job.input,
+                        "/".join(corpus.extensions(fmt)), ", ".join(first[:3]), ", ..." if n_skipped > 3 else "")
         if fmt != "md" or job.address or os.environ.get("RAY_ADDRESS") or _looks_changed(job, files):
             # Ray first: duplicates of Parquet/JSONL corpora are a Ray read; on a cluster, or when the listing
             # already shows work, the checks below run as Ray tasks. Else they run here, and a night that
@@ -267,7 +273,7 @@ class ChunkStage(TableStage):
                      if pid not in same.values() and (paths is None or p.source in paths)}
         return Work(keys=None, n_in=n_records, n_todo=n_records - len(same),
                     data=ChunkWork(fs, files, duplicates, unchanged, rejected, frozenset(same.values()),
-                                   frozenset(previous)),
+                                   frozenset(previous), (n_skipped, tuple(first))),
                     timings_s={"scan": t_scan, "previous": ctx.elapsed() - t_scan})
 
     def writer(self, plan: Plan, work: Work) -> IngestStage:
@@ -310,12 +316,16 @@ class ChunkStage(TableStage):
             }
         counts = {"records_in": work.n_in, "papers": rows["papers"], "chunks": rows["chunks"],
                   "quarantined": rows["quarantine"], "duplicate_ids": len(w.duplicates),
-                  "papers_chunked": rows["papers"] - incremental.get("papers_unchanged", 0), **incremental}
+                  "papers_chunked": rows["papers"] - incremental.get("papers_unchanged", 0),
+                  "files_skipped": w.skipped[0], **incremental}
+        skipped = {"skipped_files": {"count": w.skipped[0], "first": list(w.skipped[1]),
+                                     "why": f"not {'/'.join(corpus.extensions(plan.facts))} files"}} \
+            if w.skipped[0] else {}
         if not self.job.metadata:
-            return StageResult(tables={}, counts=counts)
+            return StageResult(tables={}, counts=counts, manifest=skipped)
         meta = metadata_stats(self.job.metadata)  # what the metadata join left out: counted, duplicates named
         counts |= {f"metadata_{k}": v for k, v in meta.items() if k != "duplicates"}
-        return StageResult(tables={}, counts=counts, manifest={"metadata": {
+        return StageResult(tables={}, counts=counts, manifest=skipped | {"metadata": {
             "duplicate_ids": meta["duplicates"], "rule": "the first row of an id wins; fields of the wrong type "
             "or over their size are ignored"}})
 
