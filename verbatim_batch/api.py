@@ -69,6 +69,39 @@ __all__ = [
 Row = dict[str, Any]
 RowFn = Callable[[Row], Row]
 EXTRACTOR_CONFIGS = (SemanticConfig, HighlighterConfig, LLMConfig)
+# each processor: the config types it takes and the columns its input rows must have
+TAKES: dict[str, tuple[tuple[type, ...], tuple[str, ...]]] = {
+    "chunk": ((ChunkerConfig,), ("paper_id", "markdown")),
+    "embed": ((EmbedderConfig,), ("chunk_id", "paper_id", "context", "text")),
+    "retrieve": ((RetrieverConfig,), ("query",)),
+    "extract": (EXTRACTOR_CONFIGS, ("query", "chunk")),
+}
+
+
+def _check_config(name: str, config: Any) -> None:
+    """``config`` is one ``api.<name>`` takes, else a TypeError naming the function it configures (checked on
+    the driver, before any Ray work: an EmbedderConfig given to extract would run embedding and fail in a worker)."""
+    kinds = TAKES[name][0]
+    if isinstance(config, kinds):
+        return
+    owner = next((fn for fn, (k, _) in TAKES.items() if isinstance(config, k)), None)
+    raise TypeError(f"api.{name} takes {' or '.join(k.__name__ for k in kinds)}, not {type(config).__name__}"
+                    + (f" (that configures api.{owner})" if owner else ""))
+
+
+def _check_columns(name: str, ds: Any) -> None:
+    """The input's columns checked on the driver where its schema is known without running it (a dataset read
+    or made from rows; after a map it is known only once it runs, and the workers check it then)."""
+    try:
+        schema = ds.schema(fetch_if_missing=False)
+    except Exception:  # noqa: BLE001 - not a Ray Dataset, or a schema Ray cannot tell cheaply
+        return
+    names = getattr(schema, "names", None)
+    if names is None:
+        return
+    if missing := [c for c in TAKES[name][1] if c not in names]:
+        raise ValueError(f"api.{name} needs the column(s) {', '.join(missing)}; the dataset has "
+                         f"{', '.join(names) or 'none'} (a preprocess function can make them)")
 
 
 @dataclass(frozen=True)
@@ -85,6 +118,8 @@ class Processor:
     def __call__(self, ds: ray.data.Dataset) -> ray.data.Dataset:
         if self.preprocess is not None:
             ds = ds.map(self.preprocess, **self.map_kwargs)
+        elif self.name in TAKES:
+            _check_columns(self.name, ds)
         ds = self.stage(ds)
         if self.postprocess is not None:
             ds = ds.map(self.postprocess, **self.map_kwargs)
@@ -136,7 +171,8 @@ def chunk(papers: ray.data.Dataset, chunker: ChunkerConfig | None = None, *, sto
           batch_size: int = 64, preprocess: RowFn | None = None, postprocess: RowFn | None = None) -> ray.data.Dataset:
     """Papers (``paper_id``, ``markdown``) -> chunks (``tables.CHUNKS``). A paper that cannot be chunked
     (empty, binary, missing text) yields no chunks; run ``verbatim-batch chunk`` for the quarantine table."""
-    return build_processor(chunker or ChunkerConfig(), preprocess=preprocess, postprocess=postprocess,
+    _check_config("chunk", chunker := chunker or ChunkerConfig())
+    return build_processor(chunker, preprocess=preprocess, postprocess=postprocess,
                            store_text=store_text, batch_size=batch_size)(papers)
 
 
@@ -162,7 +198,8 @@ def embed(chunks: ray.data.Dataset, config: EmbedderConfig | None = None, *, bat
     """Chunks (``chunk_id``, ``paper_id``, ``context``, ``text``) -> embeddings rows (``tables.embeddings_schema``),
     one model per GPU (else CPU actors). ``config``: an ``EmbedderConfig`` (default: the bundled
     all-MiniLM-L6-v2)."""
-    return build_processor(config or EmbedderConfig(), preprocess=preprocess, postprocess=postprocess,
+    _check_config("embed", config := config or EmbedderConfig())
+    return build_processor(config, preprocess=preprocess, postprocess=postprocess,
                            batch_rows=batch_rows, concurrency=concurrency)(chunks)
 
 
@@ -190,6 +227,8 @@ def retrieve(queries: ray.data.Dataset, index: str | RetrieverConfig, *, batch_r
             lambda r: r["method"] == "hybrid" and r["rank"] <= 5)
         spans = api.extract(hits)
     """
+    if not isinstance(index, (str, RetrieverConfig)):
+        _check_config("retrieve", index)
     config = index if isinstance(index, RetrieverConfig) else RetrieverConfig(index_dir=index)
     return build_processor(config, preprocess=preprocess, postprocess=postprocess, batch_rows=batch_rows,
                            concurrency=concurrency, with_text=with_text)(queries)
@@ -254,5 +293,6 @@ def extract(pairs: ray.data.Dataset, config: Any = None, *, batch_rows: int = Ex
     """Pairs (``query``, ``chunk``; any other columns pass through) -> the same rows with ``spans`` (verbatim
     substrings of ``chunk`` with offsets and scores), ``relevance`` and ``error`` (a bad pair gets an error,
     never a crash). ``config``: ``SemanticConfig`` (default), ``HighlighterConfig`` or an HTTP ``LLMConfig``."""
-    return build_processor(config or SemanticConfig(), preprocess=preprocess, postprocess=postprocess,
+    _check_config("extract", config := config or SemanticConfig())
+    return build_processor(config, preprocess=preprocess, postprocess=postprocess,
                            batch_rows=batch_rows, concurrency=concurrency)(pairs)
