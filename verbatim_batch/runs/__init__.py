@@ -20,6 +20,7 @@ from .folder import (
     RunDir,
     SettingsChangedError,
     acquire_lock,
+    check_output_names,
     claim_composite,
     committed_run,
     completed_keys,
@@ -60,7 +61,8 @@ from .manifest import (
 __all__ = [
     "BINDING_FILE", "CARRIED_PREFIX", "CURRENT_FILE", "CURRENT_LINK", "MANIFEST_FILE", "MAX_MANIFEST_BYTES",
     "OutputBusyError", "OutputExistsError", "RUNS_DIR", "RunDir", "SettingsChangedError", "WRITES_DIR",
-    "acquire_lock", "build_manifest", "claim_composite", "committed_run", "committed_table_dir", "completed_keys",
+    "acquire_lock", "build_manifest", "check_output_names", "claim_composite", "committed_run",
+    "committed_table_dir", "completed_keys",
     "current_run", "current_table", "expect_run", "expect_tables", "file_stats", "holding", "jsonable", "live_files",
     "load_manifests",
     "lock_holder", "manifest_config", "manifest_problems", "new_run_id", "plain_relpath", "prune_runs", "publish",

@@ -263,6 +263,43 @@ def safe_run_id(run_id: str) -> str:
     return run_id
 
 
+# The deepest path a run writes inside its staging folder (a chain's stage staging folder, a table, a part file).
+_DEEPEST_INSIDE = 400
+
+
+def check_output_names(output: str, run_id: str | None = None) -> None:
+    """A local ``output`` whose folder name or path is too long for the file system once a run's staging folder
+    and files are added, refused with one line before anything is written (the file system's own error, Errno 36,
+    came mid-run and left a staging folder behind)."""
+    if storage.is_remote(output):
+        return
+    path = os.path.abspath(output)
+    parent, name = os.path.split(path)
+    existing = parent
+    while existing and not os.path.isdir(existing):
+        existing = os.path.dirname(existing)
+    try:
+        name_max = os.pathconf(existing or "/", "PC_NAME_MAX")
+        path_max = os.pathconf(existing or "/", "PC_PATH_MAX")
+    except (OSError, ValueError):
+        name_max, path_max = 255, 4096
+    extra = len(".") + len(".staging-") + (len(run_id) if run_id else 12)  # .NAME.staging-RUN_ID beside it
+    n_name = len(os.fsencode(name))
+    if n_name + extra > name_max:
+        raise ValueError(f"--output: the folder name is {n_name} bytes; at most {name_max - extra} fit (its "
+                         f"staging folder adds {extra} bytes with this run id, to a name of at most {name_max} "
+                         "bytes here)")
+    for part in parent.split(os.sep):
+        if len(os.fsencode(part)) > name_max:
+            raise ValueError(f"--output: a folder name in its path is {len(os.fsencode(part))} bytes; at most "
+                             f"{name_max} fit here")
+    n_path = len(os.fsencode(path))
+    if n_path + extra + _DEEPEST_INSIDE > path_max:
+        raise ValueError(f"--output: the path is {n_path} bytes; at most {path_max - extra - _DEEPEST_INSIDE} "
+                         f"fit (a run writes paths up to {extra + _DEEPEST_INSIDE} bytes longer, at most "
+                         f"{path_max} here)")
+
+
 def replaceable(path: str) -> bool:
     """Whether ``--overwrite`` may replace ``path``: an empty folder, or a run folder this tool wrote (a
     ``manifest.json`` holding a run id, a command and a schema version). Anything else is a user's."""
