@@ -83,6 +83,12 @@ def _is_bundled(model: str) -> bool:
     return bundled is not None and os.path.isdir(model) and os.path.realpath(model) == os.path.realpath(bundled)
 
 
+def model_config_hash(config: Any, **version: str) -> str:
+    """The hash of a model config: its settings (``options.settings``: runtime fields left out) with the model as
+    its portable id, and the code's version (``embedder_version="1"``)."""
+    return tables.config_hash({**version, **settings(config), "model": portable_model_id(config.model)})
+
+
 def portable_model_id(model: str) -> str:
     """The model's id as written into rows and hashes: the hub id, the bundled model's hub id, else the path."""
     if _is_bundled(model):
@@ -136,8 +142,7 @@ class EmbedderConfig(Declared):
 
     @property
     def hash(self) -> str:
-        d = settings(self) | {"model": portable_model_id(self.model)}
-        return tables.config_hash({"embedder_version": EMBEDDER_VERSION, **d})
+        return model_config_hash(self, embedder_version=EMBEDDER_VERSION)
 
 
 class NonFiniteEmbeddingError(ValueError):

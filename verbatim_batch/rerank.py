@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from . import tables
 from .models import fingerprint, load_model, resolve_device, resolve_dtype, resolve_model_dir, safetensors_files
-from .options import Declared, option, runtime, settings
+from .options import Declared, option, runtime
 
 RERANK_VERSION = 1
 METHOD = "rerank"  # the ``method`` of reranked rows
@@ -58,10 +58,9 @@ class RerankerConfig(Declared):
 
     @property
     def hash(self) -> str:
-        from .embed import portable_model_id
+        from .embed import model_config_hash
 
-        d = settings(self) | {"model": portable_model_id(self.model)}
-        return tables.config_hash({"rerank_version": RERANK_VERSION, **d})
+        return model_config_hash(self, rerank_version=RERANK_VERSION)
 
 
 def weights_fingerprint(config: RerankerConfig) -> str:

@@ -57,9 +57,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .. import tables
 from ..models import fingerprint, load_model, resolve_device, resolve_dtype, resolve_model_dir, safetensors_files
-from ..options import Declared, option, runtime, settings
+from ..options import Declared, option, runtime
 from .highlighter_spans import ContextScores, TokenScores, highlight_spans
 from .registry import ExtractorKind
 from .spans import PairResult
@@ -107,10 +106,9 @@ class HighlighterConfig(Declared):
 
     @property
     def hash(self) -> str:
-        from ..embed import portable_model_id
+        from ..embed import model_config_hash
 
-        d = settings(self) | {"model": portable_model_id(self.model)}
-        return tables.config_hash({"highlighter_version": HIGHLIGHTER_VERSION, **d})
+        return model_config_hash(self, highlighter_version=HIGHLIGHTER_VERSION)
 
 
 # --- the host side: a batch of pairs cut into windows, as flat arrays ------------------------------------
