@@ -93,3 +93,26 @@ def test_every_shipped_stage_declares_what_it_reads():
 
     for stage in (EmbedStage, IndexStage, RetrieveStage, RerankStage, ExtractStage, QueryGenStage, SilverStage):
         assert stage.reads, stage.__name__
+
+
+def test_evaluate_and_verify_take_a_chain_folder_or_a_nightly_root(tmp_path):
+    """``evaluate --predictions`` reads the span table of an extract run, a chain's folder (its spans stage: the
+    chain folder's own files.json was read as Parquet before) or a nightly root (its current run); ``verify``
+    takes a nightly root for its current run."""
+    from verbatim_batch.evaluate import _span_table_path
+    from verbatim_batch.runs import run_of
+
+    chain = tmp_path / "root" / "runs" / "n1"
+    _run(chain / "chunks", "chunk", {"papers", "chunks", "quarantine"}, created="2026-11-28T01:00:00+00:00")
+    _run(chain / "spans", "extract", {"spans", "pairs", "rejects"}, created="2026-11-28T01:30:00+00:00")
+    _run(chain, "nightly", {"papers", "chunks", "spans"}, {"chunks": "chunks", "spans": "spans"})
+    (tmp_path / "root" / "CURRENT").write_text("n1\n")
+    assert _span_table_path(str(chain)) == str(chain / "spans" / "spans")
+    assert _span_table_path(str(chain / "spans")) == str(chain / "spans" / "spans")
+    assert _span_table_path(str(tmp_path / "root")) == str(chain / "spans" / "spans")
+    assert run_of(str(tmp_path / "root")) == str(chain) and run_of(str(chain)) == str(chain)
+    table = tmp_path / "table"
+    table.mkdir()
+    assert _span_table_path(str(table)) == str(table)  # a bare span table folder
+    with pytest.raises(ValueError, match="--predictions: .* holds no spans table"):
+        _span_table_path(str(chain / "chunks"))

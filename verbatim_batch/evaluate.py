@@ -242,9 +242,24 @@ def _location(path: str | Path) -> str:
 
 
 def _span_table_path(path: str) -> str:
-    if storage.isdir(path) and storage.isdir(storage.join(path, "spans")):
-        return storage.join(path, "spans")
-    return path
+    """The span table of what ``--predictions`` names: a span table itself, an extract run, a chain's folder
+    (its spans stage) or a nightly root (its current run's)."""
+    from .runs import holding, run_of
+
+    run = run_of(path)
+    try:
+        ours = storage.exists(storage.join(run, "manifest.json"))
+        found = holding(run, ("spans",)) if ours else None
+    except ValueError:  # a manifest of someone else's: the folder is read as laid out
+        ours, found = False, None
+    if ours:
+        if found is None:
+            raise ValueError(f"--predictions: {path} holds no spans table; give an extract run, a chain's folder "
+                             "or a nightly root")
+        return storage.join(found, "spans")
+    if storage.isdir(run) and storage.isdir(storage.join(run, "spans")):
+        return storage.join(run, "spans")
+    return run
 
 
 def _load_span_table(path: str) -> Predictions:

@@ -274,8 +274,10 @@ VERIFY_LOCAL_RAY_UNITS = 32
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from ..runs import run_of
     from ..verify import paper_units, verify_run
 
+    args.run_dir = run_of(args.run_dir)  # a nightly root: its current run
     units = paper_units(args.run_dir)  # 0 for an extract run: its checks run in this process
     address = args.address or os.environ.get("RAY_ADDRESS")
     if units > 1 and args.num_cpus != 1 and (address or args.num_cpus or (

@@ -9,6 +9,7 @@ from .current import (
     current_table,
     prune_runs,
     publish,
+    run_of,
     set_current,
 )
 from .folder import (
@@ -66,7 +67,7 @@ __all__ = [
     "current_run", "current_table", "expect_run", "expect_tables", "file_stats", "holding", "jsonable", "live_files",
     "load_manifests",
     "lock_holder", "manifest_config", "manifest_problems", "new_run_id", "plain_relpath", "prune_runs", "publish",
-    "read_files_index", "read_manifest", "read_readable", "read_table", "read_writes", "record_keys",
+    "read_files_index", "read_manifest", "read_readable", "read_table", "read_writes", "record_keys", "run_of",
     "record_problem", "record_write", "release_lock", "safe_run_id", "set_current", "staged", "validate_manifest",
     "versions", "write_manifest",
 ]

@@ -41,6 +41,16 @@ def current_run(root: str) -> str | None:
         return None
 
 
+def run_of(path: str) -> str:
+    """``path`` itself, or for a nightly root (no manifest of its own, a ``current`` pointer) its current run's
+    folder: what a command that reads a run is given either way."""
+    path = storage.normalize(path)
+    if storage.exists(storage.join(path, MANIFEST_FILE)):
+        return path
+    run_id = current_run(path)
+    return storage.join(path, RUNS_DIR, run_id) if run_id else path
+
+
 def set_current(root: str, run_id: str) -> None:
     """Point ``current`` at a committed run: the id file (and, on local file systems, the symlink) are each
     replaced atomically."""
