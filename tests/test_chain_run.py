@@ -41,6 +41,6 @@ def test_run_commits_every_stage_under_one_id_and_refuses_other_settings(ray_loc
     # the same id again: nothing is redone, whatever the options say (a committed run is never mixed)
     assert main(argv) == 0 and read_manifest(str(out)) == manifest
     assert main([*argv, "--top-k", "3", "--overwrite"]) == 0  # committed: a no-op, never a mix
-    assert json.loads(read_manifest(str(out))["config"])["stages"]["extract"]["top_k"] == 2
+    assert json.loads(read_manifest(str(out))["config"])["stages"]["spans"]["top_k"] == 2  # by stage folder
     # each stage's manifest records the settings the chain gave it
     assert json.loads(read_manifest(str(out / "spans"))["config"])["top_k"] == 2

@@ -4,34 +4,88 @@ The demo, nightly runs, benchmarks and tests all run it through ``run_chain``: e
 committed run folder under one output folder (``chunks/``, ``embeddings/``, ``index/``, ``retrieval/``,
 ``spans/``), optionally building on the same stages of an earlier chain (``previous``). With a ``reranker`` the
 chain reranks the retrieval into ``reranked/`` and extracts from that.
+
+The chain is a list of steps (``STEPS``; ``add_step`` inserts one). Its wiring is derived, not listed: each run a
+stage reads (``Stage.reads``: a job field and the tables it must hold) is the folder of the last step before it
+that writes those tables (``Stage.writes``), and the chain's own options (``input``, ``queries``, ...) go to the
+first step whose job has a field of that name.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import corpus, storage
-from ..options import Declared, OptionError, check, group, option, options_of
+from ..options import Declared, OptionError, check, group, is_runtime, option, options_of, settings
 from ..runs import jsonable
-from .chunk import ChunkJob, run_chunk  # noqa: F401 - runners looked up by name (STAGE_JOBS)
-from .embed import EmbedJob, run_embed  # noqa: F401 - runners looked up by name (STAGE_JOBS)
-from .extract import ExtractJob, run_extract  # noqa: F401 - runners looked up by name (STAGE_JOBS)
-from .index import IndexJob, run_index  # noqa: F401 - runners looked up by name (STAGE_JOBS)
-from .rerank import RerankJob, run_rerank  # noqa: F401 - runners looked up by name (STAGE_JOBS)
-from .retrieve import RetrieveJob, run_retrieve  # noqa: F401 - runners looked up by name (STAGE_JOBS)
-from .runner import CompositeStage, Plan, RunOptions, StageContext, StageResult, run_stage
+from .chunk import ChunkJob, ChunkStage, run_chunk  # noqa: F401 - runners looked up by name (STEPS)
+from .embed import EmbedJob, EmbedStage, run_embed  # noqa: F401 - runners looked up by name (STEPS)
+from .extract import ExtractJob, ExtractStage, run_extract  # noqa: F401 - runners looked up by name (STEPS)
+from .index import IndexJob, IndexStage, run_index  # noqa: F401 - runners looked up by name (STEPS)
+from .rerank import RerankJob, RerankStage, run_rerank  # noqa: F401 - runners looked up by name (STEPS)
+from .retrieve import RetrieveJob, RetrieveStage, run_retrieve  # noqa: F401 - runners looked up by name (STEPS)
+from .runner import CompositeStage, Plan, RunOptions, Stage, StageContext, StageResult, run_stage
 
 STAGES = ("chunks", "embeddings", "index", "retrieval", "spans")
 RERANK_STAGE = "reranked"  # between retrieval and spans, when the chain has a reranker
-# each stage: the command whose options it takes (a config section of that name), its job, its runner's name
-STAGE_JOBS: dict[str, tuple[str, type, str]] = {
-    "chunks": ("chunk", ChunkJob, "run_chunk"), "embeddings": ("embed", EmbedJob, "run_embed"),
-    "index": ("index", IndexJob, "run_index"), "retrieval": ("retrieve", RetrieveJob, "run_retrieve"),
-    RERANK_STAGE: ("rerank", RerankJob, "run_rerank"), "spans": ("extract", ExtractJob, "run_extract")}
-SECTIONS = tuple(command for command, _, _ in STAGE_JOBS.values())
+
+
+@dataclass(frozen=True)
+class Step:
+    """One stage of the chain: its folder in a chain run, the command whose options it takes (a config section
+    of that name), its job and stage classes (what it reads and writes), and its runner: a name in this module
+    (tests replace one) or a callable ``job -> (path, manifest)``. ``when``: a step the chain runs only when it
+    says so (the reranker, with a model)."""
+
+    folder: str
+    command: str
+    job: type
+    stage: type[Stage]
+    runner: str | Callable[[Any], tuple[str, dict[str, Any]]]
+    when: Callable[[Chain], bool] | None = None
+
+
+STEPS: list[Step] = [
+    Step("chunks", "chunk", ChunkJob, ChunkStage, "run_chunk"),
+    Step("embeddings", "embed", EmbedJob, EmbedStage, "run_embed"),
+    Step("index", "index", IndexJob, IndexStage, "run_index"),
+    Step("retrieval", "retrieve", RetrieveJob, RetrieveStage, "run_retrieve"),
+    Step(RERANK_STAGE, "rerank", RerankJob, RerankStage, "run_rerank", when=lambda chain: chain.reranks),
+    Step("spans", "extract", ExtractJob, ExtractStage, "run_extract"),
+]
+# each stage: the command whose options it takes, its job, its runner (derived from STEPS; ``add_step`` keeps it)
+STAGE_JOBS: dict[str, tuple[str, type, Any]] = {}
+SECTIONS: tuple[str, ...] = ()
+
+
+def _derive() -> None:
+    global SECTIONS
+    STAGE_JOBS.clear()
+    STAGE_JOBS.update({s.folder: (s.command, s.job, s.runner) for s in STEPS})
+    SECTIONS = tuple(s.command for s in STEPS)
+
+
+def add_step(step: Step, after: str) -> None:
+    """Insert ``step`` into the chain after the step whose folder is ``after``. Its wiring is derived from its
+    stage's declarations; its options become a config section named after its command."""
+    if any(s.folder == step.folder or s.command == step.command for s in STEPS):
+        raise ValueError(f"the chain already has a step {step.folder!r} or a {step.command!r} section")
+    index = next(i for i, s in enumerate(STEPS) if s.folder == after)
+    STEPS.insert(index + 1, step)
+    _derive()
+
+
+def remove_step(folder: str) -> None:
+    """Take a step added with ``add_step`` out of the chain again."""
+    STEPS[:] = [s for s in STEPS if s.folder != folder]
+    _derive()
+
+
+_derive()
 
 
 @dataclass
@@ -74,20 +128,32 @@ class Chain(Declared):
 
         out = storage.normalize(output) if output else ""
         at = (lambda stage: storage.join(out, stage)) if out else (lambda stage: stage)
-        wiring = {
-            "chunks": {"input": self.input, "format": self.format, "metadata": self.metadata},
-            "embeddings": {"chunks": at("chunks")},
-            "index": {"embeddings": at("embeddings"), "chunks": at("chunks")},
-            "retrieval": {"index": at("index"), "queries": self.queries},
-            RERANK_STAGE: {"retrieval": at("retrieval")},
-            "spans": {"retrieval": at(RERANK_STAGE if self.reranks else "retrieval")},
-        }
         jobs = {}
-        for stage in chain_stages(self):
-            command, cls, _ = STAGE_JOBS[stage]
-            values = self.stages.get(command, {}) | wiring[stage] | common | {"output": at(stage)}
-            jobs[stage] = build(cls, values, lambda of, c=command: f"{of.flag} ({c}.{of.key})")
+        for stage, wiring in self.wiring().items():
+            step = next(s for s in STEPS if s.folder == stage)
+            wired = {name: (at(value) if name in step.stage.reads else value) for name, value in wiring.items()}
+            values = self.stages.get(step.command, {}) | wired | common | {"output": at(stage)}
+            jobs[stage] = build(step.job, values, lambda of, c=step.command: f"{of.flag} ({c}.{of.key})")
         return jobs
+
+    def wiring(self) -> dict[str, dict[str, Any]]:
+        """``{stage folder: {job field: value}}``: each run a stage reads, the folder of the last step before it
+        that writes the tables it needs (``Stage.reads``, ``Stage.writes``); the chain's own options
+        (``input``, ``format``, ``metadata``, ``queries``), to the first step whose job has a field of that name."""
+        own = {of.field: getattr(self, of.field) for of in options_of(Chain)}
+        written: dict[str, str] = {}
+        out: dict[str, dict[str, Any]] = {}
+        for stage in chain_stages(self):
+            step = next(s for s in STEPS if s.folder == stage)
+            names = {f.name for f in dataclasses.fields(step.job)}
+            values = {name: own.pop(name) for name in list(own) if name in names}
+            for name, tables in step.stage.reads.items():
+                if all(t in written for t in tables):
+                    values[name] = written[tables[0]]
+            for table in step.stage.writes:
+                written[table] = stage
+            out[stage] = values
+        return out
 
 
 def stage_keys(command: str) -> tuple[str, ...]:
@@ -127,10 +193,12 @@ def run_chain(chain: Chain, output: str, *, previous: str | None = None, run_id:
     results: dict[str, tuple[str, dict[str, Any]]] = {}
     timings: dict[str, float] = {}
     for name, job in jobs.items():
-        if previous and (name != RERANK_STAGE or storage.exists(storage.join(previous, name, "manifest.json"))):
+        # a step the earlier chain did not run (no reranker then, a step added since) starts without one
+        if previous and storage.exists(storage.join(previous, name, "manifest.json")):
             job.previous = storage.join(previous, name)
         t = time.perf_counter()
-        results[name] = globals()[STAGE_JOBS[name][2]](job)  # looked up here: tests replace a runner
+        runner = STAGE_JOBS[name][2]
+        results[name] = (globals()[runner] if isinstance(runner, str) else runner)(job)  # tests replace one
         timings[name] = time.perf_counter() - t
         if after_stage is not None:
             after_stage(name)
@@ -138,8 +206,34 @@ def run_chain(chain: Chain, output: str, *, previous: str | None = None, run_id:
 
 
 def chain_stages(chain: Chain) -> tuple[str, ...]:
-    """The chain's stages in order: ``STAGES``, with ``reranked`` before ``spans`` when it reranks."""
-    return STAGES if not chain.reranks else (*STAGES[:-1], RERANK_STAGE, STAGES[-1])
+    """The chain's stages in order (``STEPS``; a step with ``when`` only when it says so: ``reranked`` before
+    ``spans`` when the chain reranks)."""
+    return tuple(s.folder for s in STEPS if s.when is None or s.when(chain))
+
+
+def chain_settings(chain: Chain) -> dict[str, Any]:
+    """What decides a chain's outputs: its inputs and every stage job's output-deciding options
+    (``options.settings``; a model's config by its hash, which holds the model as a portable id), so a runtime
+    option (workers, batch sizes, retries) given to a stage changes nothing here. The stages' paths are the
+    chain's wiring (its inputs are recorded once; the rest are its own folders)."""
+    stages = {name: {f.name: _setting(getattr(job, f.name), f) for f in dataclasses.fields(job)
+                     if not is_runtime(f) and not ("option" in f.metadata and f.metadata["option"].path)}
+              for name, job in chain.stage_jobs().items()}
+    return {"input": chain.input, "queries": chain.queries, "metadata": chain.metadata, "format": chain.format,
+            "stages": stages}
+
+
+def _setting(value: Any, f: dataclasses.Field) -> Any:
+    """A stage job's setting as a chain records it: a model config by its hash, a nested config by its settings;
+    a group left unset (None: the stage's own default config) as that default's."""
+    if value is None and "group" in f.metadata:
+        try:
+            value = f.metadata["group"].kinds[0]()
+        except (TypeError, ValueError):  # a config with no default (a reranker needs its model): unset
+            return None
+    if hasattr(value, "hash") and dataclasses.is_dataclass(value):
+        return value.hash
+    return jsonable(settings(value)) if dataclasses.is_dataclass(value) else jsonable(value)
 
 
 def chain_result(results: dict[str, tuple[str, dict[str, Any]]], timings: dict[str, float],
@@ -177,8 +271,7 @@ class ChainStage(CompositeStage):
     def plan(self) -> Plan:
         c: Chain = self.job.chain
         c.check()
-        config = {"input": c.input, "queries": c.queries, "metadata": c.metadata, "format": c.format,
-                  "stages": jsonable(c.stages)}
+        config = chain_settings(c)
         return Plan(config=config, inputs=(c.input, c.queries, *([c.metadata] if c.metadata else [])))
 
     def execute(self, plan: Plan, ctx: StageContext) -> StageResult:

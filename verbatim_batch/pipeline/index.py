@@ -39,6 +39,7 @@ class IndexFacts:
 class IndexStage(Stage):
     command = "index"
     reads = {"embeddings": ("embeddings",), "chunks": ("chunks",)}
+    writes = ("ids",)  # the FAISS and BM25 files beside it
     outcomes = {"in": ("chunks",), "written": ("chunks",)}
     resources = Resources(cpus=1, gpus=1)  # the build: one task, on a GPU where the cluster has one
 

@@ -28,40 +28,26 @@ Readers load the current span table with one call::
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import Field, dataclass, fields, is_dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from .. import storage
 from ..faults import fault_point
-from ..options import group, is_runtime, option, settings
+from ..options import group, option
 from ..publish import IcebergTarget
 from ..runs import (
     RUNS_DIR,
     OutputBusyError,
     acquire_lock,
     current_run,
-    jsonable,
     lock_holder,
     new_run_id,
     publish,
     release_lock,
     safe_run_id,
 )
-from .chains import Chain, chain_result, run_chain
+from .chains import Chain, chain_result, chain_settings, run_chain
 from .runner import CompositeStage, Plan, RunOptions, StageContext, StageResult, run_stage
-
-
-def _setting(value: Any, f: Field) -> Any:
-    """A stage job's setting as a night records it: a model config by its hash, a nested config by its settings;
-    a group left unset (None: the stage's own default config) as that default's."""
-    if value is None and "group" in f.metadata:
-        try:
-            value = f.metadata["group"].kinds[0]()
-        except (TypeError, ValueError):  # a config with no default (a reranker needs its model): unset
-            return None
-    if hasattr(value, "hash") and is_dataclass(value):
-        return value.hash
-    return jsonable(settings(value)) if is_dataclass(value) else jsonable(value)
 
 
 @dataclass(kw_only=True)
@@ -76,16 +62,8 @@ class NightlyJob(RunOptions):
     output: str = ""
 
     def config(self) -> dict[str, Any]:
-        """What decides a night's outputs: its inputs and every stage job's output-deciding options
-        (``options.settings``; a model's config by its hash, which holds the model as a portable id), so a
-        runtime option (workers, batch sizes, retries) given to a stage changes nothing here. The stages' paths
-        are the chain's wiring (its inputs are recorded once, above; the rest are its own folders)."""
-        c = self.chain
-        stages = {name: {f.name: _setting(getattr(job, f.name), f) for f in fields(job)
-                         if not is_runtime(f) and not ("option" in f.metadata and f.metadata["option"].path)}
-                  for name, job in c.stage_jobs().items()}
-        return {"input": c.input, "queries": c.queries, "metadata": c.metadata, "format": c.format,
-                "stages": stages}
+        """What decides a night's outputs: the chain's settings (``chains.chain_settings``)."""
+        return chain_settings(self.chain)
 
 
 class NightlyStage(CompositeStage):

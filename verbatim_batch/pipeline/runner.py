@@ -45,6 +45,7 @@ from ..redact import redact
 from ..runs import (
     acquire_lock,
     build_manifest,
+    check_output_names,
     claim_composite,
     committed_run,
     completed_keys,
@@ -199,6 +200,8 @@ class Stage:
     # the runs it reads: {job field: the tables the run there must hold committed} (``expect_tables``: an
     # input is what it holds; a chain's folder stands for its stage folder that holds them)
     reads: ClassVar[Mapping[str, tuple[str, ...]]] = {}
+    # the tables its run holds once committed (a table stage's: its tables, less scratch ones)
+    writes: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, job: RunOptions) -> None:
         self.job = job
@@ -206,6 +209,8 @@ class Stage:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """A stage's declarations checked when its class is defined, not mid-run."""
         super().__init_subclass__(**kwargs)
+        if "tables" in cls.__dict__ and "writes" not in cls.__dict__:
+            cls.writes = tuple(t for t in cls.tables if t not in getattr(cls, "scratch_tables", ()))
         problems = declaration_problems(cls)
         if problems:
             raise TypeError(f"stage {cls.__name__}: {'; '.join(problems)}")
@@ -327,6 +332,7 @@ def run_stage(stage: Stage) -> tuple[str, dict[str, Any]]:
     output = storage.normalize(job.output)
     if done := committed_run(output, job.run_id):
         return output, stage.on_committed(output, done) if isinstance(stage, CompositeStage) else done
+    check_output_names(output, job.run_id)  # names and paths the file system can hold, before anything is written
     refuse_output_inside_inputs(output, input_paths(job))  # before any input is listed or read
     resolve_reads(stage)
     window = perf.open_window()  # the performance report's figures: CPU-s of every process, memory, GPU

@@ -159,10 +159,10 @@ def holding(run_dir: str, tables: tuple[str, ...], manifest: dict[str, Any] | No
     for a chain's folder (``run``, ``demo``, a night), its last committed stage folder that does (a chain's
     spans are read from ``reranked`` when it has one, as the chain wires them); None when none does."""
     manifest = manifest if manifest is not None else read_manifest(run_dir)
-    held = manifest.get("tables") if isinstance(manifest.get("tables"), dict) else {}
-    if all(t in held for t in tables):
-        return run_dir
     stages = manifest.get("stages") if isinstance(manifest.get("stages"), dict) else {}
+    held = manifest.get("tables") if isinstance(manifest.get("tables"), dict) else {}
+    if not stages and all(t in held for t in tables):  # a chain's own list names its stages' tables
+        return run_dir
     found = []
     for stage in stages:
         if not isinstance(stage, str) or not stage or "/" in stage or stage.startswith("."):
