@@ -154,6 +154,7 @@ def _fake_run(folder: Path, command: str, config: dict, table: str | None = None
 def test_every_model_loading_command_stops_with_one_line(good, tmp_path):
     chunks = _fake_run(tmp_path / "chunks", "chunk", {}, "chunks")
     index = _fake_run(tmp_path / "index", "index", {"chunks": chunks})
+    pq.write_table(pa.table({"chunk_id": ["c1"]}), Path(index) / "ids.parquet")  # an index run holds its ids
     queries = tmp_path / "queries.jsonl"
     queries.write_text(json.dumps({"query": "what"}) + "\n")
     retrieval = _fake_run(tmp_path / "retrieval", "retrieve", {"queries": str(queries), "index": index}, "retrieval")

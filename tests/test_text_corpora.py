@@ -5,7 +5,6 @@ without a word."""
 from __future__ import annotations
 
 import json
-import logging
 
 from verbatim_batch import corpus
 
@@ -42,15 +41,17 @@ def test_files_a_folder_does_not_read_are_counted_and_named(tmp_path):
     assert corpus.skipped_files(str(c / "paper.md"), "md") == (0, [])  # a file input skips nothing
 
 
-def test_a_chunk_run_says_what_it_skipped(ray_local, tmp_path, caplog):
-    from verbatim_batch.pipeline import ChunkJob, run_chunk
+def test_a_chunk_run_says_what_it_skipped(ray_local, tmp_path, capsys):
+    from verbatim_batch.cli import main
 
     c = _folder(tmp_path)
-    with caplog.at_level(logging.WARNING):
-        out, manifest = run_chunk(ChunkJob(input=str(c), output=str(tmp_path / "run"),
-                                           metadata=str(c / "metadata.jsonl")))
+    out = tmp_path / "run"
+    assert main(["chunk", "--input", str(c), "--output", str(out), "--metadata", str(c / "metadata.jsonl")]) == 0
+    printed = capsys.readouterr().out
+    manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["counts"]["papers"] == 3 and manifest["counts"]["files_skipped"] == 2
     assert manifest["skipped_files"] == {"count": 2, "first": [str(c / "scan.pdf"), str(c / "sub" / "table.docx")],
                                          "why": "not .md/.markdown/.txt files"}
-    said = [r.getMessage() for r in caplog.records if "are not read" in r.getMessage()]
-    assert len(said) == 1 and "scan.pdf" in said[0] and said[0].startswith("2 file(s)")
+    said = [line for line in printed.splitlines() if "not read" in line]
+    assert said == [f"  2 file(s) in the corpus folder not read, not .md/.markdown/.txt files: {c / 'scan.pdf'}, "
+                    f"{c / 'sub' / 'table.docx'}"]

@@ -59,6 +59,9 @@ def report(path: str, manifest: dict) -> None:
         print(f"  quarantined by reason: {json.dumps(reasons, sort_keys=True)}")
     if "papers_bytes" in counts:
         print(f"  {counts['papers_bytes'] / 1e6:.1f} MB of papers in {manifest['timings_s']['total']:.1f} s")
+    if skipped := manifest.get("skipped_files"):  # never silent: a folder of .pdf papers would chunk nothing
+        first = ", ".join(skipped["first"][:3]) + (", ..." if skipped["count"] > 3 else "")
+        print(f"  {skipped['count']} file(s) in the corpus folder not read, {skipped['why']}: {first}")
     if "pairs" in counts:
         print(f"  {counts['pairs']} pairs: {counts.get('pairs_with_spans', 0)} with spans, "
               f"{counts.get('pairs_abstained', 0)} abstained, {counts.get('pairs_failed', 0)} failed; "

@@ -248,10 +248,8 @@ class ChunkStage(TableStage):
         meta_path = corpus.resolve(job.metadata)[1] if job.metadata else None
         if meta_path:  # a metadata file inside the input folder is not a paper
             files = [f for f in files if f.path != meta_path]
+        # named in the manifest and the committed run's summary (cli.commands.report), never silently
         n_skipped, first = corpus.skipped_files(job.input, fmt, ignore=(meta_path,) if meta_path else ())
-        if n_skipped:  # said, never silent: a folder of .pdf papers would otherwise chunk nothing
-            log.warning("%d file(s) under %s are not read: not %s (%s%s)", n_skipped, job.input,
-                        "/".join(corpus.extensions(fmt)), ", ".join(first[:3]), ", ..." if n_skipped > 3 else "")
         if fmt != "md" or job.address or os.environ.get("RAY_ADDRESS") or _looks_changed(job, files):
             # Ray first: duplicates of Parquet/JSONL corpora are a Ray read; on a cluster, or when the listing
             # already shows work, the checks below run as Ray tasks. Else they run here, and a night that
