@@ -138,3 +138,25 @@ def test_each_refusal_class_leaves_nothing(tmp_path, capsys):
         err = capsys.readouterr().err.strip()
         assert code == 2 and message in err and err.count("\n") == 0, (argv, err)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml", "notrun"]
+
+
+def test_an_error_caused_by_ctrl_c_counts_as_the_interrupt():
+    """Ray Data may turn the KeyboardInterrupt raised while a dataset runs into its own failure (seen under load:
+    exit 1 instead of 130): an error whose chain holds a KeyboardInterrupt, or any error after a SIGINT reached
+    the process, ends the command as interrupted."""
+    from verbatim_batch.cli import _CTRL_C, interrupted
+
+    _CTRL_C.clear()
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as ki:
+            raise RuntimeError("dataset execution failed") from ki
+    except RuntimeError as exc:
+        assert interrupted(exc)
+    assert not interrupted(RuntimeError("a real failure"))
+    _CTRL_C.set()
+    try:
+        assert interrupted(RuntimeError("after Ctrl-C"))
+    finally:
+        _CTRL_C.clear()

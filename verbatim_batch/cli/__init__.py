@@ -7,7 +7,9 @@ into jobs. A ``--config FILE`` (YAML) supplies defaults that flags override (``v
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 
 from .commands import EXAMPLES, HANDLERS
 from .options import COMMANDS, Parser, add_options, flag_of
@@ -73,16 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     session.begin(args.command, push=getattr(args, "metrics_push", None), job=getattr(args, "metrics_job", None),
                   address=getattr(args, "address", None), joins=hasattr(args, "address"))
     status = "failed"
+    watch_ctrl_c()
     try:
         rc = HANDLERS[args.command](args)
         status = "committed" if rc == 0 else "failed"
         return rc
-    except KeyboardInterrupt:  # Ctrl-C: one line; committed work stays, a run's staging is resumable
-        status = "interrupted"
-        stop_ray_quietly()  # what Ray's own processes log as they go down comes before the line, not after
-        print(f"verbatim-batch {args.command}: interrupted; committed work is kept (rerun with the same --run-id "
-              "to resume)", file=sys.stderr)
-        return 130
     except (FileNotFoundError, FileExistsError, PermissionError, ConnectionError, ValueError,
             NotImplementedError) as exc:
         from ..redact import redact_text
@@ -90,8 +87,47 @@ def main(argv: list[str] | None = None) -> int:
         status = "refused"
         print(f"verbatim-batch {args.command}: error: {redact_text(str(exc))}", file=sys.stderr)
         return 2
+    except BaseException as exc:
+        if not interrupted(exc):
+            raise
+        # Ctrl-C: one line; committed work stays, a run's staging is resumable. Ray Data may turn the
+        # KeyboardInterrupt raised while it runs into a failed dataset: the Ctrl-C is what ended the command.
+        status = "interrupted"
+        stop_ray_quietly()  # what Ray's own processes log as they go down comes before the line, not after
+        print(f"verbatim-batch {args.command}: interrupted; committed work is kept (rerun with the same --run-id "
+              "to resume)", file=sys.stderr)
+        return 130
     finally:
         session.finish(status)  # the metrics, pushed and exported however the command ended; never raises
+
+
+_CTRL_C = threading.Event()
+
+
+def watch_ctrl_c() -> None:
+    """Remember a Ctrl-C (SIGINT) as well as raising KeyboardInterrupt, where Python's own handler is in place."""
+    _CTRL_C.clear()
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return
+
+    def on_sigint(signum: int, frame: object) -> None:
+        _CTRL_C.set()
+        signal.default_int_handler(signum, frame)
+
+    signal.signal(signal.SIGINT, on_sigint)
+
+
+def interrupted(exc: BaseException) -> bool:
+    """Whether ``exc`` ended the command because of a Ctrl-C: a KeyboardInterrupt, one in its chain of causes,
+    or any error after a SIGINT reached this process."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return _CTRL_C.is_set()
 
 
 def stop_ray_quietly() -> None:
