@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     watch_ctrl_c()
     try:
         rc = HANDLERS[args.command](args)
+        if rc != 0 and _CTRL_C.is_set():
+            raise KeyboardInterrupt  # a failure after Ctrl-C: the Ctrl-C ended it
         status = "committed" if rc == 0 else "failed"
         return rc
     except (FileNotFoundError, FileExistsError, PermissionError, ConnectionError, ValueError,
