@@ -361,6 +361,10 @@ def main(work: Path) -> int:
         run("evaluate --sweep-threshold", ["evaluate", "--gold", gold, "--sweep-threshold", "0.3,0.5"])
         run("nightly", ["nightly", "--input", str(corpus), "--format", "md", "--queries", queries, "--top-k", "1",
                         "--root", w["nightly"]])
+        # `run` is the demo's chain through the same modules (nightly above runs it too): here its refusal of a
+        # missing query file, before any stage (tests/test_chain_run.py runs it whole, in the e2e tier)
+        run("run (a missing query file)", ["run", "--input", str(corpus), "--queries", str(work / "missing.jsonl"),
+                                           "--output", str(work / "run")], expect=2, stderr_has="not found")
         if importlib.util.find_spec("pyiceberg") is None:  # the iceberg extra: not in a plain install
             run("publish (no pyiceberg)", ["publish", w["nightly"], "--warehouse", str(work / "lake")], expect=2,
                 stderr_has="verbatim-batch[iceberg]")
