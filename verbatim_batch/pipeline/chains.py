@@ -30,7 +30,6 @@ from .rerank import RerankJob, RerankStage, run_rerank  # noqa: F401 - runners l
 from .retrieve import RetrieveJob, RetrieveStage, run_retrieve  # noqa: F401 - runners looked up by name (STEPS)
 from .runner import CompositeStage, Plan, RunOptions, Stage, StageContext, StageResult, run_stage
 
-STAGES = ("chunks", "embeddings", "index", "retrieval", "spans")
 RERANK_STAGE = "reranked"  # between retrieval and spans, when the chain has a reranker
 
 
@@ -57,6 +56,7 @@ STEPS: list[Step] = [
     Step(RERANK_STAGE, "rerank", RerankJob, RerankStage, "run_rerank", when=lambda chain: chain.reranks),
     Step("spans", "extract", ExtractJob, ExtractStage, "run_extract"),
 ]
+STAGES = tuple(s.folder for s in STEPS if s.when is None)  # the stages every chain runs
 # each stage: the command whose options it takes, its job, its runner (derived from STEPS; ``add_step`` keeps it)
 STAGE_JOBS: dict[str, tuple[str, type, Any]] = {}
 SECTIONS: tuple[str, ...] = ()

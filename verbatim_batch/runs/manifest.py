@@ -195,16 +195,6 @@ def expect_tables(run_dir: str, option: str, tables: tuple[str, ...]) -> str:
     return found
 
 
-def expect_run(run_dir: str, option: str, *commands: str) -> dict[str, Any]:
-    """The manifest of ``run_dir`` when it is a committed run of one of ``commands``; else one line naming
-    what ``option`` expects and what was found."""
-    manifest = read_manifest(run_dir)
-    if manifest["command"] not in commands:
-        raise ValueError(f"{option} expects a committed {' or '.join(commands)} run; {run_dir} is a "
-                         f"{manifest['command']} run")
-    return manifest
-
-
 def load_manifests(run_dirs: list[str]) -> pa.Table:
     """Manifests of several runs as one table with the MANIFEST schema."""
     return pa.Table.from_pylist([_as_arrow_row(read_manifest(d)) for d in run_dirs], schema=MANIFEST)
