@@ -62,8 +62,11 @@ def test_ctrl_c_ends_a_run_with_one_line_and_no_traceback(tmp_path):
            "--input", str(EXAMPLES / "corpus"), "--queries", str(EXAMPLES / "queries.jsonl"), "--output",
            str(tmp_path / "chain"), "--num-cpus", "2"]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"HF_HUB_OFFLINE": "1"}
+    # A terminal's Ctrl-C reaches a process whose SIGINT is at its default. CI may start the suite with SIGINT
+    # ignored (a background job), which the child would inherit and keep: the driver would never see the Ctrl-C.
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+                            start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines: list[str] = []
     started = threading.Event()
 
