@@ -82,8 +82,9 @@ def test_embed_on_one_cpu_does_not_deadlock(ray_local, tmp_path):
     chunks, _ = run_chunk(ChunkJob(input=str(papers), output=str(tmp_path / "chunks")))
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     done = subprocess.run([sys.executable, "-m", "verbatim_batch.cli", "embed", "--chunks", chunks, "--output",
-                           str(tmp_path / "emb"), "--num-cpus", "1"], env=env, capture_output=True, text=True,
-                          timeout=240)
+                           str(tmp_path / "emb"), "--num-cpus", "1"], env=env, capture_output=True, text=True)
+    # no timeout of its own: a hang is caught by the test's pytest-timeout, which a busy machine (load 40 on two
+    # cores, where this took over 240 s) does not reach
     assert done.returncode == 0, done.stderr[-3000:]
     assert read_table(str(tmp_path / "emb"), "embeddings").num_rows == read_table(chunks, "chunks").num_rows > 0
 

@@ -12,6 +12,8 @@ joined by ``|`` (each fires on its own):
 - ``action=raise`` raises ``InjectedFault`` (a transient error the stage retries)
   instead of killing; ``action=stop`` sends SIGSTOP instead (the process freezes
   mid-run, e.g. for a test to inspect a running job);
+- ``action=hog`` (with ``mb=N``, default 8192) makes the process take memory, 64 MB every 20 ms, until it
+  holds N MB or is killed (Ray's memory monitor, the kernel's OOM killer): a worker that runs out of memory;
 - ``target=driver`` kills the driver (the process that called ``mark_driver``) instead
   of the process that reached the point, e.g. a driver killed while workers read.
 
@@ -74,5 +76,20 @@ def _fire(name: str, nth: int, marker: str | None, options: dict[str, str]) -> N
             return
     if options["action"] == "raise":
         raise InjectedFault(f"injected fault at {name}")
+    if options["action"] == "hog":
+        _hog(int(options.get("mb", "8192")))
+        return
     pid = int(os.environ.get(DRIVER_ENV, os.getpid())) if options["target"] == "driver" else os.getpid()
     os.kill(pid, signal.SIGSTOP if options["action"] == "stop" else signal.SIGKILL)
+
+
+def _hog(mb: int) -> None:
+    """Take ``mb`` MB of memory, page by page (so that it is resident), slowly enough for a monitor to see it."""
+    import time
+
+    held = []
+    for _ in range(0, mb, 64):
+        block = bytearray(64 * 2**20)
+        block[::4096] = b"x" * len(block[::4096])
+        held.append(block)
+        time.sleep(0.02)

@@ -90,6 +90,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"verbatim-batch {args.command}: error: {redact_text(str(exc))}", file=sys.stderr)
         return 2
     except BaseException as exc:
+        from ..pipeline.worker_faults import EXIT_CODE, StageStopped
+
+        if isinstance(exc, StageStopped) and not _CTRL_C.is_set():  # lost workers past their bound: one line
+            status = "failed"
+            stop_ray_quietly()  # Ray's own lines about the lost workers come before ours, not after
+            print(f"verbatim-batch {args.command}: error: {exc}", file=sys.stderr)
+            return EXIT_CODE
         if not interrupted(exc):
             raise
         # Ctrl-C: one line; committed work stays, a run's staging is resumable. Ray Data may turn the

@@ -13,12 +13,15 @@ LOCAL_START_ATTEMPTS = 3  # a local Ray that fails to start (a loaded machine) i
 _STARTED_LOCAL = False  # this process started the Ray it runs on (``_start_local``), rather than joined one
 
 
-def init_ray(address: str | None = None, num_cpus: int | None = None, log_to_driver: bool = True) -> None:
+def init_ray(address: str | None = None, num_cpus: int | None = None, log_to_driver: bool = True,
+             oom_retries: int | None = None) -> None:
     """The one place Ray is started (jobs, ``verify``, ``api``, tests, benchmarks): join the cluster at
     ``address`` (or ``RAY_ADDRESS``; ``auto`` finds one on this machine), else start a fresh local Ray that
     listens on loopback only (``_start_local``; also for ``address="local"``), never silently joining
     whatever ``ray start`` left running here. On a cluster, Ray's own node address settings apply. A no-op
-    when this process already has Ray up."""
+    when this process already has Ray up. ``oom_retries`` bounds, on a local Ray, the retries of a task that
+    Ray's memory monitor killed (Ray's ``task_oom_retries``, counted apart from other failures; default
+    ``--worker-restarts``'s); a cluster sets ``RAY_task_oom_retries`` on its nodes (docs/cluster.md)."""
     import ray  # here, not at the top: the CLI parses its options without importing Ray
 
     if ray.is_initialized():
@@ -33,7 +36,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, log_to_dri
             raise ConnectionError(f"cannot join the Ray cluster at {address}: {str(exc).splitlines()[0][:200]}") \
                 from None
     else:
-        _start_local(num_cpus, log_to_driver)
+        _start_local(num_cpus, log_to_driver, oom_retries)
 
 
 def quiet_ray_data() -> None:
@@ -54,6 +57,8 @@ def quiet_ray_data() -> None:
       not: a local Ray always uses it (nothing for the user to do). Token auth itself stays on.
     - Model loading bars from transformers ("Loading weights: 100%") are off in every worker
       (``HF_HUB_DISABLE_PROGRESS_BARS``, which transformers reads; a local Ray's workers inherit it).
+    - Ray Data's stack traces of a lost worker (a Ray bug, they say; a killed process, in fact) stay in its log
+      file: the command ends with one line of its own (``worker_faults``).
     """
     import logging
 
@@ -70,6 +75,12 @@ def quiet_ray_data() -> None:
         ctx.print_on_execution_start = False
     log_once("cpu_warning")
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+    from .worker_faults import HideFaultTracebacks
+
+    for handler in logging.getLogger("ray.data").handlers:  # the console one; its log file keeps everything
+        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler) and \
+                not any(isinstance(f, HideFaultTracebacks) for f in handler.filters):
+            handler.addFilter(HideFaultTracebacks())
     for name in QUIET_ENV:
         os.environ.setdefault(name, "1")  # inherited by the workers of a local Ray
 
@@ -92,7 +103,7 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
                               "start one, or unset it to run on a local Ray") from None
 
 
-def _start_local(num_cpus: int | None = None, log_to_driver: bool = True) -> None:
+def _start_local(num_cpus: int | None = None, log_to_driver: bool = True, oom_retries: int | None = None) -> None:
     """A local Ray whose servers all bind 127.0.0.1 (through ``init_ray``).
 
     Ray's C++ servers bind loopback only when the node's address is exactly 127.0.0.1, but ``ray.init``
@@ -106,6 +117,10 @@ def _start_local(num_cpus: int | None = None, log_to_driver: bool = True) -> Non
     import ray
     from ray._private import services
 
+    from .restarts import Restarting
+
+    oom = Restarting.worker_restarts if oom_retries is None else oom_retries
+
     resolve = getattr(services, "resolve_ip_for_localhost", None)
     if resolve is not None:
         services.resolve_ip_for_localhost = lambda host: host
@@ -114,7 +129,7 @@ def _start_local(num_cpus: int | None = None, log_to_driver: bool = True) -> Non
             started = time.time()
             try:
                 ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=log_to_driver,
-                         _node_ip_address="127.0.0.1")
+                         _node_ip_address="127.0.0.1", _system_config={"task_oom_retries": oom})
                 break
             except Exception as exc:  # noqa: BLE001 - e.g. "node timed out during startup" on a loaded machine
                 ray.shutdown()

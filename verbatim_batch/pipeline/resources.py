@@ -15,6 +15,10 @@ the result into ``map_batches`` (or Ray task) arguments for the cluster at hand:
   figure, not a limit (the actor's torch threads still use the cores), and every CPU slot stays free for the
   reads, maps and writes around them, however many processors the pipeline chains.
 
+Every actor pool and task is bounded: a lost actor restarts, and a lost task is retried, ``restarts`` times
+(``--worker-restarts``), where Ray Data would restart forever; then the stage stops with one line
+(``worker_faults``).
+
 Pool sizes go in ``compute=`` (``ActorPoolStrategy`` / ``TaskPoolStrategy``): Ray 2.51 deprecated
 ``concurrency=`` on ``map_batches`` (a warning in every run).
 """
@@ -22,10 +26,17 @@ Pool sizes go in ``compute=`` (``ActorPoolStrategy`` / ``TaskPoolStrategy``): Ra
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
 from . import ray_env
+from .restarts import Restarting
+
+# Ray 2.60 deprecates ``map_batches(**ray_remote_args)`` but names no parameter for ``max_restarts``,
+# ``max_task_retries`` or ``max_retries``, the bounds ``ray_args`` sets on every stage: its warning is off for the
+# package's own calls (a user's pipeline keeps it for theirs).
+warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated", module=r"verbatim_batch\.")
 
 
 @dataclass(frozen=True)
@@ -41,10 +52,14 @@ class Resources:
     threads: int | None = None  # torch threads per model actor (a stage declaring ``gpus``); None: every CPU on a
     #                             CPU cluster, torch's own on a GPU one
     token_budget: int | None = None  # padded tokens per forward pass; None: the model config's own
+    restarts: int = Restarting.worker_restarts  # restarts of a lost actor / retries of a lost task, then the stage
+    #                                              stops (``worker_faults``); never Ray Data's unbounded default
 
     def __post_init__(self) -> None:
         if self.cpus < 0 or self.gpus < 0:
             raise ValueError(f"cpus and gpus must be >= 0, got {self.cpus} and {self.gpus}")
+        if isinstance(self.restarts, bool) or not isinstance(self.restarts, int) or self.restarts < 0:
+            raise ValueError(f"restarts must be an integer >= 0, got {self.restarts!r}")
         for name in ("actors", "batch_rows", "threads", "token_budget"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -56,9 +71,9 @@ class Resources:
 
     def with_job(self, job: Any) -> Resources:
         """A copy with a job's per-stage options applied: ``batch_rows``, ``concurrency`` (every actor pool of the
-        stage) and ``threads``, where the job has them."""
+        stage), ``threads`` and ``worker_restarts``, where the job has them."""
         return self.with_(batch_rows=getattr(job, "batch_rows", None), actors=getattr(job, "concurrency", None),
-                          threads=getattr(job, "threads", None))
+                          threads=getattr(job, "threads", None), restarts=getattr(job, "worker_restarts", None))
 
 
 @dataclass(frozen=True)
@@ -89,6 +104,8 @@ def ray_args(res: Resources, fn: Any = None, cluster: Cluster | None = None, **k
     """
     import ray
 
+    kwargs = {"max_retries": res.restarts} | kwargs if fn is None or not isinstance(fn, type) else \
+        {"max_restarts": res.restarts, "max_task_retries": res.restarts} | kwargs  # bounded: Ray Data's is -1
     if fn is None and not res.gpus:  # a CPU task: nothing to look up
         return kwargs | {"num_cpus": res.cpus}
     cluster = cluster or Cluster.current()

@@ -62,7 +62,9 @@ from ..telemetry import accounting, perf, session
 from ..telemetry.options import MetricsOptions
 from .progress import Progress
 from .ray_env import init_ray
+from .restarts import Restarting
 from .sink import TableSinkResult, carry_rows, compact, no_counts, write_files_index
+from .worker_faults import stopped
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +78,7 @@ def _run_id(run_id: str) -> str:
 
 
 @dataclass(kw_only=True)
-class RunOptions(MetricsOptions):
+class RunOptions(MetricsOptions, Restarting):
     """What every run-writing job takes: where it writes, how it resumes, which Ray it runs on, where its
     metrics go."""
 
@@ -154,7 +156,7 @@ class StageContext:
 
     def ray(self) -> None:
         """Start (or join) Ray; called only when there is work for it."""
-        init_ray(self.job.address, self.job.num_cpus)
+        init_ray(self.job.address, self.job.num_cpus, oom_retries=self.job.worker_restarts)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
@@ -338,6 +340,10 @@ def run_stage(stage: Stage) -> tuple[str, dict[str, Any]]:
     window = perf.open_window()  # the performance report's figures: CPU-s of every process, memory, GPU
     try:
         return _run(stage, output, window, t0)
+    except Exception as exc:  # lost workers or nodes past their bound: one line (``worker_faults``)
+        if (fault := stopped(stage.command, job, exc)) is None or fault is exc:
+            raise
+        raise fault from None
     finally:
         perf.discard(window)
 

@@ -1,0 +1,147 @@
+"""A stage whose workers are lost beyond their bound: one line that names the stage, the cause and the way on.
+
+Every actor pool and task of a stage restarts a bounded number of times (``restarts.Restarting``); past that
+bound Ray raises in the driver, within seconds. ``stopped`` turns what Ray raised into a ``StageStopped``:
+the CLI prints its one line and exits with ``EXIT_CODE`` (docs/reference/exit-codes.md). Kinds told apart:
+
+- **memory**: Ray's memory monitor killed the worker (``OutOfMemoryError``): the line says by how much the
+  node's use exceeded Ray's threshold and which option makes a batch smaller;
+- **worker**: the worker process died (the kernel's OOM killer, a signal, a crash in native code): Ray cannot
+  tell a kernel OOM kill from a crash, so the line says both and names the worker's pid;
+- **node**: a node or its raylet was lost, or the objects it held.
+
+Nothing here imports Ray at module level (the CLI imports ``StageStopped`` to catch it).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from typing import Any
+
+EXIT_CODE = 3  # a stage stopped by lost workers or nodes; committed work is kept, a rerun resumes
+RESUME = "committed work is kept (rerun with the same --run-id to resume)"
+
+
+class StageStopped(RuntimeError):
+    """A stage stopped because its workers or a node were lost more often than its bound allows."""
+
+    def __init__(self, line: str, kind: str) -> None:
+        super().__init__(line)
+        self.kind = kind  # memory | worker | node
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    while exc is not None and all(exc is not s for s in seen):
+        seen.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return seen
+
+
+def _gb(value: str) -> float:
+    return int(value) / 1e9
+
+
+def _killed(text: str) -> list[tuple[str, float | None]]:
+    """The workers Ray's memory monitor names as killed: (task name, GB it held), a stage's own workers first
+    (Ray Data's ``MapWorker(...)``, or tasks), its bookkeeping actors (``ActorLocationTracker`` ...) last."""
+    found = []
+    for entry in re.findall(r"Selected to kill: \((.*?)\)\s*$", text, re.M):
+        name = re.search(r"task name=([^,]+?)(?:\.__init__)?,", entry)
+        held = re.search(r"actual memory used=([\d.]+)GB", entry)
+        if name:
+            found.append((name.group(1), float(held.group(1)) if held else None))
+    return sorted(found, key=lambda item: ":" in item[0])  # "Class:Class" is one of Ray Data's own actors
+
+
+def _memory_detail(text: str) -> str:
+    """What Ray's memory monitor said, in figures: the node's use against the threshold, the worker's own use."""
+    parts = []
+    m = re.search(r"Memory usage (\d+)B exceeded threshold of (\d+)B", text)
+    if m:
+        used, limit = _gb(m.group(1)), _gb(m.group(2))
+        parts.append(f"the node used {used:.2f} GB against Ray's threshold of {limit:.2f} GB "
+                     f"({used - limit:+.2f} GB)")
+    killed = _killed(text)
+    if killed and killed[0][1] is not None:
+        parts.append(f"the worker held {killed[0][1]:.2f} GB")
+    return "; ".join(parts)
+
+
+def _worker_name(text: str) -> str:
+    m = re.search(r"class_name: (\S+)", text)
+    if m:
+        return m.group(1)
+    killed = _killed(text)
+    return killed[0][0] if killed else "a worker"
+
+
+def _smaller_batches(job: Any) -> str:
+    """Which of the job's options makes a model call smaller, with its value now."""
+    hints = [f"--{name.replace('_', '-')} (now {getattr(job, name)})" for name in ("batch_rows", "token_budget")
+             if getattr(job, name, None) is not None]
+    return f"lower {' or '.join(hints)} or give the workers more memory" if hints else \
+        "give the workers more memory"
+
+
+def stopped(command: str, job: Any, exc: BaseException) -> StageStopped | None:
+    """The ``StageStopped`` for ``exc`` when lost workers or nodes ended the stage ``command``; else None (a bug
+    or a bad input: raised as it is)."""
+    chain = _chain(exc)
+    for e in chain:
+        if isinstance(e, StageStopped):
+            return e
+    rx = sys.modules.get("ray.exceptions")
+    if rx is None:  # Ray never ran in this process: no worker of it was lost
+        return None
+
+    restarts = getattr(job, "worker_restarts", None)
+    bound = f"more often than --worker-restarts {restarts} allows" if restarts is not None else \
+        "more often than its restart bound allows"
+    for e in chain:
+        text = str(e)
+        if isinstance(e, rx.OutOfMemoryError) or "killed due to the node running low on memory" in text:
+            detail = _memory_detail(text)
+            return StageStopped(
+                f"stage {command} stopped: {_worker_name(text)} was killed for memory by Ray's memory monitor "
+                f"{bound}{f' ({detail})' if detail else ''}; {_smaller_batches(job)}; {RESUME}", "memory")
+        if isinstance(e, (rx.NodeDiedError, rx.LocalRayletDiedError, rx.ObjectLostError)) or \
+                re.search(r"raylet (is terminated|died)|node .* (died|is dead)", text, re.I):
+            what = type(e).__name__ if isinstance(e, rx.RayError) else "the node's raylet"
+            return StageStopped(f"stage {command} stopped: a Ray node was lost ({what}: {_first_line(text)}); "
+                                f"{RESUME}", "node")
+        if isinstance(e, (rx.ActorDiedError, rx.RayActorError, rx.WorkerCrashedError)):
+            pid = re.search(r"\bpid: (\d+)", text)
+            return StageStopped(
+                f"stage {command} stopped: {_worker_name(text)} died {bound}"
+                f"{f' (pid {pid.group(1)})' if pid else ''}: killed by the kernel's OOM killer (see dmesg) or a "
+                f"signal, or crashed; if memory, {_smaller_batches(job)}; {RESUME}", "worker")
+    return None
+
+
+FAULT_TYPES = ("OutOfMemoryError", "ActorDiedError", "RayActorError", "WorkerCrashedError", "NodeDiedError",
+               "LocalRayletDiedError", "ObjectLostError", "OwnerDiedError")
+
+
+def is_fault(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or what caused it) is a lost worker, node or object: Ray's errors of that kind."""
+    return exc is not None and any(type(e).__module__ == "ray.exceptions" and type(e).__name__ in FAULT_TYPES
+                                   for e in _chain(exc))
+
+
+class HideFaultTracebacks(logging.Filter):
+    """On Ray Data's console handler only: its ERROR records, stack traces included, about a lost worker, which
+    it logs as it aborts a dataset ("Exception occurred in Ray Data or Ray Core internal code ..."). The command
+    ends with its own line for them (``stopped``); Ray Data's log file keeps every record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR or not record.name.startswith("ray.data"):
+            return True
+        handled = record.exc_info[1] if record.exc_info else sys.exc_info()[1]  # logged inside its except
+        return not is_fault(handled)
+
+
+def _first_line(text: str) -> str:
+    return (text.strip().splitlines() or [""])[0][:200]
