@@ -66,6 +66,44 @@ def test_a_worker_killed_at_every_batch_stops_the_stage_and_the_run_resumes(chun
     assert (out / "manifest.json").is_file()
 
 
+def test_a_lost_raylet_ends_the_stage_with_a_line_of_ours_and_the_run_resumes(chunks, tmp_path):
+    """The local Ray's raylet SIGKILLed while the embed actor works (frozen by the fault, so the kill lands mid
+    batch): Ray's "Raylet is terminated" used to be the last word (exit 1); now one line names the lost node,
+    exit 3, and the same run id commits."""
+    import signal
+    import time
+
+    import psutil
+
+    out = tmp_path / "emb"
+    base = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "VERBATIM_BATCH_FAULT")}
+    proc = subprocess.Popen([sys.executable, "-m", "verbatim_batch.cli", "embed", "--chunks", chunks, "--output",
+                             str(out), "--num-cpus", "2", "--run-id", "n1"],
+                            env=base | {"HF_HUB_OFFLINE": "1", "VERBATIM_BATCH_FAULT": "embed.batch;action=stop"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 600
+        frozen = None
+        while frozen is None and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(1)  # the actor stops itself (SIGSTOP) at its first batch
+            kids = psutil.Process(proc.pid).children(recursive=True)
+            frozen = next((p for p in kids if p.status() == psutil.STATUS_STOPPED), None)
+        assert frozen is not None, "the embed actor never reached its first batch"
+        raylet = next(p for p in psutil.Process(proc.pid).children(recursive=True) if "raylet" in p.name())
+        raylet.send_signal(signal.SIGKILL)
+        err = proc.communicate(timeout=600)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == EXIT_CODE, err[-3000:]
+    line = err.strip().splitlines()[-1]
+    assert "Traceback" not in err, err[-3000:]
+    assert line.startswith("verbatim-batch embed: error: stage embed stopped: it lost this machine's Ray node"), line
+    again = _embed(chunks, out, "--run-id", "n1")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (out / "manifest.json").is_file()
+
+
 def test_a_worker_out_of_memory_ends_with_the_figures_and_the_option_to_lower(chunks, tmp_path):
     """Ray's memory monitor kills the embed worker each time it takes memory past Ray's threshold (set 15% above
     what the machine uses now): "infinite oom retries" before; now the stage stops past the bound, with the

@@ -107,11 +107,12 @@ def stopped(command: str, job: Any, exc: BaseException) -> StageStopped | None:
             return StageStopped(
                 f"stage {command} stopped: {_worker_name(text)} was killed for memory by Ray's memory monitor "
                 f"{bound}{f' ({detail})' if detail else ''}; {_smaller_batches(job)}; {RESUME}", "memory")
-        if isinstance(e, (rx.NodeDiedError, rx.LocalRayletDiedError, rx.ObjectLostError)) or \
+        lost_raylet = _local_raylet_lost()
+        if lost_raylet or isinstance(e, (rx.NodeDiedError, rx.LocalRayletDiedError, rx.ObjectLostError)) or \
                 re.search(r"raylet (is terminated|died)|node .* (died|is dead)", text, re.I):
-            what = type(e).__name__ if isinstance(e, rx.RayError) else "the node's raylet"
-            return StageStopped(f"stage {command} stopped: a Ray node was lost ({what}: {_first_line(text)}); "
-                                f"{RESUME}", "node")
+            what = "this machine's Ray node: its raylet ended" if lost_raylet else \
+                f"a Ray node ({type(e).__name__}: {_first_line(text)})"
+            return StageStopped(f"stage {command} stopped: it lost {what}; {RESUME}", "node")
         if isinstance(e, (rx.ActorDiedError, rx.RayActorError, rx.WorkerCrashedError)):
             pid = re.search(r"\bpid: (\d+)", text)
             return StageStopped(
@@ -126,9 +127,23 @@ FAULT_TYPES = ("OutOfMemoryError", "ActorDiedError", "RayActorError", "WorkerCra
 
 
 def is_fault(exc: BaseException | None) -> bool:
-    """Whether ``exc`` (or what caused it) is a lost worker, node or object: Ray's errors of that kind."""
-    return exc is not None and any(type(e).__module__ == "ray.exceptions" and type(e).__name__ in FAULT_TYPES
-                                   for e in _chain(exc))
+    """Whether ``exc`` (or what caused it) is a lost worker, node or object: Ray's errors of that kind (and
+    their subclasses, e.g. ``ActorUnavailableError``)."""
+    return exc is not None and any(cls.__module__ == "ray.exceptions" and cls.__name__ in FAULT_TYPES
+                                   for e in _chain(exc) for cls in type(e).__mro__)
+
+
+def _local_raylet_lost() -> bool:
+    """Whether the raylet of the local Ray this driver started has ended (a driver that joined a cluster has no
+    such process to look at: False)."""
+    try:
+        from ray._private import worker
+
+        node = worker._global_node
+        infos = node.all_processes.get("raylet", []) if node is not None else []
+        return any(info.process is not None and info.process.poll() is not None for info in infos)
+    except Exception:  # noqa: BLE001 - Ray's internals moved: no verdict
+        return False
 
 
 class HideFaultTracebacks(logging.Filter):
