@@ -360,3 +360,27 @@ def test_cli_sweep_with_report(gold_file, tmp_path, capsys, monkeypatch):
     printed = capsys.readouterr().out.strip().splitlines()
     assert len(printed) == 6 and printed[-1] == f"report: {out}/report.html"  # title, header, 2 rows, diagnostics
     assert (out / "report.html").read_text().count('<section class="row"') == 3
+
+
+def test_a_gold_row_naming_its_chunk_without_chunks_asks_for_chunks(tmp_path):
+    """A gold file that names chunks by id, read without --chunks: the line says to pass --chunks (issue 43),
+    not "missing or non-string 'chunk'"."""
+    gold = tmp_path / "gold.jsonl"
+    gold.write_text(json.dumps({"query": "q", "chunk_id": "abc", "gold_spans": []}) + "\n")
+    with pytest.raises(ValueError, match=r"line 1: names its chunk \(chunk_id\) but has no 'chunk' text: pass "
+                                         r"--chunks RUN"):
+        load_gold(gold)
+    gold.write_text(json.dumps({"query": "q", "paper_id": "p", "chunk_index": 0, "gold_spans": []}) + "\n")
+    with pytest.raises(ValueError, match=r"\(paper_id, chunk_index\) but has no 'chunk' text: pass --chunks"):
+        load_gold(gold)
+
+
+def test_the_table_says_how_span_iou_is_averaged():
+    """The span IoU printed is a mean over rows that scores an empty/empty row 1: the table says so."""
+    from verbatim_batch.metrics import EvalRow, evaluate, format_table
+
+    result = evaluate([EvalRow("a b c", [], []), EvalRow("a b c", [(0, 1)], [(0, 1)])])
+    assert result["iou"]["0.5"]["f1"] == pytest.approx(1.0)  # the empty/empty row scores 1, as the table says
+    text = format_table(result)
+    assert "span IoU (mean of rows)" in text
+    assert "a row with no gold and no predicted span scores 1" in text

@@ -211,6 +211,12 @@ def load_gold(path: str | Path, chunks: str | None = None) -> list[dict[str, Any
         records = [(f"{path}, line {n}", r) for n, r in _read_jsonl(path)]
     if chunks:
         fill_chunks(records, chunks)
+    else:
+        for where, r in records:
+            if r.get("chunk") is None and (r.get("chunk_id") is not None or _has_ids(r)):
+                named = "chunk_id" if r.get("chunk_id") is not None else "paper_id, chunk_index"
+                raise ValueError(f"{where}: names its chunk ({named}) but has no 'chunk' text: pass --chunks RUN "
+                                 "(the chunk run it names them in) to look them up")
     rows = [normalize_gold_row(r, where) for where, r in records]
     if not rows:
         raise ValueError(f"{path} holds no gold pairs: nothing to evaluate against")

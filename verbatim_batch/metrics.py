@@ -373,7 +373,7 @@ def format_table(result: dict[str, Any]) -> str:
     line("  micro", word.get("micro_p"), word.get("micro_r"), word.get("micro_f1"))
     line("  macro F1", word.get("macro_f1"))
     lines.append("")
-    lines.append(f"{'span IoU':<{width}}" + "".join(f"{h:>10}" for h in ("P", "R", "F1")))
+    lines.append(f"{'span IoU (mean of rows)':<{width}}" + "".join(f"{h:>10}" for h in ("P", "R", "F1")))
     for t, v in result.get("iou", {}).items():
         line(f"  IoU >= {t}", v["p"], v["r"], v["f1"])
     lines.append("")
@@ -389,6 +389,9 @@ def format_table(result: dict[str, Any]) -> str:
     lines.append("")
     line("any-overlap recall", result.get("any_overlap_recall"))
     line("over-prediction ratio", result.get("over_prediction_ratio"))
+    lines.append("")
+    lines.append("span IoU: per row, then averaged over rows; a row with no gold and no predicted span scores 1,")
+    lines.append("one where only one side is empty 0 (as the paper scores abstention).")
     diagnostics = result.get("diagnostics")
     if diagnostics:
         lines.append("")

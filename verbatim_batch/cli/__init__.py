@@ -14,13 +14,17 @@ import threading
 from .commands import EXAMPLES, HANDLERS
 from .options import COMMANDS, Parser, add_options, flag_of
 
+DESCRIPTION = ("Chunk papers, embed and index them, retrieve, and extract verbatim evidence spans at their exact "
+               "offsets, on Ray. `verbatim-batch demo` runs the whole chain on the bundled papers; "
+               "`verbatim-batch COMMAND --help` tells each command's options.")
+
 __all__ = ["EXAMPLES", "build_parser", "main", "parse_args"]
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The CLI's parser; ``parser.commands`` maps each command to its sub-parser and ``parser.required`` each
     command to its required option keys (checked by ``parse_args`` once a config file is applied)."""
-    parser = Parser(prog="verbatim-batch", description=__doc__.split("\n")[0])
+    parser = Parser(prog="verbatim-batch", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     parser.commands, parser.required = {}, {}
     for name, spec in COMMANDS.items():

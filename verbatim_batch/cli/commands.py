@@ -256,10 +256,11 @@ def _show_spans(run_dir: str, n: int = 3) -> None:
 
     spans = read_table(run_dir, "spans", ["query", "paper_id", "text", "score"]).to_pylist()
     spans.sort(key=lambda r: -(r["score"] or 0))
-    print(f"\n{len(spans)} verbatim spans; the top {min(n, len(spans))}:")
+    print(f"\n{len(spans)} verbatim spans; the top {min(n, len(spans))}, each under the query it answers:")
     for r in spans[:n]:
         text = " ".join(r["text"].split())
-        print(f"  [{r['score']:.2f}] {r['query']!r} -> {r['paper_id']}: \"{text[:160]}\"")
+        print(f"  query: {r['query']}\n    span (score {r['score'] or 0:.2f}, paper {r['paper_id']}): "
+              f"\"{text[:160]}{'...' if len(text) > 160 else ''}\"")
 
 
 def cmd_report(args: argparse.Namespace) -> int:
