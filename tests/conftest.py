@@ -1,7 +1,8 @@
 """Shared fixtures (one real local Ray instance for the whole test session), the test tiers, per-test
 timeouts, and interrupts that end the run with pytest's summary.
 
-Tiers, applied here as markers at collection (README: the test command; `.ci/run` runs them all):
+Tiers, applied here as markers at collection (README: the test command runs unit and stage; `.ci/run` runs those
+and a part of e2e, docs/development.md#testing):
 
 - ``unit``: no Ray, seconds. Everything not below.
 - ``stage``: a test that uses the session's Ray (the ``ray_local`` fixture) or runs a command that starts a
@@ -47,7 +48,8 @@ STAGE = {
     "test_pipeline.py::test_killed_run_leaves_no_output_and_next_run_cleans_up",  # jobs/chunk.py, killed
 }
 # Whole chains: the nightly and kill-and-resume runs, node stop, multi-node, silver end to end, Ray Train, the
-# README's cluster example; each is minutes of Ray and model start-up.
+# guide's cluster example (docs/cluster.md#a-ray-head-of-your-own-on-this-machine); each is minutes of Ray and
+# model start-up.
 E2E = {
     "test_nightly.py",
     "test_resume.py",

@@ -36,7 +36,7 @@ The defaults were set on hand-labelled real papers (``../shared/devsets``, both 
 styles; ``benchmarks/bench_evidence_quality.py``, BENCHMARKS.md "Evidence quality (issue 35)"),
 with leave-one-paper-out cross-validation. It needs no GPU and no download, which makes
 it the default for the demo and for CPU runs. It selects whole sentence units, never part of
-one, unlike the token-level highlighter (see the README for how they compare).
+one, unlike the token-level highlighter (docs/extraction.md#how-they-compare).
 """
 
 from __future__ import annotations
@@ -148,7 +148,8 @@ def row_names_query(query_terms: set[str], row: str) -> bool:
 
 @dataclass(frozen=True)
 class SemanticConfig(Declared):
-    """Settings of the semantic extractor (see the module docs; README, "Extractors", for where each came from)."""
+    """Settings of the semantic extractor (see the module docs; docs/extraction.md#semantic-the-default-offline-cpu
+    for where each default came from)."""
 
     kind: ClassVar[str] = "semantic"
 
