@@ -67,3 +67,64 @@ def test_stage_drivers_turn_ray_data_noise_off():
     quiet_ray_data()
     assert DataContext.get_current().enable_progress_bars is False
     assert not log_once("cpu_warning")  # "The Dataset job will hang unless more CPUs are freed up": consumed
+
+
+def test_before_the_first_write_the_line_says_what_the_models_do():
+    """Issue 43: "0/361 rows: starting" for minutes. With the model actors' live reports the line moves: models
+    loaded, then rows through the model with a rate and an ETA, capped at the rows to do."""
+    assert "starting (workers start, models load)" in status(0, 361, 30.0, {})
+    assert status(0, 361, 30.0, {"loaded": 1}) == "0/361 rows: 1 model loaded, first batch running for 30s"
+    assert status(0, 361, 60.0, {"loaded": 2, "rows": 120}) == (
+        "0/361 rows written; 120 through the model (33.2%) in 1m00s, 2.0 rows/s, ETA 2m00s")
+    assert "361 through the model (100.0%)" in status(0, 361, 60.0, {"rows": 500})  # retried rows: capped
+    assert status(10, 100, 10.0, {"rows": 50}).startswith("10/100 rows (10.0%)")  # written rows lead once any
+
+
+class _Model:
+    """A model that has done ``live_fraction`` of its current call."""
+
+    live_fraction = 0.0
+
+
+def test_a_batch_reports_the_models_rows_as_they_grow_then_the_rest(monkeypatch):
+    """A model actor's batch: the growth of its model's ``live_fraction``, as rows of the batch, is reported while
+    it runs, and at the end the rest of the batch, never more than the batch; a failed attempt reports nothing
+    more at its end."""
+    from verbatim_batch.pipeline import live
+
+    monkeypatch.setattr(live, "REPORT_EVERY_S", 0.05)
+    reporter = live.Reporter()
+    sent: list[tuple[str, int]] = []
+    monkeypatch.setattr(reporter, "_counter", lambda: object())
+    monkeypatch.setattr(reporter, "add", lambda key, n: sent.append((key, n)) if n > 0 else None)
+    model = _Model()
+    with reporter.batch(10, model):
+        model.live_fraction = 0.45  # 4 of the batch's 10 rows (windows of a chunk count as parts of it)
+        deadline = time.monotonic() + 30
+        while sum(n for _, n in sent) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sum(n for _, n in sent) == 4  # reported while the batch runs
+    assert sum(n for _, n in sent) == 10 and {k for k, _ in sent} == {"rows"}
+    sent.clear()
+    try:
+        model.live_fraction = 0.0  # a new call
+        with reporter.batch(10, model):
+            model.live_fraction = 0.3
+            raise RuntimeError("attempt failed")
+    except RuntimeError:
+        pass
+    assert sum(n for _, n in sent) <= 3  # only what the model did before the failure
+
+
+def test_without_a_ray_the_reporter_reports_nothing_and_starts_no_ray():
+    import sys
+
+    from verbatim_batch.pipeline import live
+
+    reporter = live.Reporter()
+    reporter.loaded()
+    with reporter.batch(5, _Model()):
+        pass
+    assert reporter._handle is None
+    ray = sys.modules.get("ray")
+    assert ray is None or not ray.is_initialized()

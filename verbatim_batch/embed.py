@@ -208,6 +208,7 @@ class Embedder:
         self.schema = tables.embeddings_schema(self.dim, self.output_type)
         self._cuda = self.device.type == "cuda"
         self._wave_rows = _WAVE_ROWS if self._cuda else None
+        self.live_done, self.live_total = 0, 0  # texts of the current call through the model, pack by pack
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self.stats: dict[str, Any] = dict(
@@ -315,7 +316,13 @@ class Embedder:
                 pending = self._pool.submit(self._tokenize, texts[nxt[0] : nxt[1]])
             yield start, end, tok
 
+    @property
+    def live_fraction(self) -> float | None:
+        """How much of the current call has been through the model (``pipeline.live``)."""
+        return self.live_done / self.live_total if self.live_total else None
+
     def _run(self, n: int, waves: Iterator[tuple[int, int, _Tokenized]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        self.live_done, self.live_total = 0, n
         vectors = np.empty((n, self.dim), np.float32)
         n_tokens = np.empty(n, np.int32)
         truncated = np.empty(n, bool)
@@ -371,6 +378,7 @@ class Embedder:
                     lens_t = lens_t.to(self.device, non_blocking=True)
                 hidden = self.model(input_ids=input_ids, attention_mask=mask).last_hidden_state
                 pooled_parts.append(_pool(torch, hidden, mask, lens_t, self.pooling))
+                self.live_done += len(rows)  # read by the actor's progress reports (``pipeline.live``)
             pooled = torch.cat(pooled_parts)
             finite_t = torch.isfinite(pooled).all(dim=1)
             if self.config.normalize:

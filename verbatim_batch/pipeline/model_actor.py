@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import pyarrow as pa
 
 from .batches import with_counts, with_retries, with_retry_count
+from .live import Reporter
 
 _HOSTS: dict[tuple[Any, Any], Any] = {}
 
@@ -59,6 +60,8 @@ class ModelActor:
         self.model = self.load(config)
         self._idle_since = time.perf_counter()
         self._load_ms = round(1000 * (self._idle_since - born))
+        self._live = Reporter()  # the driver's progress line: loaded, and rows through the model (``live``)
+        self._live.loaded()
 
     def load(self, config: Any) -> Any:
         """The model, loaded once per actor."""
@@ -85,7 +88,8 @@ class ModelActor:
     def _attempt(self, batch: pa.Table) -> pa.Table:
         before = dict(self.stats())
         t0 = time.perf_counter()
-        out, carried = self.run(batch)
+        with self._live.batch(batch.num_rows, self.model):
+            out, carried = self.run(batch)
         t1 = time.perf_counter()
         counts = Counter(carried)  # what rode along, plus what this batch cost here (added up, per name)
         counts.update(self.counts(before, self.stats(), t1 - t0))

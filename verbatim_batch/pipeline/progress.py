@@ -21,10 +21,11 @@ import os
 import sys
 import threading
 import time
-from typing import TextIO
+from typing import Any, TextIO
 
 from .. import storage
 from ..runs import WRITES_DIR
+from . import live
 
 MODES = ("auto", "bar", "log", "off", "ray")
 HEARTBEAT = 6  # intervals without a change before a log line says so anyway
@@ -52,14 +53,28 @@ def duration(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
-def status(done: int, total: int, elapsed: float) -> str:
-    """``1,234/5,000 rows (24.7%) in 30s, 41.2 rows/s, ETA 1m31s``: rows/s over the stage so far (model
-    loading included, so the ETA errs long)."""
-    if not done:  # nothing written yet: say what that time is spent on
-        return f"0/{total:,} rows: starting (workers start, models load) for {duration(elapsed)}"
+def _rate_eta(done: int, total: int, elapsed: float) -> tuple[float, str]:
     rate = done / elapsed if elapsed > 0 else 0.0
+    return rate, duration((total - done) / rate) if rate > 0 and total >= done else "?"
+
+
+def status(done: int, total: int, elapsed: float, live: dict[str, int] | None = None) -> str:
+    """``1,234/5,000 rows (24.7%) in 30s, 41.2 rows/s, ETA 1m31s``: rows/s over the stage so far (model
+    loading included, so the ETA errs long). Before the first write, ``live`` (the model actors' reports:
+    ``loaded`` models, ``rows`` through a model, ``pipeline.live``) says what the time is spent on."""
+    live = live or {}
+    through = min(total, live.get("rows", 0))
+    if not done:  # nothing written yet: say what that time is spent on
+        if through:
+            rate, eta = _rate_eta(through, total, elapsed)
+            return (f"0/{total:,} rows written; {through:,} through the model ({100 * through / total:.1f}%) in "
+                    f"{duration(elapsed)}, {rate:.1f} rows/s, ETA {eta}")
+        if live.get("loaded"):
+            return (f"0/{total:,} rows: {live['loaded']} model{'s' if live['loaded'] > 1 else ''} loaded, first "
+                    f"batch running for {duration(elapsed)}")
+        return f"0/{total:,} rows: starting (workers start, models load) for {duration(elapsed)}"
+    rate, eta = _rate_eta(done, total, elapsed)
     share = f" ({100 * done / total:.1f}%)" if total else ""
-    eta = duration((total - done) / rate) if rate > 0 and total >= done else "?"
     return f"{done:,}/{total:,} rows{share} in {duration(elapsed)}, {rate:.1f} rows/s, ETA {eta}"
 
 
@@ -86,6 +101,7 @@ class Progress:
         self.t0 = time.monotonic()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._live: Any | None = None  # the model actors' live counter (``live``), while this stage runs
 
     def poll(self) -> int:
         """Rows done: read the write records that appeared since the last poll."""
@@ -111,12 +127,13 @@ class Progress:
             self.total = max(0, self.total - already)
         self.t0 = time.monotonic()
         if self.how != "off" and self.total:
+            self._live = live.open_counter()
             self._thread = threading.Thread(target=self._run, name=f"progress-{self.what}", daemon=True)
             self._thread.start()
         return self
 
     def _run(self) -> None:
-        last_line, last_done = 0.0, -1
+        last_line, last_done = 0.0, None
         tick = 1.0 if self.how == "bar" else min(2.0, self.every)
         while not self._stop.wait(tick):
             try:
@@ -126,13 +143,18 @@ class Progress:
             now = time.monotonic()
             if self.how == "bar":
                 self._write("\r" + self._bar(done, now - self.t0), end="")
-            elif now - last_line >= self.every and (done != last_done or now - last_line >= HEARTBEAT * self.every):
-                self._write(f"[{self.what}] {status(done, self.total, now - self.t0)}")
-                last_line, last_done = now, done
+            elif now - last_line >= self.every:
+                figures = live.read(self._live) if not done else {}  # the model's count until rows are written
+                moved = (done, figures.get("rows", 0), figures.get("loaded", 0))
+                if moved != last_done or now - last_line >= HEARTBEAT * self.every:
+                    self._write(f"[{self.what}] {status(done, self.total, now - self.t0, figures)}")
+                    last_line, last_done = now, moved
 
     def _bar(self, done: int, elapsed: float) -> str:
         filled = int(BAR_WIDTH * min(done, self.total) / self.total) if self.total else BAR_WIDTH
-        return f"[{self.what}] |{'#' * filled}{'.' * (BAR_WIDTH - filled)}| {status(done, self.total, elapsed)}  "
+        figures = live.read(self._live) if not done else {}
+        return (f"[{self.what}] |{'#' * filled}{'.' * (BAR_WIDTH - filled)}| "
+                f"{status(done, self.total, elapsed, figures)}  ")
 
     def _write(self, text: str, end: str = "\n") -> None:
         try:
