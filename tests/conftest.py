@@ -45,6 +45,7 @@ STAGE = {
     "test_worker_faults.py::test_a_worker_killed_at_every_batch_stops_the_stage_and_the_run_resumes",  # embed
     "test_worker_faults.py::test_a_worker_out_of_memory_ends_with_the_figures_and_the_option_to_lower",  # runs
     "test_worker_faults.py::test_a_lost_raylet_ends_the_stage_with_a_line_of_ours_and_the_run_resumes",
+    "test_worker_faults.py::test_sigterm_mid_stage_ends_with_one_line_143_and_leaves_no_lock",
     "test_pipeline.py::test_killed_run_leaves_no_output_and_next_run_cleans_up",  # jobs/chunk.py, killed
 }
 # Whole chains: the nightly and kill-and-resume runs, node stop, multi-node, silver end to end, Ray Train, the

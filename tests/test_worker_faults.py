@@ -139,3 +139,58 @@ def test_the_line_names_the_stage_s_worker_and_the_figures():
     assert _memory_detail(text) == ("the node used 1.27 GB against Ray's threshold of 1.26 GB (+0.00 GB); "
                                     "the worker held 1.04 GB")
     assert _worker_name("no figures at all") == "a worker" and _memory_detail("nothing") == ""
+
+
+def test_sigterm_mid_stage_ends_with_one_line_143_and_leaves_no_lock(chunks, tmp_path):
+    """SIGTERM to the driver (``kill``, a pod's shutdown, a scheduler's timeout) while the embed actor works:
+    Python's default would end it at once, leaving its lock; now one line, exit 143, the lock released and the
+    named run's staging kept for the rerun, which commits."""
+    import signal
+    import time
+
+    import psutil
+
+    out = tmp_path / "emb"
+    base = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "VERBATIM_BATCH_FAULT")}
+    proc = subprocess.Popen([sys.executable, "-m", "verbatim_batch.cli", "embed", "--chunks", chunks, "--output",
+                             str(out), "--num-cpus", "2", "--run-id", "t1"],
+                            env=base | {"HF_HUB_OFFLINE": "1", "VERBATIM_BATCH_FAULT": "embed.batch;action=stop"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 600
+        frozen = None
+        while frozen is None and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(1)
+            kids = psutil.Process(proc.pid).children(recursive=True)
+            frozen = next((p for p in kids if p.status() == psutil.STATUS_STOPPED), None)
+        assert frozen is not None, "the embed actor never reached its first batch"
+        proc.send_signal(signal.SIGTERM)
+        err = proc.communicate(timeout=600)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1].startswith("verbatim-batch embed: terminated (SIGTERM); committed work is kept")
+    assert not list(tmp_path.glob(".*.lock")), list(tmp_path.iterdir())
+    assert list(tmp_path.glob(".emb.staging-t1"))  # a named run's staging: resumable
+    again = _embed(chunks, out, "--run-id", "t1")
+    assert again.returncode == 0, again.stderr[-3000:]
+
+
+@pytest.mark.parametrize("error, says", [
+    (MemoryError(), "out of memory in this process (MemoryError)"),
+    (RuntimeError("can't start new thread"), "cannot start a thread (a process or thread limit"),
+])
+def test_machine_limits_in_the_driver_end_with_one_line_and_exit_2(monkeypatch, capsys, error, says):
+    """A MemoryError or a thread limit in the driver: one line and exit 2, not a traceback; the error path itself
+    needs nothing that could fail again."""
+    from verbatim_batch.cli import HANDLERS, main
+
+    def fail(args):
+        raise error
+
+    monkeypatch.setitem(HANDLERS, "report", fail)
+    assert main(["report", "somewhere"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("verbatim-batch report: error: ") and says in err, err

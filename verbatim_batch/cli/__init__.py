@@ -93,8 +93,29 @@ def main(argv: list[str] | None = None) -> int:
         status = "refused"
         print(f"verbatim-batch {args.command}: error: {redact_text(str(exc))}", file=sys.stderr)
         return 2
+    except MemoryError:  # this process (the driver) ran out: its error path must not need memory either
+        status = "failed"
+        stop_ray_quietly()
+        print(f"verbatim-batch {args.command}: error: out of memory in this process (MemoryError): raise its memory "
+              "limit (ulimit -v, the container's) or lower --batch-rows; committed work is kept (rerun with the "
+              "same --run-id to resume)", file=sys.stderr)
+        return 2
     except BaseException as exc:
         from ..pipeline.worker_faults import EXIT_CODE, StageStopped
+
+        if _TERM.is_set():  # SIGTERM (kill, a pod's shutdown, a scheduler's timeout): as a Ctrl-C, exit 143
+            status = "interrupted"
+            stop_ray_quietly()
+            print(f"verbatim-batch {args.command}: terminated (SIGTERM); committed work is kept (rerun with the same "
+                  "--run-id to resume)", file=sys.stderr)
+            return 143
+        if isinstance(exc, RuntimeError) and "can't start new thread" in str(exc):  # a thread or process limit
+            status = "failed"
+            stop_ray_quietly()
+            print(f"verbatim-batch {args.command}: error: cannot start a thread (a process or thread limit: ulimit "
+                  "-u, the container's pids limit); committed work is kept (rerun with the same --run-id to "
+                  "resume)", file=sys.stderr)
+            return 2
 
         if isinstance(exc, StageStopped) and not _CTRL_C.is_set():  # lost workers past their bound: one line
             status = "failed"
@@ -111,17 +132,52 @@ def main(argv: list[str] | None = None) -> int:
               "to resume)", file=sys.stderr)
         return 130
     finally:
+        restore_signals()
         session.finish(status)  # the metrics, pushed and exported however the command ended; never raises
 
 
 _CTRL_C = threading.Event()
+_TERM = threading.Event()
+_SAVED: dict[int, object] = {}  # the handlers before ``watch_ctrl_c``, put back when the command ends
+
+
+def restore_signals() -> None:
+    """The SIGINT and SIGTERM handlers as they were before the command (``main`` called in a longer process)."""
+    if threading.current_thread() is threading.main_thread():
+        for signum, handler in _SAVED.items():
+            if handler is not None:
+                signal.signal(signum, handler)
+    _SAVED.clear()
+    from ..pipeline import ray_env
+
+    ray_env.AFTER_START.clear()
 
 
 def watch_ctrl_c() -> None:
-    """Remember a Ctrl-C (SIGINT) as well as raising KeyboardInterrupt, where Python's own handler is in place."""
+    """Remember a Ctrl-C (SIGINT) as well as raising KeyboardInterrupt, where Python's own handler is in place;
+    a SIGTERM (at its default) ends the command the same way, so that its lock and an unnamed run's staging go
+    (Python's default would end it at once, with neither)."""
     _CTRL_C.clear()
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    _TERM.clear()
+    if threading.current_thread() is not threading.main_thread():
+        return
+    _SAVED.update({signal.SIGINT: signal.getsignal(signal.SIGINT), signal.SIGTERM: signal.getsignal(signal.SIGTERM)})
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        _TERM.set()
+        _CTRL_C.set()
+        raise KeyboardInterrupt
+
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, on_sigterm)
+        from ..pipeline import ray_env
+
+        def again() -> None:  # Ray's core worker installs its own SIGTERM handler when it starts
+            if threading.current_thread() is threading.main_thread() and signal.SIGTERM in _SAVED:
+                signal.signal(signal.SIGTERM, on_sigterm)
+
+        ray_env.AFTER_START[:] = [again]
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         return
 
     def on_sigint(signum: int, frame: object) -> None:

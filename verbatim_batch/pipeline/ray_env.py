@@ -10,6 +10,8 @@ import time
 # transformers' and the hub's progress bars (model loading) in workers: off
 QUIET_ENV = ("HF_HUB_DISABLE_PROGRESS_BARS",)
 LOCAL_START_ATTEMPTS = 3  # a local Ray that fails to start (a loaded machine) is retried with backoff
+AFTER_START: list = []  # called once Ray is up in this process: the CLI puts its SIGTERM handler back, which
+#                        Ray's core worker replaces with its own (it logs a C++ stack and aborts the driver)
 _STARTED_LOCAL = False  # this process started the Ray it runs on (``_start_local``), rather than joined one
 
 
@@ -37,6 +39,8 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, log_to_dri
                 from None
     else:
         _start_local(num_cpus, log_to_driver, oom_retries)
+    for hook in AFTER_START:
+        hook()
 
 
 def quiet_ray_data() -> None:

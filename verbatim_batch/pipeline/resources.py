@@ -33,10 +33,13 @@ from typing import Any
 from . import ray_env
 from .restarts import Restarting
 
-# Ray 2.60 deprecates ``map_batches(**ray_remote_args)`` but names no parameter for ``max_restarts``,
-# ``max_task_retries`` or ``max_retries``, the bounds ``ray_args`` sets on every stage: its warning is off for the
-# package's own calls (a user's pipeline keeps it for theirs).
-warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated", module=r"verbatim_batch\.")
+
+def _quiet_bounds_warning() -> None:
+    """Ray 2.60 deprecates ``map_batches(**ray_remote_args)`` but names no parameter for ``max_restarts``,
+    ``max_task_retries`` or ``max_retries``, the bounds ``ray_args`` sets on every stage: its warning is off for
+    the package's own calls (a user's pipeline keeps it for theirs). Put first again at each call: Ray adds
+    filters of its own after import."""
+    warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated", module=r"verbatim_batch\.")
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,7 @@ def ray_args(res: Resources, fn: Any = None, cluster: Cluster | None = None, **k
     """
     import ray
 
+    _quiet_bounds_warning()
     kwargs = {"max_retries": res.restarts} | kwargs if fn is None or not isinstance(fn, type) else \
         {"max_restarts": res.restarts, "max_task_retries": res.restarts} | kwargs  # bounded: Ray Data's is -1
     if fn is None and not res.gpus:  # a CPU task: nothing to look up
