@@ -117,14 +117,19 @@ def test_a_batch_reports_the_models_rows_as_they_grow_then_the_rest(monkeypatch)
 
 
 def test_without_a_ray_the_reporter_reports_nothing_and_starts_no_ray():
+    """In a process without Ray (a clean interpreter: this one may hold the session's), a model's reports go
+    nowhere and never start a Ray (``ray.get_actor`` would)."""
+    import subprocess
     import sys
 
-    from verbatim_batch.pipeline import live
-
-    reporter = live.Reporter()
-    reporter.loaded()
-    with reporter.batch(5, _Model()):
-        pass
-    assert reporter._handle is None
-    ray = sys.modules.get("ray")
-    assert ray is None or not ray.is_initialized()
+    code = (
+        "import sys\n"
+        "from verbatim_batch.pipeline import live\n"
+        "class M:\n    live_fraction = 0.5\n"
+        "r = live.Reporter()\nr.loaded()\n"
+        "with r.batch(5, M()):\n    pass\n"
+        "ray = sys.modules.get('ray')\n"
+        "assert r._handle is None and (ray is None or not ray.is_initialized()), 'a Ray was started'\n"
+        "print('ok')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

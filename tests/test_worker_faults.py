@@ -57,7 +57,7 @@ def test_a_worker_killed_at_every_batch_stops_the_stage_and_the_run_resumes(chun
     assert done.returncode == EXIT_CODE, done.stderr[-3000:]
     line = _our_line(done)
     assert "EmbedActor" in line and "died more often than --worker-restarts 1 allows" in line, line
-    assert "--batch-rows (now 8)" in line, line
+    assert "--batch-rows (now 8; --embed-batch-rows in run and nightly)" in line, line
     assert "rerun with the same --run-id to resume" in line
     assert not (out / "manifest.json").exists()
     assert not list(out.parent.glob("*.lock")) and not (out.parent / "emb.lock").exists()
@@ -119,7 +119,8 @@ def test_a_worker_out_of_memory_ends_with_the_figures_and_the_option_to_lower(ch
     assert done.returncode == EXIT_CODE, done.stderr[-3000:]
     line = _our_line(done)
     assert "killed for memory by Ray's memory monitor more often than --worker-restarts 1 allows" in line, line
-    assert "against Ray's threshold of" in line and "lower --batch-rows (now 8)" in line, line
+    assert "against Ray's threshold of" in line, line
+    assert "lower --batch-rows (now 8; --embed-batch-rows in run and nightly)" in line, line
     assert not (tmp_path / "emb").exists()  # no run id: nothing to resume, nothing left
 
 

@@ -78,9 +78,11 @@ def _worker_name(text: str) -> str:
     return killed[0][0] if killed else "a worker"
 
 
-def _smaller_batches(job: Any) -> str:
-    """Which of the job's options makes a model call smaller, with its value now."""
-    hints = [f"--{name.replace('_', '-')} (now {getattr(job, name)})" for name in ("batch_rows", "token_budget")
+def _smaller_batches(job: Any, command: str = "") -> str:
+    """Which of the job's options makes a model call smaller, with its value now, and its name in a chain."""
+    chain = f"; --{command}-{{flag}} in run and nightly" if command else ""
+    hints = [f"--{flag} (now {getattr(job, name)}{chain.format(flag=flag)})"
+             for name, flag in (("batch_rows", "batch-rows"), ("token_budget", "token-budget"))
              if getattr(job, name, None) is not None]
     return f"lower {' or '.join(hints)} or give the workers more memory" if hints else \
         "give the workers more memory"
@@ -106,7 +108,7 @@ def stopped(command: str, job: Any, exc: BaseException) -> StageStopped | None:
             detail = _memory_detail(text)
             return StageStopped(
                 f"stage {command} stopped: {_worker_name(text)} was killed for memory by Ray's memory monitor "
-                f"{bound}{f' ({detail})' if detail else ''}; {_smaller_batches(job)}; {RESUME}", "memory")
+                f"{bound}{f' ({detail})' if detail else ''}; {_smaller_batches(job, command)}; {RESUME}", "memory")
         lost_raylet = _local_raylet_lost()
         if lost_raylet or isinstance(e, (rx.NodeDiedError, rx.LocalRayletDiedError, rx.ObjectLostError)) or \
                 re.search(r"raylet (is terminated|died)|node .* (died|is dead)", text, re.I):
@@ -118,7 +120,7 @@ def stopped(command: str, job: Any, exc: BaseException) -> StageStopped | None:
             return StageStopped(
                 f"stage {command} stopped: {_worker_name(text)} died {bound}"
                 f"{f' (pid {pid.group(1)})' if pid else ''}: killed by the kernel's OOM killer (see dmesg) or a "
-                f"signal, or crashed; if memory, {_smaller_batches(job)}; {RESUME}", "worker")
+                f"signal, or crashed; if memory, {_smaller_batches(job, command)}; {RESUME}", "worker")
     return None
 
 
