@@ -426,3 +426,29 @@ def test_semantic_signals_and_selection_without_a_model():
         pytest.approx(0.56)
     with pytest.raises(ValueError, match="sum to at most 1"):
         SemanticConfig(lexical_weight=0.6, paragraph_weight=0.6)
+
+
+def test_the_highlighter_counts_its_windows_pass_by_pass_for_the_progress_line(tiny):
+    """``live_fraction`` (read by the model actor's progress reports, ``pipeline.live``) grows with each
+    forward pass of a call and ends at 1; before any call there is none."""
+    fresh = Highlighter.__new__(Highlighter)
+    assert fresh.live_fraction is None
+    seen: list[float] = []
+    model = tiny.model
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(model, name)
+
+        def __call__(self, *args, **kwargs):
+            seen.append(tiny.live_fraction)
+            return model(*args, **kwargs)
+
+    tiny.model = Spy()
+    try:
+        long_chunk = " ".join(f"word{i}" for i in range(400))  # many windows: several passes under 512 tokens
+        tiny.token_scores(["what is measured"] * 4, [long_chunk] * 4)
+    finally:
+        tiny.model = model
+    assert len(seen) > 1 and seen[0] == 0.0 and seen == sorted(seen) and seen[-1] < 1.0
+    assert tiny.live_fraction == 1.0

@@ -375,6 +375,7 @@ class Highlighter:
         starts = np.zeros(len(lengths), np.int64)
         np.cumsum(lengths[:-1], out=starts[1:])
         out = np.empty(int(lengths.sum()), np.float32)
+        self.live_done, self.live_total = 0, len(lengths)  # windows of this call, for the progress line
         for idx in plan_batches(lengths, self.config.token_budget, self.config.max_batch_rows):
             lens = lengths[idx]
             width = int(lens.max())
@@ -394,8 +395,15 @@ class Highlighter:
             if not np.isfinite(pos).all():
                 raise FloatingPointError("the highlighter produced NaN/inf probabilities")
             out[where] = pos[valid]
+            self.live_done += len(idx)
         self.stats["windows"] += len(lengths)
         return out
+
+    @property
+    def live_fraction(self) -> float | None:
+        """How much of the current ``forward_probs`` call has been through the model (``pipeline.live``)."""
+        total = getattr(self, "live_total", 0)
+        return self.live_done / total if total else None
 
     def context_scores(self, queries: Sequence[str], chunks: Sequence[str]) -> ContextScores:
         """Tokenise and score a batch of pairs: the context tokens' probabilities, flat."""
