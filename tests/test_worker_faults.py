@@ -41,6 +41,15 @@ def _embed(chunks: str, out: Path, *extra: str, env: dict[str, str] | None = Non
                           env=base | {"HF_HUB_OFFLINE": "1"} | (env or {}), capture_output=True, text=True)
 
 
+def _default_signals() -> None:
+    """In the child: SIGINT and SIGTERM at their defaults, as under a terminal or a pod (CI may start the suite
+    with them ignored, which a child would inherit and keep)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def _our_line(done: subprocess.CompletedProcess) -> str:
     lines = done.stderr.strip().splitlines()
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
@@ -80,7 +89,7 @@ def test_a_lost_raylet_ends_the_stage_with_a_line_of_ours_and_the_run_resumes(ch
     proc = subprocess.Popen([sys.executable, "-m", "verbatim_batch.cli", "embed", "--chunks", chunks, "--output",
                              str(out), "--num-cpus", "2", "--run-id", "n1"],
                             env=base | {"HF_HUB_OFFLINE": "1", "VERBATIM_BATCH_FAULT": "embed.batch;action=stop"},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=_default_signals)
     try:
         deadline = time.monotonic() + 600
         frozen = None
@@ -156,7 +165,7 @@ def test_sigterm_mid_stage_ends_with_one_line_143_and_leaves_no_lock(chunks, tmp
     proc = subprocess.Popen([sys.executable, "-m", "verbatim_batch.cli", "embed", "--chunks", chunks, "--output",
                              str(out), "--num-cpus", "2", "--run-id", "t1"],
                             env=base | {"HF_HUB_OFFLINE": "1", "VERBATIM_BATCH_FAULT": "embed.batch;action=stop"},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=_default_signals)
     try:
         deadline = time.monotonic() + 600
         frozen = None
