@@ -50,6 +50,28 @@ def _default_signals() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+def _embed_frozen_mid_batch(chunks: str, out: Path, run_id: str) -> subprocess.Popen:
+    """An embed command whose model actor has stopped itself (SIGSTOP) at its first batch: a fault can then land
+    mid-batch. Returns the running command (its stderr piped)."""
+    import time
+
+    import psutil
+
+    base = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "VERBATIM_BATCH_FAULT")}
+    proc = subprocess.Popen([sys.executable, "-m", "verbatim_batch.cli", "embed", "--chunks", chunks, "--output",
+                             str(out), "--num-cpus", "2", "--run-id", run_id],
+                            env=base | {"HF_HUB_OFFLINE": "1", "VERBATIM_BATCH_FAULT": "embed.batch;action=stop"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=_default_signals)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(1)
+        if any(p.status() == psutil.STATUS_STOPPED for p in psutil.Process(proc.pid).children(recursive=True)):
+            return proc
+    if proc.poll() is None:
+        proc.kill()
+    raise AssertionError(f"the embed actor never reached its first batch: {proc.communicate()[1][-3000:]}")
+
+
 def _our_line(done: subprocess.CompletedProcess) -> str:
     lines = done.stderr.strip().splitlines()
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
@@ -80,24 +102,12 @@ def test_a_lost_raylet_ends_the_stage_with_a_line_of_ours_and_the_run_resumes(ch
     batch): Ray's "Raylet is terminated" used to be the last word (exit 1); now one line names the lost node,
     exit 3, and the same run id commits."""
     import signal
-    import time
 
     import psutil
 
     out = tmp_path / "emb"
-    base = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "VERBATIM_BATCH_FAULT")}
-    proc = subprocess.Popen([sys.executable, "-m", "verbatim_batch.cli", "embed", "--chunks", chunks, "--output",
-                             str(out), "--num-cpus", "2", "--run-id", "n1"],
-                            env=base | {"HF_HUB_OFFLINE": "1", "VERBATIM_BATCH_FAULT": "embed.batch;action=stop"},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=_default_signals)
+    proc = _embed_frozen_mid_batch(chunks, out, "n1")
     try:
-        deadline = time.monotonic() + 600
-        frozen = None
-        while frozen is None and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(1)  # the actor stops itself (SIGSTOP) at its first batch
-            kids = psutil.Process(proc.pid).children(recursive=True)
-            frozen = next((p for p in kids if p.status() == psutil.STATUS_STOPPED), None)
-        assert frozen is not None, "the embed actor never reached its first batch"
         raylet = next(p for p in psutil.Process(proc.pid).children(recursive=True) if "raylet" in p.name())
         raylet.send_signal(signal.SIGKILL)
         err = proc.communicate(timeout=600)[1]
@@ -156,24 +166,11 @@ def test_sigterm_mid_stage_ends_with_one_line_143_and_leaves_no_lock(chunks, tmp
     Python's default would end it at once, leaving its lock; now one line, exit 143, the lock released and the
     named run's staging kept for the rerun, which commits."""
     import signal
-    import time
 
-    import psutil
 
     out = tmp_path / "emb"
-    base = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "VERBATIM_BATCH_FAULT")}
-    proc = subprocess.Popen([sys.executable, "-m", "verbatim_batch.cli", "embed", "--chunks", chunks, "--output",
-                             str(out), "--num-cpus", "2", "--run-id", "t1"],
-                            env=base | {"HF_HUB_OFFLINE": "1", "VERBATIM_BATCH_FAULT": "embed.batch;action=stop"},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=_default_signals)
+    proc = _embed_frozen_mid_batch(chunks, out, "t1")
     try:
-        deadline = time.monotonic() + 600
-        frozen = None
-        while frozen is None and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(1)
-            kids = psutil.Process(proc.pid).children(recursive=True)
-            frozen = next((p for p in kids if p.status() == psutil.STATUS_STOPPED), None)
-        assert frozen is not None, "the embed actor never reached its first batch"
         proc.send_signal(signal.SIGTERM)
         err = proc.communicate(timeout=600)[1]
     finally:
