@@ -95,45 +95,40 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except MemoryError:  # this process (the driver) ran out: its error path must not need memory either
         status = "failed"
-        stop_ray_quietly()
-        print(f"verbatim-batch {args.command}: error: out of memory in this process (MemoryError): raise its memory "
-              "limit (ulimit -v, the container's) or lower --batch-rows; committed work is kept (rerun with the "
-              "same --run-id to resume)", file=sys.stderr)
-        return 2
+        return _ended(args.command, "error: out of memory in this process (MemoryError): raise its memory limit "
+                      "(ulimit -v, the container's) or lower --batch-rows", 2)
     except BaseException as exc:
         from ..pipeline.worker_faults import EXIT_CODE, StageStopped
 
         if _TERM.is_set():  # SIGTERM (kill, a pod's shutdown, a scheduler's timeout): as a Ctrl-C, exit 143
             status = "interrupted"
-            stop_ray_quietly()
-            print(f"verbatim-batch {args.command}: terminated (SIGTERM); committed work is kept (rerun with the same "
-                  "--run-id to resume)", file=sys.stderr)
-            return 143
+            return _ended(args.command, "terminated (SIGTERM)", 143)
         if isinstance(exc, RuntimeError) and "can't start new thread" in str(exc):  # a thread or process limit
             status = "failed"
-            stop_ray_quietly()
-            print(f"verbatim-batch {args.command}: error: cannot start a thread (a process or thread limit: ulimit "
-                  "-u, the container's pids limit); committed work is kept (rerun with the same --run-id to "
-                  "resume)", file=sys.stderr)
-            return 2
-
+            return _ended(args.command, "error: cannot start a thread (a process or thread limit: ulimit -u, the "
+                          "container's pids limit)", 2)
         if isinstance(exc, StageStopped) and not _CTRL_C.is_set():  # lost workers past their bound: one line
             status = "failed"
-            stop_ray_quietly()  # Ray's own lines about the lost workers come before ours, not after
-            print(f"verbatim-batch {args.command}: error: {exc}", file=sys.stderr)
-            return EXIT_CODE
+            return _ended(args.command, f"error: {exc}", EXIT_CODE, resume=False)  # the line says how to resume
         if not interrupted(exc):
             raise
         # Ctrl-C: one line; committed work stays, a run's staging is resumable. Ray Data may turn the
         # KeyboardInterrupt raised while it runs into a failed dataset: the Ctrl-C is what ended the command.
         status = "interrupted"
-        stop_ray_quietly()  # what Ray's own processes log as they go down comes before the line, not after
-        print(f"verbatim-batch {args.command}: interrupted; committed work is kept (rerun with the same --run-id "
-              "to resume)", file=sys.stderr)
-        return 130
+        return _ended(args.command, "interrupted", 130)
     finally:
         restore_signals()
         session.finish(status)  # the metrics, pushed and exported however the command ended; never raises
+
+
+def _ended(command: str, what: str, code: int, resume: bool = True) -> int:
+    """A command ended by a fault, a limit or a signal: Ray shut down first (its own lines come before ours),
+    then one line, then ``code``."""
+    from ..pipeline.worker_faults import RESUME
+
+    stop_ray_quietly()
+    print(f"verbatim-batch {command}: {what}{'; ' + RESUME if resume else ''}", file=sys.stderr)
+    return code
 
 
 _CTRL_C = threading.Event()

@@ -73,7 +73,6 @@ class Reporter:
     def __init__(self) -> None:
         self._handle: Any | None = None
         self._looked = float("-inf")
-        self._lock = threading.Lock()
 
     def _counter(self) -> Any | None:
         if self._handle is None and time.monotonic() - self._looked > _LOOKUP_EVERY_S:
@@ -135,7 +134,7 @@ class _Batch:
             self._report_growth()
 
     def __enter__(self) -> _Batch:
-        if hasattr(type(self.model), "live_fraction") or hasattr(self.model, "live_fraction"):
+        if hasattr(self.model, "live_fraction"):
             self._thread = threading.Thread(target=self._run, name="live-progress", daemon=True)
             self._thread.start()
         return self
