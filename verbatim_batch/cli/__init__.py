@@ -10,6 +10,7 @@ import argparse
 import signal
 import sys
 import threading
+import time
 
 from .commands import EXAMPLES, HANDLERS
 from .options import COMMANDS, Parser, add_options, flag_of
@@ -194,12 +195,25 @@ def interrupted(exc: BaseException) -> bool:
     return _CTRL_C.is_set()
 
 
+# Ray Data's threads in the driver that call into Ray's core worker while a dataset stops: the executor's
+# scheduling loop and its metadata fetcher. Ray Data waits 2 s for them; on a busy machine they run longer, and a
+# call into a core worker that ``ray.shutdown()`` has already closed ends the process at once with exit 1 and Ray's
+# "The core worker has already been shutdown" (seen on CI: a Ctrl-C while the embed actors started gave exit 1).
+RAY_DATA_THREADS = ("StreamingExecutor-", "ray-data-metadata-prefetch")
+JOIN_S = 30.0
+
+
 def stop_ray_quietly() -> None:
-    """Ray, if this process started or joined it, shut down now, ignoring a second Ctrl-C or Ray's errors."""
+    """Ray, if this process started or joined it, shut down now, ignoring a second Ctrl-C or Ray's errors;
+    first Ray Data's stopping threads are given up to ``JOIN_S`` to end (see ``RAY_DATA_THREADS``)."""
     ray = sys.modules.get("ray")
     if ray is None:
         return
     try:
+        deadline = time.monotonic() + JOIN_S
+        for thread in threading.enumerate():
+            if thread is not threading.current_thread() and thread.name.startswith(RAY_DATA_THREADS):
+                thread.join(max(0.0, deadline - time.monotonic()))
         if ray.is_initialized():
             ray.shutdown()
     except BaseException:  # noqa: BLE001 - the user asked to stop; the message matters more
