@@ -1,7 +1,8 @@
 """The stage contract checks itself (issue 41): a stage declares the runs it reads by the tables they must hold
 (``Stage.reads``), an input is accepted for what it holds whichever command wrote it, a chain's folder stands for
-its stage folder that holds the tables, and a stage class with inconsistent declarations fails when it is
-defined, not mid-run."""
+its stage folder that holds the tables, a stage class with inconsistent declarations fails when it is
+defined, not mid-run, and the runner applies the job's options to a stage's declared resources and hands them
+over (``ctx.resources``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from verbatim_batch.pipeline.resources import Resources
 from verbatim_batch.pipeline.runner import Stage, TableStage
 from verbatim_batch.runs import build_manifest, expect_tables, holding, write_manifest
 
@@ -73,6 +75,16 @@ def test_inconsistent_declarations_fail_when_the_class_is_defined():
             tables = {"rows": "row_id: string"}
             key_column = "row_id"
 
+    with pytest.raises(TypeError, match=r"placement\(\)"):
+        class NoPlacement(Stage):  # noqa: F841
+            command = "no-placement"
+            resources = {"cpu": Resources(cpus=1), "gpu": Resources(gpus=1)}
+
+    with pytest.raises(TypeError, match="resources must be"):
+        class BadResources(Stage):  # noqa: F841
+            command = "bad-resources"
+            resources = {"cpus": 1}
+
     class Good(TableStage):
         command = "good"
         reads = {"chunks": ("chunks",)}
@@ -116,3 +128,59 @@ def test_evaluate_and_verify_take_a_chain_folder_or_a_nightly_root(tmp_path):
     assert _span_table_path(str(table)) == str(table)  # a bare span table folder
     with pytest.raises(ValueError, match="--predictions: .* holds no spans table"):
         _span_table_path(str(chain / "chunks"))
+
+
+def test_the_runner_hands_a_stage_its_resources_with_the_jobs_options_and_records_them(tmp_path):
+    """A stage declares what its actors need; the runner applies the job's per-stage options (``batch_rows``,
+    ``concurrency``, ``worker_restarts``), gives the stage the result as ``ctx.resources`` and records it in the
+    manifest's ``runtime``; one declared per placement is picked by the stage's ``placement()``."""
+    import dataclasses
+
+    from verbatim_batch.options import option
+    from verbatim_batch.pipeline.runner import Plan, RunOptions, StageResult, run_stage
+    from verbatim_batch.runs import read_manifest
+
+    @dataclasses.dataclass(kw_only=True)
+    class ToyJob(RunOptions):
+        size: str = option("small", "which placement", choices=("small", "big"))
+        batch_rows: int = option(16, "rows per call", low=1, runtime=True)
+        concurrency: int | None = option(None, "actors", low=1, runtime=True)
+
+    seen = []
+
+    class Toy(Stage):
+        command = "toy"
+        resources = {"small": Resources(cpus=1, batch_rows=16), "big": Resources(cpus=2, gpus=1, batch_rows=16)}
+
+        def placement(self) -> str:
+            return self.job.size
+
+        def plan(self) -> Plan:
+            return Plan(config={"size": self.job.size}, inputs=())
+
+        def execute(self, plan, ctx) -> StageResult:
+            seen.append(ctx.resources)
+            return StageResult(tables={}, counts={})
+
+    job = ToyJob(output=str(tmp_path / "a"), size="big", batch_rows=5, concurrency=3, worker_restarts=1)
+    path, manifest = run_stage(Toy(job))
+    want = Resources(cpus=2, gpus=1, actors=3, batch_rows=5, restarts=1)
+    assert seen == [want]
+    assert read_manifest(path)["runtime"]["resources"] == dataclasses.asdict(want)
+    run_stage(Toy(ToyJob(output=str(tmp_path / "b"))))  # the defaults: the small placement as declared
+    assert seen[-1] == Resources(cpus=1, batch_rows=16)
+
+
+def test_every_shipped_stage_gets_its_declaration_with_the_jobs_options():
+    """The index build's task took its declaration as it stood and so ignored ``--worker-restarts`` (a stage
+    applied the options to its own declaration); the runner applies them for every stage alike now."""
+    from verbatim_batch.extract.semantic import SemanticConfig
+    from verbatim_batch.pipeline.embed import EmbedJob, EmbedStage
+    from verbatim_batch.pipeline.extract import PLACEMENT_RESOURCES, ExtractJob, ExtractStage
+    from verbatim_batch.pipeline.index import IndexJob, IndexStage
+
+    assert IndexStage(IndexJob(embeddings="e", chunks="c", output="o", worker_restarts=7)).resolved().restarts == 7
+    embed = EmbedStage(EmbedJob(chunks="c", output="o", batch_rows=9, worker_restarts=0)).resolved()
+    assert (embed.batch_rows, embed.restarts, embed.gpus) == (9, 0, 1)
+    extract = ExtractStage(ExtractJob(pairs="p", output="o", extractor=SemanticConfig(), batch_rows=4))
+    assert extract.resolved() == PLACEMENT_RESOURCES[extract.placement()].with_(batch_rows=4)

@@ -159,7 +159,7 @@ class EmbedStage(TableStage):
         ds = ray.data.read_parquet(plan.facts.chunks_dir).select_columns(list(EMBED_COLUMNS))
         if len(skip):
             ds = ds.map_batches(drop_keys, fn_kwargs={"column": "chunk_id", "keys": skip}, batch_format="pyarrow")
-        return embed_dataset(ds, plan.facts.config, self.resources.with_job(job), job.batch_retries)
+        return embed_dataset(ds, plan.facts.config, ctx.resources, job.batch_retries)
 
 
 def run_embed(job: EmbedJob) -> tuple[str, dict[str, Any]]:

@@ -285,7 +285,7 @@ def _highlight_spans(batch: pa.Table, config, run_id: str, info: dict[str, Any],
 
 @dataclass(frozen=True)
 class ExtractSetup:
-    """How the placements below run an extractor: from a stage job (``extract_setup``) or ``api.extract``."""
+    """How the placements below run an extractor: from a stage job (``extract_dataset``) or ``api.extract``."""
 
     extractor: Any  # HighlighterConfig | SemanticConfig | LLMConfig
     resources: Resources  # the placement's declaration with the job's options applied (``PLACEMENT_RESOURCES``)
@@ -393,20 +393,15 @@ PLACEMENT_RESOURCES = {
 }
 
 
-def extract_setup(job: ExtractJob, run_id: str) -> ExtractSetup:
-    """The job's extractor, its placement's resources with the job's options applied, and its row settings."""
+def extract_dataset(job: ExtractJob, pairs: pa.Table | ray.data.Dataset, run_id: str,
+                    resources: Resources) -> ray.data.Dataset:
+    """Packed pairs+spans+rejects blocks for the job's extractor, run the way its registration says, with
+    ``resources`` (its placement's, the job's options applied: the runner's ``ctx.resources``). ``pairs``: a
+    table, or (model and I/O placements) the planner's dataset of blocks (``pairs_dataset``)."""
     from ..extract import registry
 
-    res = PLACEMENT_RESOURCES[registry.placement(job.extractor)].with_job(job)
-    return ExtractSetup(job.extractor, res, run_id, job.max_chunk_chars, job.batch_retries)
-
-
-def extract_dataset(job: ExtractJob, pairs: pa.Table | ray.data.Dataset, run_id: str) -> ray.data.Dataset:
-    """Packed pairs+spans+rejects blocks for the job's extractor, run the way its registration says. ``pairs``:
-    a table, or (model and I/O placements) the planner's dataset of blocks (``pairs_dataset``)."""
-    from ..extract import registry
-
-    return PLACEMENTS[registry.placement(job.extractor)](extract_setup(job, run_id), pairs)
+    setup = ExtractSetup(job.extractor, resources, run_id, job.max_chunk_chars, job.batch_retries)
+    return PLACEMENTS[registry.placement(job.extractor)](setup, pairs)
 
 
 # The job's settings that choose which pairs there are, not what a pair gives: a pair carries across them.
@@ -474,7 +469,12 @@ class ExtractStage(TableStage):
     key_column = "pair_id"
     key_tables = ("pairs",)
     table_counts = staticmethod(extract_table_counts)
-    resources = PLACEMENT_RESOURCES  # by the extractor's placement; the job's options applied in ``extract_setup``
+    resources = PLACEMENT_RESOURCES  # by the extractor's placement (``placement``); the runner applies the options
+
+    def placement(self) -> str:
+        from ..extract import registry
+
+        return registry.placement(self.job.extractor)
 
     def plan(self) -> Plan:
         from ..extract import registry
@@ -514,12 +514,12 @@ class ExtractStage(TableStage):
 
         if isinstance(work.data, pa.Table):
             pairs: pa.Table = work.data
-            return extract_dataset(self.job, drop_keys(pairs, "pair_id", skip), ctx.run_id)
+            return extract_dataset(self.job, drop_keys(pairs, "pair_id", skip), ctx.run_id, ctx.resources)
         placement = registry.placement(self.job.extractor)
         # blocks of whole queries, for extractors that group them or judge a query's pairs together
         grouped = placement in ("io", "vllm") or judges_queries(self.job.extractor)
-        rows = extract_setup(self.job, ctx.run_id).resources.batch_rows
-        return extract_dataset(self.job, work.data.dataset(skip, grouped, rows), ctx.run_id)
+        blocks = work.data.dataset(skip, grouped, ctx.resources.batch_rows)
+        return extract_dataset(self.job, blocks, ctx.run_id, ctx.resources)
 
     def counts(self, plan: Plan, work: Work, outcome: Outcome) -> StageResult:
         written = storage.read_parquet(storage.join(outcome.staging, "pairs"),

@@ -89,7 +89,7 @@ class IndexStage(Stage):
             ctx.ray()
             import ray
 
-            task = ray.remote(**ray_args(self.resources))(build_index_files)
+            task = ray.remote(**ray_args(ctx.resources))(build_index_files)
             stats = ray.get(task.remote(facts.emb_dir, facts.chunks_dir, ctx.staging, job.dense or DenseSpec(),
                                         job.bm25))
         config = {

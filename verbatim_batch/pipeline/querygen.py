@@ -85,7 +85,7 @@ class QueryGenStage(TableStage):
         job: QueryGenJob = self.job
         picked = work.data[0]
         todo = drop_keys(picked, "chunk_id", skip)
-        res = self.resources.with_job(job)
+        res = ctx.resources
         rows = res.batch_rows
         blocks = [todo.slice(i, rows) for i in range(0, todo.num_rows, rows)]
         import ray

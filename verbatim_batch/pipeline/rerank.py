@@ -116,7 +116,7 @@ class RerankStage(TableStage):
         job: RerankJob = self.job
         cands: pa.Table = work.data
         todo = drop_keys(cands, "query_id", skip)
-        res = self.resources.with_job(job)
+        res = ctx.resources
         return ray.data.from_arrow(query_blocks(todo, res.batch_rows)).map_batches(
             RerankActor, **ray_args(res, RerankActor, batch_format="pyarrow",
                                     fn_constructor_kwargs={"config": job.reranker, "retries": job.batch_retries}))

@@ -1,9 +1,10 @@
 """What a stage needs from Ray, declared once on the stage, and the one function that turns it into Ray arguments.
 
 In the manner of NeMo Curator's ``ProcessingStage.resources`` / ``with_()``: a stage class declares its
-``Resources`` (CPUs and GPUs per actor or task, actor count, rows per call); a job's options (``batch_rows``,
-``concurrency``, ``threads``, from the CLI or YAML) override them through ``with_``; ``ray_args`` alone turns
-the result into ``map_batches`` (or Ray task) arguments for the cluster at hand:
+``Resources`` (CPUs and GPUs per actor or task, actor count, rows per call); the runner applies a job's options
+(``batch_rows``, ``concurrency``, ``threads``, ``worker_restarts``, from the CLI or YAML) through ``with_job``
+and hands the result to the stage (``Stage.resolved``, ``ctx.resources``); ``ray_args`` alone turns it into
+``map_batches`` (or Ray task) arguments for the cluster at hand:
 
 - **GPUs in the cluster**, a stage that declares ``gpus``: one actor per GPU (``actors`` if given), each with
   ``gpus`` GPUs;

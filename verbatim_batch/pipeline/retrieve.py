@@ -142,10 +142,9 @@ class RetrieveStage(TableStage):
         return work.keys if manifest_config(previous).get("key") == plan.config["key"] else []
 
     def dataset(self, plan: Plan, work: Work, skip: pa.Array, ctx: StageContext) -> ray.data.Dataset:
-        job: RetrieveJob = self.job
         queries = plan.facts.queries
         todo = drop_keys(queries, "query_id", skip)
-        res = self.resources.with_job(job)
+        res = ctx.resources
         rows = res.batch_rows
         blocks = [todo.slice(i, rows) for i in range(0, todo.num_rows, rows)]
         import ray

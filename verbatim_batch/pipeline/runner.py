@@ -21,6 +21,11 @@ a previous run (``unchanged``), the ``dataset`` that produces the to-do rows, an
 ``Stage`` (index, train, silver's last step): a stage that writes its own files (``execute``) into the
 staging folder; it gets steps 1-3 and 6 alike.
 
+A stage that runs Ray actors or tasks declares its ``resources`` (``pipeline.resources.Resources``, or one per
+placement with a ``placement()`` that picks it); the runner applies the job's options to it (``batch_rows``,
+``concurrency``, ``threads``, ``worker_restarts``), hands the result to the stage as ``ctx.resources`` and
+records it in the manifest's ``runtime``: a stage never applies options to its own declaration.
+
 ``CompositeStage`` (nightly, silver): a run made of committed sub-runs in one folder (they record each
 other's paths, so they stay in place); the folder is claimed and bound to the settings first, the manifest
 is written last, and ``on_committed`` runs after the commit (and on a no-op rerun).
@@ -34,7 +39,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -58,6 +63,9 @@ from ..runs import (
     write_manifest,
 )
 from ..tables import config_hash
+
+if TYPE_CHECKING:
+    from .resources import Resources
 from ..telemetry import accounting, perf, session
 from ..telemetry.options import MetricsOptions
 from .progress import Progress
@@ -153,6 +161,7 @@ class StageContext:
     staging: str  # where the run writes (the composite's own folder for a composite run)
     config: Mapping[str, Any]
     started: float
+    resources: Resources | None = None  # the stage's declaration with the job's options applied (``resolved``)
 
     def ray(self) -> None:
         """Start (or join) Ray; called only when there is work for it."""
@@ -178,6 +187,8 @@ def declaration_problems(cls: type[Stage]) -> list[str]:
     if res is not None and not isinstance(res, Resources) and not (
             isinstance(res, Mapping) and res and all(isinstance(r, Resources) for r in res.values())):
         out.append("resources must be a Resources, or a Resources per placement")
+    if isinstance(res, Mapping) and cls.placement is Stage.placement:
+        out.append("resources per placement need a placement() that picks one")
     tables = getattr(cls, "tables", None)
     if tables is not None:
         if not all(isinstance(s, pa.Schema) for s in tables.values()):
@@ -204,6 +215,9 @@ class Stage:
     reads: ClassVar[Mapping[str, tuple[str, ...]]] = {}
     # the tables its run holds once committed (a table stage's: its tables, less scratch ones)
     writes: ClassVar[tuple[str, ...]] = ()
+    # what one actor or task needs from Ray, or one such per placement (``placement`` picks); None: no Ray work
+    # of its own. The runner applies the job's options (``resolved``) and hands the result over as ctx.resources
+    resources: ClassVar[Resources | Mapping[str, Resources] | None] = None
 
     def __init__(self, job: RunOptions) -> None:
         self.job = job
@@ -216,6 +230,18 @@ class Stage:
         problems = declaration_problems(cls)
         if problems:
             raise TypeError(f"stage {cls.__name__}: {'; '.join(problems)}")
+
+    def placement(self) -> str:
+        """Which of its per-placement ``resources`` this run uses (only a stage declaring them per placement)."""
+        raise NotImplementedError
+
+    def resolved(self) -> Resources | None:
+        """The declared ``resources`` (this run's placement's) with the job's options applied: what the runner
+        hands the stage as ``ctx.resources``."""
+        res = type(self).resources
+        if isinstance(res, Mapping):
+            res = res[self.placement()]
+        return None if res is None else res.with_job(self.job)
 
     def plan(self) -> Plan:
         """Settings and inputs; raises on bad input before any folder is touched. Cheap."""
@@ -356,25 +382,29 @@ def _run(stage: Stage, output: str, window: perf.Window | None, t0: float) -> tu
     refuse_output_inside_inputs(output, inputs)
     run_id = job.run_id or new_run_id(stage.command, config)
     settings = config_hash(config)
+    resources = stage.resolved()
+    runtime = {**plan.runtime, **({"resources": dataclasses.asdict(resources)} if resources else {})}
     if isinstance(stage, CompositeStage):
         lock = acquire_lock(output, run_id)
         try:
             folder = claim_composite(output, run_id, settings, overwrite=job.overwrite)
-            ctx = StageContext(job=job, run_id=run_id, staging=folder, config=config, started=t0)
+            ctx = StageContext(job=job, run_id=run_id, staging=folder, config=config, started=t0,
+                               resources=resources)
             manifest = _manifest(stage, run_id, config, inputs, stage.execute(plan, ctx), t0, folder, window,
-                                 plan.runtime)
+                                 runtime)
             write_manifest(folder, manifest, on_commit=write_report)
         finally:
             release_lock(lock)
         return folder, stage.on_committed(folder, manifest)
     with staged(output, overwrite=job.overwrite, run_id=job.run_id, resume=stage.resumable,
                 settings_hash=settings) as run:
-        ctx = StageContext(job=job, run_id=run_id, staging=run.staging, config=config, started=t0)
+        ctx = StageContext(job=job, run_id=run_id, staging=run.staging, config=config, started=t0,
+                           resources=resources)
         if isinstance(stage, TableStage):
             result = _run_table_stage(stage, plan, ctx)
         else:
             result = stage.execute(plan, ctx)
-        manifest = _manifest(stage, run_id, config, inputs, result, t0, run.staging, window, plan.runtime)
+        manifest = _manifest(stage, run_id, config, inputs, result, t0, run.staging, window, runtime)
         path = run.commit(manifest, on_commit=write_report)
         session.record(stage.command, manifest["metrics"])
         return path, manifest
