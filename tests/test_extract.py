@@ -452,3 +452,35 @@ def test_the_highlighter_counts_its_windows_pass_by_pass_for_the_progress_line(t
         tiny.model = model
     assert len(seen) > 1 and seen[0] == 0.0 and seen == sorted(seen) and seen[-1] < 1.0
     assert tiny.live_fraction == 1.0
+
+
+def test_the_semantic_extractor_counts_its_unit_embedding_for_the_progress_line():
+    """The semantic extractor's time goes to embedding its unit texts: its ``live_fraction`` (read through the
+    pair extractor by the actor's progress reports) follows that embedding pack by pack, and is None during the
+    queries' short call and after (the bundled MiniLM, as a run loads it)."""
+    from verbatim_batch.extract.semantic import SemanticConfig, SemanticExtractor
+
+    extractor = SemanticExtractor(SemanticConfig())
+    pairs = PairExtractor(extractor, "r")
+    assert pairs.live_fraction is None
+    model = extractor.embedder.model
+    seen: list[float | None] = []
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(model, name)
+
+        def __call__(self, *args, **kwargs):
+            seen.append(pairs.live_fraction)
+            return model(*args, **kwargs)
+
+    extractor.embedder.model = Spy()
+    try:
+        sentences = " ".join(f"Sentence {i} reports a result of {i} points on the test set." for i in range(600))
+        extractor.extract(["what result on the test set"] * 2, [sentences, sentences[:3000]])
+    finally:
+        extractor.embedder.model = model
+    units = [f for f in seen if f is not None]
+    assert seen[0] is None  # the queries' call
+    assert len(units) > 1 and units[0] == 0.0 and units == sorted(units) and units[-1] < 1.0, seen
+    assert pairs.live_fraction is None  # the call is over: the batch's end reports the rest

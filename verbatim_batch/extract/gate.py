@@ -70,6 +70,11 @@ class PairExtractor:
         self.config_hash = info["config_hash"]
         self.last_ms: dict[str, int] = {}  # where the last batch's time went: model, gate (verbatim check, rows)
 
+    @property
+    def live_fraction(self) -> float | None:
+        """The extractor's share of its current call through the model, where it counts one (``pipeline.live``)."""
+        return getattr(self.extractor, "live_fraction", None)
+
     def _run(self, queries: list[str], chunks: list[str], query_ids: list[str] | None = None,
              ranks: list[int | None] | None = None) -> list[PairResult]:
         """The extractor over a batch; if the batch fails, each pair alone, so one bad pair fails alone. An

@@ -363,6 +363,13 @@ class SemanticExtractor:
         self.config = config = config or SemanticConfig()
         self.embedder = embedder or Embedder(config.embedder_config())
         self.stats: dict[str, Any] = dict(pairs=0, units=0, unique_units=0)
+        self._embedding_units = False  # the unit texts' embedding (most of a call's time) is under way
+
+    @property
+    def live_fraction(self) -> float | None:
+        """How much of the current call's unit texts has been through the model (``pipeline.live``); None outside
+        their embedding (the queries' is short, the scoring after it cheap)."""
+        return self.embedder.live_fraction if self._embedding_units else None
 
     def describe(self) -> dict[str, Any]:
         info = self.embedder.describe()
@@ -394,7 +401,12 @@ class SemanticExtractor:
         d_text = sorted({c[s:e] for c, segs in zip(chunks, units, strict=True) for s, e in segs}
                         | {t for ts in para_text for t in ts} | {t for ws in windows for t in ws})
         q_vec = dict(zip(q_text, self.embedder.embed(q_text, is_query=True)[0], strict=True)) if q_text else {}
-        d_vec = dict(zip(d_text, self.embedder.embed(d_text)[0], strict=True)) if d_text else {}
+        self.embedder.live_done, self.embedder.live_total = 0, len(d_text)  # not the queries' call, just ended
+        self._embedding_units = True
+        try:
+            d_vec = dict(zip(d_text, self.embedder.embed(d_text)[0], strict=True)) if d_text else {}
+        finally:
+            self._embedding_units = False
         out: list[Any] = []
         for q, c, us, segs, ks, pid, ptexts, wins in zip(queries, chunks, cands, units, kinds, paras, para_text,
                                                           windows, strict=True):
