@@ -186,7 +186,8 @@ def measure(runs: dict[str, str], staging: str, placement: str) -> dict:
     own0, kids0 = tree_cpu()
     t0 = time.perf_counter()
     plan = stage.plan()
-    ctx = StageContext(job=job, run_id="bench", staging=staging, config=plan.config, started=t0)
+    ctx = StageContext(job=job, run_id="bench", staging=staging, config=plan.config, started=t0,
+                       resources=stage.resolved())  # as the runner hands them over
     work = stage.work(plan, ctx)
     carried = 0
     skip = pa.array([], pa.string())
