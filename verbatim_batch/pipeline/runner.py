@@ -63,9 +63,6 @@ from ..runs import (
     write_manifest,
 )
 from ..tables import config_hash
-
-if TYPE_CHECKING:
-    from .resources import Resources
 from ..telemetry import accounting, perf, session
 from ..telemetry.options import MetricsOptions
 from .progress import Progress
@@ -73,6 +70,9 @@ from .ray_env import init_ray
 from .restarts import Restarting
 from .sink import TableSinkResult, carry_rows, compact, no_counts, write_files_index
 from .worker_faults import stopped
+
+if TYPE_CHECKING:
+    from .resources import Resources
 
 log = logging.getLogger(__name__)
 
