@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -428,28 +429,34 @@ def test_semantic_signals_and_selection_without_a_model():
         SemanticConfig(lexical_weight=0.6, paragraph_weight=0.6)
 
 
-def test_the_highlighter_counts_its_windows_pass_by_pass_for_the_progress_line(tiny):
-    """``live_fraction`` (read by the model actor's progress reports, ``pipeline.live``) grows with each
-    forward pass of a call and ends at 1; before any call there is none."""
-    fresh = Highlighter.__new__(Highlighter)
-    assert fresh.live_fraction is None
-    seen: list[float] = []
-    model = tiny.model
+@contextlib.contextmanager
+def _passes(owner, read):
+    """``owner.model`` replaced, inside the block, by a spy that records ``read()`` before each forward pass."""
+    model, seen = owner.model, []
 
     class Spy:
         def __getattr__(self, name):
             return getattr(model, name)
 
         def __call__(self, *args, **kwargs):
-            seen.append(tiny.live_fraction)
+            seen.append(read())
             return model(*args, **kwargs)
 
-    tiny.model = Spy()
+    owner.model = Spy()
     try:
+        yield seen
+    finally:
+        owner.model = model
+
+
+def test_the_highlighter_counts_its_windows_pass_by_pass_for_the_progress_line(tiny):
+    """``live_fraction`` (read by the model actor's progress reports, ``pipeline.live``) grows with each
+    forward pass of a call and ends at 1; before any call there is none."""
+    fresh = Highlighter.__new__(Highlighter)
+    assert fresh.live_fraction is None
+    with _passes(tiny, lambda: tiny.live_fraction) as seen:
         long_chunk = " ".join(f"word{i}" for i in range(400))  # many windows: several passes under 512 tokens
         tiny.token_scores(["what is measured"] * 4, [long_chunk] * 4)
-    finally:
-        tiny.model = model
     assert len(seen) > 1 and seen[0] == 0.0 and seen == sorted(seen) and seen[-1] < 1.0
     assert tiny.live_fraction == 1.0
 
@@ -463,23 +470,9 @@ def test_the_semantic_extractor_counts_its_unit_embedding_for_the_progress_line(
     extractor = SemanticExtractor(SemanticConfig())
     pairs = PairExtractor(extractor, "r")
     assert pairs.live_fraction is None
-    model = extractor.embedder.model
-    seen: list[float | None] = []
-
-    class Spy:
-        def __getattr__(self, name):
-            return getattr(model, name)
-
-        def __call__(self, *args, **kwargs):
-            seen.append(pairs.live_fraction)
-            return model(*args, **kwargs)
-
-    extractor.embedder.model = Spy()
-    try:
+    with _passes(extractor.embedder, lambda: pairs.live_fraction) as seen:
         sentences = " ".join(f"Sentence {i} reports a result of {i} points on the test set." for i in range(600))
         extractor.extract(["what result on the test set"] * 2, [sentences, sentences[:3000]])
-    finally:
-        extractor.embedder.model = model
     units = [f for f in seen if f is not None]
     assert seen[0] is None  # the queries' call
     assert len(units) > 1 and units[0] == 0.0 and units == sorted(units) and units[-1] < 1.0, seen
