@@ -234,6 +234,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     os.symlink(chunk_run, tmp / "link")
     busy = tmp / "busy"
     (tmp / ".busy.lock").write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "run_id": "r0"}))
+    (tmp / ".pyiceberg.yaml").write_text("catalog:\n  another:\n    type: in-memory\n")  # none named verbatim
     read_only = tmp / "read_only"
     read_only.mkdir(mode=0o555)
     return {
@@ -264,7 +265,9 @@ def test_a_refusal_is_one_line_of_the_page(case: Case, world: dict[str, str], ca
         pytest.skip("root may write any folder")
     row = row_of(case.row)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.setenv("PYICEBERG_HOME", world["tmp"])  # no catalog configured but the cases' own
+    for name in [k for k in os.environ if k.startswith("PYICEBERG_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("PYICEBERG_HOME", world["tmp"])  # its .pyiceberg.yaml, read first, configures no catalog
     out = Path(world["tmp"]) / ("out-" + re.sub(r"\W+", "-", case.name))
     argv = _argv(case, world, out)
     try:
