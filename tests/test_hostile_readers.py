@@ -31,7 +31,7 @@ from verbatim_batch import corpus
 from verbatim_batch.chunk import ChunkerConfig, chunk_markdown, verify_chunks
 from verbatim_batch.ingest import IngestStage
 from verbatim_batch.metadata import load_metadata
-from verbatim_batch.pipeline.source import duplicate_winners
+from verbatim_batch.pipeline.listing import duplicate_winners
 from verbatim_batch.tables import RAW_RECORDS, QuarantineReason
 from verbatim_batch.verify import verify_run
 

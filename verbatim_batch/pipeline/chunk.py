@@ -179,7 +179,7 @@ def unchanged_sources(fs, files: list[corpus.SourceFile], duplicates: dict[str, 
         wanted[f.path] = (pid, prev.source_sha256)
     if not wanted:
         return {}
-    from .source import file_digests  # the corpus reader's module needs Ray Data: imported when a run reads
+    from .listing import file_digests
 
     digests = file_digests(fs, [f for f in files if f.path in wanted])
     return {path: wanted[path][0] for path, digest in digests.items() if digest == wanted[path][1]}
@@ -255,7 +255,7 @@ class ChunkStage(TableStage):
             # already shows work, the checks below run as Ray tasks. Else they run here, and a night that
             # finds nothing changed never starts Ray.
             ctx.ray()
-        from .source import find_duplicates
+        from .listing import find_duplicates
 
         duplicates, n_records = find_duplicates(fs, files, fmt, job.max_paper_bytes)
         t_scan = ctx.elapsed()

@@ -68,7 +68,7 @@ from ..telemetry.options import MetricsOptions
 from .progress import Progress
 from .ray_env import init_ray
 from .restarts import Restarting
-from .sink import TableSinkResult, carry_rows, compact, no_counts, write_files_index
+from .sink import TableSinkResult, carry_rows, compact, no_counts, sum_live_files, write_files_index
 from .worker_faults import stopped
 
 if TYPE_CHECKING:
@@ -455,10 +455,6 @@ def _run_table_stage(stage: TableStage, plan: Plan, ctx: StageContext) -> StageR
     done = completed_keys(ctx.staging) if stage.resumable else none  # distinct keys, Arrow
     work = stage.work(plan, ctx)
     schemas = dict(stage.schemas(plan))
-    from .datasink import StageTableSink  # Ray Data: imported when a stage writes, not with the jobs' options
-
-    sink = StageTableSink(stage.writer(plan, work), ctx.staging, schemas,
-                          key_columns=stage.record_keys(), table_counts=stage.table_counts)
     carried = none
     carried_rows: dict[str, int] = {}
     carried_files: dict[str, int] = {}
@@ -487,7 +483,11 @@ def _run_table_stage(stage: TableStage, plan: Plan, ctx: StageContext) -> StageR
     else:
         todo = len(work.keys) - _unique_in(work.keys, skip)
     timings: dict[str, float] = dict(work.timings_s)
-    if todo:  # nothing is loaded when every row is carried or already done
+    if todo:  # nothing is loaded when every row is carried or already done, and Ray is not even imported
+        from .datasink import StageTableSink  # Ray Data: imported when a stage writes, not with the jobs' options
+
+        sink = StageTableSink(stage.writer(plan, work), ctx.staging, schemas,
+                              key_columns=stage.record_keys(), table_counts=stage.table_counts)
         t = time.perf_counter()
         if stage.needs_ray:
             ctx.ray()
@@ -505,7 +505,7 @@ def _run_table_stage(stage: TableStage, plan: Plan, ctx: StageContext) -> StageR
         carry()
     published = {n: s for n, s in schemas.items() if n not in stage.scratch_tables}
     merged = compact(ctx.staging, published, int(job.target_file_mb * 2**20), job.max_small_files)
-    result = sink.finish()
+    result = sum_live_files(ctx.staging, schemas)  # what the sink's finish() sums: every live file
     resumed = len(done) - _unique_in(done, carried)
     if work.keys is None:  # one row per input record in the key tables
         out = sum(result.rows[t] for t in stage.key_tables or tuple(stage.tables)[:1])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -208,12 +209,18 @@ def carry_rows(previous: str, tables: dict[str, pa.Schema], key_column: str, key
 IO_TASK = Resources(cpus=1)  # a task of ``in_tasks``: one file's read, hash or rewrite
 
 
+def ray_if_up() -> Any | None:
+    """The ``ray`` module when this process has Ray up, else None, without importing Ray (a local night that
+    finds nothing changed never does)."""
+    ray = sys.modules.get("ray")
+    return ray if ray is not None and ray.is_initialized() else None
+
+
 def in_tasks(fn: Callable, calls: list[tuple]) -> list:
     """``fn(*args)`` for each call: as Ray tasks when this driver has Ray up (the work leaves the driver and
     runs on every node), else here."""
-    import ray
-
-    if not ray.is_initialized() or len(calls) < 2:
+    ray = ray_if_up()
+    if ray is None or len(calls) < 2:
         return [fn(*args) for args in calls]
     task = ray.remote(**ray_args(IO_TASK))(fn)
     shared: dict[int, Any] = {}  # an array every call takes (the keys) goes to the object store once

@@ -24,14 +24,26 @@ def new_run_id(command: str, config: Mapping[str, Any]) -> str:
     return f"{command}-{now}-{stable_hash(now, json.dumps(config, sort_keys=True), uuid.uuid4().hex, size=4)}"
 
 
-def versions() -> dict[str, str]:
-    import ray
+def _ray_version() -> str:
+    """Ray's version, read from its installed metadata: a run that needed no Ray does not import it for this."""
+    import sys
+    from importlib import metadata
 
+    ray = sys.modules.get("ray")
+    if ray is not None:
+        return ray.__version__
+    try:
+        return metadata.version("ray")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def versions() -> dict[str, str]:
     return {
         "verbatim_batch": __version__,
         "python": platform.python_version(),
         "pyarrow": pa.__version__,
-        "ray": ray.__version__,
+        "ray": _ray_version(),
         "platform": platform.platform(),
     }
 
