@@ -116,7 +116,7 @@ def test_evaluate_takes_gold_rows_that_name_their_chunk(chain, monkeypatch, caps
     assert result["diagnostics"]["gold_rows"] == 3, result["diagnostics"]
     # the same rows need the chunk text without --chunks; a row whose chunk is not in the run is named
     assert main(["evaluate", "--gold", "gold.jsonl", "--predictions", "chain/spans"]) == 2
-    assert "missing or non-string 'chunk'" in capsys.readouterr().err
+    assert "but has no 'chunk' text: pass --chunks RUN" in capsys.readouterr().err
     (a / "bad.jsonl").write_text(json.dumps(gold[0] | {"chunk_index": 999}) + "\n")
     assert main(["evaluate", "--gold", "bad.jsonl", "--chunks", "chain/chunks", "--predictions", "chain/spans"]) == 2
     assert "chunk_index 999 is not in the chunk run" in capsys.readouterr().err

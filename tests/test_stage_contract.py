@@ -123,6 +123,9 @@ def test_evaluate_and_verify_take_a_chain_folder_or_a_nightly_root(tmp_path):
     assert _span_table_path(str(chain / "spans")) == str(chain / "spans" / "spans")
     assert _span_table_path(str(tmp_path / "root")) == str(chain / "spans" / "spans")
     assert run_of(str(tmp_path / "root")) == str(chain) and run_of(str(chain)) == str(chain)
+    demo = tmp_path / "verbatim-demo"  # the demo's output: a plain folder of stage runs, no manifest of its own
+    _run(demo / "spans", "extract", {"spans", "pairs", "rejects"}, created="2026-11-28T01:30:00+00:00")
+    assert _span_table_path(str(demo)) == str(demo / "spans" / "spans")  # its files.json was read as Parquet
     table = tmp_path / "table"
     table.mkdir()
     assert _span_table_path(str(table)) == str(table)  # a bare span table folder

@@ -223,8 +223,10 @@ def retrieve(queries: ray.data.Dataset, index: str | RetrieverConfig, *, batch_r
     weights). ``with_text``: each row also carries ``query`` and ``chunk`` (the chunk's text, from the index's
     chunk run), so its rows go straight into ``extract``::
 
+        from ray.data.expressions import col
+
         hits = api.retrieve(queries, "runs/index", with_text=True).filter(
-            lambda r: r["method"] == "hybrid" and r["rank"] <= 5)
+            expr=(col("method") == "hybrid") & (col("rank") <= 5))  # an expression: a lambda makes Ray Data warn
         spans = api.extract(hits)
     """
     if not isinstance(index, (str, RetrieverConfig)):

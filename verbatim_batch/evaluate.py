@@ -205,6 +205,8 @@ def load_gold(path: str | Path, chunks: str | None = None) -> list[dict[str, Any
     ``gold_spans`` may mix strings and objects.
     """
     path = _location(path)
+    if not storage.exists(path):
+        raise FileNotFoundError(f"gold file {path} not found")
     if _is_parquet(path):
         records = [(f"{path} row {i}", r) for i, r in enumerate(storage.read_parquet(path).to_pylist())]
     else:
@@ -264,7 +266,10 @@ def _span_table_path(path: str) -> str:
                              "or a nightly root")
         return storage.join(found, "spans")
     if storage.isdir(run) and storage.isdir(storage.join(run, "spans")):
-        return storage.join(run, "spans")
+        inner = storage.join(run, "spans")
+        if storage.exists(storage.join(inner, "manifest.json")):  # a folder of stage runs (the demo's output)
+            return _span_table_path(inner)
+        return inner
     return run
 
 

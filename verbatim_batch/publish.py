@@ -112,11 +112,22 @@ class IcebergTarget(Declared):
 
 
 def require_extra() -> None:
-    """``NotImplementedError`` (one line, exit 2 from the CLI) when pyiceberg is not installed."""
+    """``NotImplementedError`` (one line, exit 2 from the CLI) when pyiceberg is not installed; a ValueError (one
+    line) when its configuration file, which it reads on import, is not YAML it accepts."""
     try:
         import pyiceberg.catalog  # noqa: F401
     except ImportError:
         raise NotImplementedError(NEEDS_EXTRA) from None
+    except Exception as exc:
+        if not type(exc).__module__.startswith("strictyaml"):  # pyiceberg parses .pyiceberg.yaml with strictyaml
+            raise
+        raise ValueError("pyiceberg's configuration file (.pyiceberg.yaml, in PYICEBERG_HOME, the home folder or "
+                         f"the current folder) is not YAML it accepts: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return " ".join(lines[:2])[:200] if lines else type(exc).__name__
 
 
 def open_catalog(target: IcebergTarget) -> Catalog:

@@ -62,6 +62,9 @@ def parse_weights(value: str) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class RetrieverConfig(Declared):
+    """How to retrieve from an index run: which run (``index_dir``), how many chunks per query and method, the
+    methods, and the hybrid fusion's settings."""
+
     index_dir: str = ""  # the retrieve job sets it to its --index
     k: int = option(10, "chunks retrieved per query and method", low=1)
     methods: tuple[str, ...] = option(METHODS, f"any of {','.join(METHODS)}", parse=parse_methods)

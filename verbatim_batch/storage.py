@@ -71,12 +71,16 @@ def _filesystem(root: str) -> tuple[pafs.FileSystem, str]:
     try:
         return pafs.FileSystem.from_uri(root + "/")
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError):
-        try:
-            import fsspec
-        except ImportError as exc:
-            raise ValueError(f"{root}: pyarrow does not know this file system and fsspec is not installed") from exc
-        fs, path = fsspec.core.url_to_fs(root + "/")
-        return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
+        pass  # a scheme pyarrow does not know: fsspec's, below
+    except OSError as exc:  # e.g. S3 resolving the bucket's region with no network, or no such bucket
+        detail = " ".join(str(exc).split())[:300] or type(exc).__name__
+        raise ConnectionError(f"cannot reach {root}: {detail}") from None
+    try:
+        import fsspec
+    except ImportError as exc:
+        raise ValueError(f"{root}: pyarrow does not know this file system and fsspec is not installed") from exc
+    fs, path = fsspec.core.url_to_fs(root + "/")
+    return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
 
 
 def _parts(loc: str) -> tuple[str, str]:
@@ -119,7 +123,15 @@ def split(loc: str) -> tuple[str, str]:
 
 def _info(loc: str) -> pafs.FileInfo:
     fs, path = resolve(loc)
-    return fs.get_file_info(path)
+    try:
+        return fs.get_file_info(path)
+    except OSError as exc:
+        if not is_remote(loc) or type(exc) is not OSError:  # a local error, or one already of its kind
+            raise
+        # an object store that cannot be reached or refuses (no network, a wrong endpoint, no credentials): one
+        # line naming where; ConnectionError is an OSError, so callers that tolerate an unreadable run still do
+        detail = " ".join(str(exc).split())[:300] or type(exc).__name__
+        raise ConnectionError(f"cannot read {loc}: {detail}") from None
 
 
 def exists(loc: str) -> bool:

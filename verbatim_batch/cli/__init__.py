@@ -42,9 +42,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = argparse.ArgumentParser(add_help=False, exit_on_error=False)
     pre.add_argument("--config")
-    known, _ = pre.parse_known_args(argv)
+    try:
+        known, _ = pre.parse_known_args(argv)
+    except argparse.ArgumentError:  # ``--config`` without a file: the command's parser says so, in one line
+        known = argparse.Namespace(config=None)
     command = argv[0] if argv and not argv[0].startswith("-") else None
     if known.config and command in parser.commands:
         ignored: list[str] = []

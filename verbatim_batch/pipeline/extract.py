@@ -151,6 +151,8 @@ def pair_sources(job: ExtractJob) -> dict[str, Any]:
         return {"pairs": job.pairs, "chunks": job.chunks}
     expect_tables(job.retrieval, "--retrieval", ("retrieval",))
     retrieval_cfg = manifest_config(job.retrieval)
+    if job.queries is None and not isinstance(retrieval_cfg.get("queries"), str):
+        raise ValueError(f"{job.retrieval} records no query file it was made from: give --queries")
     if job.queries is None and not storage.exists(retrieval_cfg["queries"]):
         raise FileNotFoundError(f"the query file {retrieval_cfg['queries']} that {job.retrieval} was made from is "
                                 "not found (moved, or recorded relative to another folder): give --queries")

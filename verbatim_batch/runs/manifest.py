@@ -244,8 +244,11 @@ def read_readable(table_dir: str, columns: list[str] | None = None) -> tuple[pa.
 
 
 def manifest_config(run_dir: str) -> dict[str, Any]:
-    """The ``config`` a committed run recorded."""
-    return json.loads(read_manifest(run_dir)["config"])
+    """The ``config`` a committed run recorded (a ValueError, one line, for a manifest that records none)."""
+    manifest = read_manifest(run_dir)
+    if "config" not in manifest:
+        raise ValueError(f"{run_dir}: its manifest.json records no config: not a run this tool wrote")
+    return json.loads(manifest["config"])
 
 
 def committed_table_dir(run_dir: str, table: str) -> str:
