@@ -42,6 +42,7 @@ SESSION_PER_WORKER = {"_ray_session"}  # under xdist each worker has its own ses
 # A module name stands for all its tests; `module::function` for one test (all its parameters).
 STAGE = {
     "test_chunk_night.py",  # the chunk stage over two nights, one of them a subprocess
+    "test_environment.py",  # chunk runs in a hostile environment, each a subprocess with a local Ray of its own
     "test_worker_faults.py::test_a_worker_killed_at_every_batch_stops_the_stage_and_the_run_resumes",  # embed
     "test_worker_faults.py::test_a_worker_out_of_memory_ends_with_the_figures_and_the_option_to_lower",  # runs
     "test_pipeline.py::test_killed_run_leaves_no_output_and_next_run_cleans_up",  # jobs/chunk.py, killed

@@ -107,6 +107,49 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
                               "start one, or unset it to run on a local Ray") from None
 
 
+def _private_token_file() -> None:
+    """Write the token of the local Ray's token authentication (``~/.ray/auth_token``) before Ray does, readable by
+    this user only. Ray writes it with the process's umask: 0644 under the usual 022, 0666 under 000, so any local
+    user could read it and submit work to this Ray. A token the user set up (``RAY_AUTH_TOKEN``,
+    ``RAY_AUTH_TOKEN_PATH``, the file itself) is left as it is, and so is ``RAY_AUTH_MODE=disabled``. Written under
+    another name and linked into place, so a Ray starting beside this one never reads it half written."""
+    import secrets
+    import tempfile
+    from pathlib import Path
+
+    if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
+        return
+    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        return
+    try:
+        path = Path.home() / ".ray" / "auth_token"
+        if path.exists():
+            return
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".auth_token.", dir=path.parent)  # mode 0600 whatever the umask
+    except (RuntimeError, OSError):  # no home folder to write in: Ray says what it needs when it starts
+        return
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))  # as Ray's own generator: 256 bits
+        os.link(tmp, path)
+    except FileExistsError:  # another process wrote it first: that one is used
+        pass
+    except OSError:
+        return
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def _temp_dir_hint(exc: BaseException) -> str:
+    """What to do when Ray's session folder, under RAY_TMPDIR or else TMPDIR, is too deep for its sockets."""
+    if "AF_UNIX path length" not in str(exc):
+        return ""
+    where = "RAY_TMPDIR" if "RAY_TMPDIR" in os.environ else "TMPDIR"
+    return (f" ({where} is too long a path for Ray's sockets: set RAY_TMPDIR to a short folder, e.g. "
+            "RAY_TMPDIR=/tmp)")
+
+
 def _start_local(num_cpus: int | None = None, log_to_driver: bool = True, oom_retries: int | None = None) -> None:
     """A local Ray whose servers all bind 127.0.0.1 (through ``init_ray``).
 
@@ -125,6 +168,7 @@ def _start_local(num_cpus: int | None = None, log_to_driver: bool = True, oom_re
 
     oom = Restarting.worker_restarts if oom_retries is None else oom_retries
 
+    _private_token_file()
     resolve = getattr(services, "resolve_ip_for_localhost", None)
     if resolve is not None:
         services.resolve_ip_for_localhost = lambda host: host
@@ -138,9 +182,9 @@ def _start_local(num_cpus: int | None = None, log_to_driver: bool = True, oom_re
             except Exception as exc:  # noqa: BLE001 - e.g. "node timed out during startup" on a loaded machine
                 ray.shutdown()
                 _end_children_since(started)
-                if attempt + 1 == LOCAL_START_ATTEMPTS:
-                    raise ConnectionError(f"a local Ray did not start after {LOCAL_START_ATTEMPTS} attempts: "
-                                          f"{str(exc).splitlines()[0][:200]}") from None
+                if attempt + 1 == LOCAL_START_ATTEMPTS or "AF_UNIX path length" in str(exc):
+                    raise ConnectionError(f"a local Ray did not start after {attempt + 1} attempt(s): "
+                                          f"{str(exc).splitlines()[0][:200]}{_temp_dir_hint(exc)}") from None
                 time.sleep(2.0 * 2**attempt)
     finally:
         if resolve is not None:
