@@ -255,9 +255,14 @@ class ChunkStage(TableStage):
             # already shows work, the checks below run as Ray tasks. Else they run here, and a night that
             # finds nothing changed never starts Ray.
             ctx.ray()
-        from .listing import find_duplicates
+        if fmt == "md":
+            from .listing import md_duplicates
 
-        duplicates, n_records = find_duplicates(fs, files, fmt, job.max_paper_bytes)
+            duplicates, n_records = md_duplicates(files, job.max_paper_bytes)
+        else:
+            from .source import record_duplicates  # the ids of Parquet/JSONL records: a Ray read
+
+            duplicates, n_records = record_duplicates(fs, files, fmt, job.max_paper_bytes)
         t_scan = ctx.elapsed()
         previous, rejected = unchanged_map(job)
         same: dict[str, str] = {}

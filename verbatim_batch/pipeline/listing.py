@@ -1,7 +1,7 @@
 """What a chunk run learns from the corpus listing before it reads a paper: duplicate paper ids, and the
-sha256 of the files a night may carry unread. Ray is imported only where it works: a Parquet or JSONL corpus's
-id scan, and digests as Ray tasks when Ray is already up. A local night that finds nothing changed never imports
-it (about 0.4 CPU-s of its 3, benchmarks/history/scale.md)."""
+sha256 of the files a night may carry unread. No Ray here (a Parquet or JSONL corpus's ids are a Ray read:
+``source.record_duplicates``); digests run as Ray tasks only when Ray is already up. A local night that finds
+nothing changed never imports Ray (about 0.4 CPU-s of its 3, benchmarks/history/scale.md)."""
 
 from __future__ import annotations
 
@@ -33,27 +33,12 @@ def balanced_groups(files: list, parallelism: int, max_bytes: int) -> list[list]
     return groups
 
 
-def find_duplicates(
-    fs: pafs.FileSystem, files: list[corpus.SourceFile], fmt: str, max_paper_bytes: int
-) -> tuple[dict[str, str], int]:
-    """``({paper_id: winning source}, number of records)``; the first source in path order wins, among
-    records the reader did not already reject (an unreadable or malformed record cannot cost a good one
-    its place)."""
-    if fmt == "md":
-        pairs: Iterable[tuple[str | None, str]] = (
-            (None if f.problem or f.size > max_paper_bytes else corpus.md_paper_id(f.path), f.path)
-            for f in files)
-    else:  # ids only: Parquet reads one column, JSONL parses lines once more
-        from .source import CorpusDatasource, read_corpus  # Ray Data, for the formats Ray reads
-
-        ds = read_corpus(CorpusDatasource(fs, files, fmt, max_paper_bytes, ids_only=True))
-        pairs = (  # a record the reader already rejected never wins over a good one
-            (None if err else pid, src)
-            for batch in ds.select_columns(["paper_id", "source", "error"]).iter_batches(batch_format="pyarrow")
-            for pid, src, err in zip(batch["paper_id"].to_pylist(), batch["source"].to_pylist(),
-                                     batch["error"].to_pylist(), strict=True)
-        )
-    return duplicate_winners(pairs)
+def md_duplicates(files: list[corpus.SourceFile], max_paper_bytes: int) -> tuple[dict[str, str], int]:
+    """``({paper_id: winning source}, number of files)`` of a folder of md/txt papers, from the listing alone (a
+    paper's id is its file's stem); a file the reader will reject (unreadable, too large) never wins. Parquet and
+    JSONL corpora are scanned by Ray: ``source.record_duplicates``."""
+    return duplicate_winners(
+        (None if f.problem or f.size > max_paper_bytes else corpus.md_paper_id(f.path), f.path) for f in files)
 
 
 def duplicate_winners(pairs: Iterable[tuple[str | None, str]]) -> tuple[dict[str, str], int]:
