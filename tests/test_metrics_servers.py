@@ -297,6 +297,23 @@ def test_no_successful_night_fires_when_nothing_was_pushed_and_stops_once_a_nigh
         assert len(age) == 1 and float(age[0]["value"][1]) < 26 * 3600
 
 
+def _without_closed_stream_logging_errors(err: str) -> str:
+    """``err`` less the "--- Logging error ---" reports (through their ``Arguments:`` line) of Python's logging
+    whose handler wrote to a stream pytest had already closed: Ray Data logs from its executor threads, and one of
+    an earlier test's datasets can log while pytest swaps the captured ``sys.stderr`` (seen once, at load 45). In a
+    real process stderr is not closed under the command; any other report or traceback still fails the test."""
+    lines, kept, i = err.splitlines(), [], 0
+    while i < len(lines):
+        if lines[i].startswith("--- Logging error ---"):
+            end = next((j for j in range(i, len(lines)) if lines[j].startswith("Arguments:")), len(lines) - 1)
+            if any("closed file" in line for line in lines[i:end + 1]):
+                i = end + 1
+                continue
+        kept.append(lines[i])
+        i += 1
+    return "\n".join(kept)
+
+
 def test_an_unreachable_pushgateway_costs_one_warning_line_not_the_run(ray_local, tmp_path, capfd):
     """``chunk`` of the bundled corpus (on the session's Ray) with --metrics-push at a closed port: committed,
     exit 0, and one warning line."""
@@ -311,5 +328,5 @@ def test_an_unreachable_pushgateway_costs_one_warning_line_not_the_run(ray_local
     assert code == 0, err[-3000:]
     warnings = [line for line in err.splitlines() if line.startswith("verbatim-batch: warning:")]
     assert len(warnings) == 1 and f"metrics not pushed to {url}" in warnings[0], err[-3000:]
-    assert "Traceback" not in err
+    assert "Traceback" not in _without_closed_stream_logging_errors(err)
     assert json.loads((tmp_path / "chunks" / "manifest.json").read_text())["metrics"]["rows"]["written"] > 0
