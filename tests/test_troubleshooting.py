@@ -98,7 +98,8 @@ ELSEWHERE = {
     "terminated (SIGTERM)": "test_worker_faults.py::test_sigterm_mid_stage_ends_with_one_line_143_and_leaves_no_lock",
     "is not YAML it accepts": "test_troubleshooting.py::test_a_bad_pyiceberg_configuration_file_is_one_line",
     "cannot ... s3://": "test_troubleshooting.py::test_an_object_store_that_cannot_be_reached_is_one_line",
-    "a local Ray did not start": "test_environment.py::test_a_tmpdir_too_deep_for_rays_sockets_is_one_line_with_the_fix",
+    "a local Ray did not start":
+        "test_environment.py::test_a_tmpdir_too_deep_for_rays_sockets_is_one_line_with_the_fix",
 }
 # Rows no test reaches, and why; their text is checked against the package's source.
 UNREACHED: dict[str, str] = {}
@@ -326,19 +327,21 @@ def test_a_bad_pyiceberg_configuration_file_is_one_line(tmp_path: Path) -> None:
     assert not (tmp_path / "lake").exists()
 
 
-def test_an_object_store_that_cannot_be_reached_is_one_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", [("nightly", "--queries", "{tmp}/q.jsonl", "--root", "{tmp}/out"),
+                                     ("chunk", "--output", "{tmp}/out")])
+def test_an_object_store_that_cannot_be_reached_is_one_line(command: tuple[str, ...], tmp_path: Path) -> None:
     """An S3 input behind an endpoint where nothing listens (a closed loopback port: no network needed), in a
     process of its own, as the endpoint comes from the environment."""
     (tmp_path / "q.jsonl").write_text('{"query": "q"}\n')
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")} | {
         "AWS_ENDPOINT_URL": f"http://{_free_address()}", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"}
+    argv = [command[0], "--input", "s3://some-bucket/papers", *(a.format(tmp=tmp_path) for a in command[1:])]
     done = subprocess.run([sys.executable, "-c", "import sys; from verbatim_batch.cli import main; sys.exit(main())",
-                           "nightly", "--input", "s3://some-bucket/papers", "--queries", str(tmp_path / "q.jsonl"),
-                           "--root", str(tmp_path / "root")], capture_output=True, text=True, timeout=120, env=env)
+                           *argv], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
     (line,) = done.stderr.strip().splitlines()
     assert row_of("cannot ... s3://").matches(PREFIX.sub("", line)), line
-    assert not (tmp_path / "root").exists()
+    assert not (tmp_path / "out").exists()
 
 
 def test_every_row_is_reached_by_a_case_or_named_elsewhere() -> None:

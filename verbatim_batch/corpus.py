@@ -60,7 +60,7 @@ def detect_format(uri: str) -> str:
     if _is_local(fs):
         names = [f.path for f in _walk_local(path, None)]
     else:
-        info = fs.get_file_info(path)
+        info = storage.file_info(uri)  # an object store that cannot be reached: one line
         if info.type == pafs.FileType.NotFound:
             raise FileNotFoundError(f"input not found: {uri}")
         names = [path] if info.type == pafs.FileType.File else [
@@ -86,7 +86,7 @@ def list_sources(uri: str, fmt: str) -> tuple[pafs.FileSystem, list[SourceFile]]
     if _is_local(fs):
         files = _walk_local(path, _EXTENSIONS[fmt])
     else:
-        info = fs.get_file_info(path)
+        info = storage.file_info(uri)  # an object store that cannot be reached: one line
         if info.type == pafs.FileType.NotFound:
             raise FileNotFoundError(f"input not found: {uri}")
         infos = [info] if info.type == pafs.FileType.File else fs.get_file_info(
@@ -312,7 +312,7 @@ def skipped_files(uri: str, fmt: str, limit: int = 20, ignore: tuple[str, ...] =
             return 0, []
         names = [f.path for f in _walk_local(path, None) if f.problem is None]
     else:
-        info = fs.get_file_info(path)
+        info = storage.file_info(uri)  # an object store that cannot be reached: one line
         if info.type != pafs.FileType.Directory:
             return 0, []
         names = [f.path for f in fs.get_file_info(pafs.FileSelector(path, recursive=True))

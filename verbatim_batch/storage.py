@@ -65,6 +65,11 @@ def normalize(loc: str) -> str:
     return os.path.abspath(os.path.expanduser(loc.removeprefix("file://")))
 
 
+def _one_line(exc: BaseException) -> str:
+    """An object store's error (often several lines of AWS detail) as one line of at most 300 characters."""
+    return " ".join(str(exc).split())[:300] or type(exc).__name__
+
+
 @lru_cache(maxsize=32)
 def _filesystem(root: str) -> tuple[pafs.FileSystem, str]:
     """The file system of ``scheme://netloc`` and the path prefix its keys get (cached: S3 resolves a region)."""
@@ -73,8 +78,7 @@ def _filesystem(root: str) -> tuple[pafs.FileSystem, str]:
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError):
         pass  # a scheme pyarrow does not know: fsspec's, below
     except OSError as exc:  # e.g. S3 resolving the bucket's region with no network, or no such bucket
-        detail = " ".join(str(exc).split())[:300] or type(exc).__name__
-        raise ConnectionError(f"cannot reach {root}: {detail}") from None
+        raise ConnectionError(f"cannot reach {root}: {_one_line(exc)}") from None
     try:
         import fsspec
     except ImportError as exc:
@@ -121,7 +125,9 @@ def split(loc: str) -> tuple[str, str]:
     return posixpath.split(loc) if is_remote(loc) else os.path.split(loc)
 
 
-def _info(loc: str) -> pafs.FileInfo:
+def file_info(loc: str) -> pafs.FileInfo:
+    """What the file system knows of ``loc``; an object store that cannot be reached or refuses is a
+    ConnectionError of one line."""
     fs, path = resolve(loc)
     try:
         return fs.get_file_info(path)
@@ -130,25 +136,24 @@ def _info(loc: str) -> pafs.FileInfo:
             raise
         # an object store that cannot be reached or refuses (no network, a wrong endpoint, no credentials): one
         # line naming where; ConnectionError is an OSError, so callers that tolerate an unreadable run still do
-        detail = " ".join(str(exc).split())[:300] or type(exc).__name__
-        raise ConnectionError(f"cannot read {loc}: {detail}") from None
+        raise ConnectionError(f"cannot read {loc}: {_one_line(exc)}") from None
 
 
 def exists(loc: str) -> bool:
-    return _info(loc).type != pafs.FileType.NotFound
+    return file_info(loc).type != pafs.FileType.NotFound
 
 
 def isdir(loc: str) -> bool:
-    return _info(loc).type == pafs.FileType.Directory
+    return file_info(loc).type == pafs.FileType.Directory
 
 
 def isfile(loc: str) -> bool:
-    return _info(loc).type == pafs.FileType.File
+    return file_info(loc).type == pafs.FileType.File
 
 
 def mtime(loc: str) -> float | None:
     """Last modification time (seconds since the epoch), None where the store does not keep one."""
-    info = _info(loc)
+    info = file_info(loc)
     return info.mtime.timestamp() if info.mtime is not None else None
 
 
