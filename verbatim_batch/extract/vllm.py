@@ -226,11 +226,35 @@ def check_fits(config, resources: dict[str, float], local: bool) -> None:
                          "Ray more (--num-cpus)")
 
 
-def vllm_dataset(requests: pa.Table | ray.data.Dataset, config, helper_cpus_each: float | None = None
-                 ) -> ray.data.Dataset:
+def bound_processor(processor: Any, restarts: int | None = None) -> Any:
+    """``processor`` (a ``ray.data.llm`` processor) with every actor pool and task bounded as the project's own
+    stages are (``pipeline.resources``): ``ray.data.llm`` 2.60 takes no restart bound in its configs, and Ray Data
+    restarts an actor that dies forever, so an engine that the OOM killer ends at each start (or that exits on
+    every fatal engine error, as its stage does to be restarted) would loop without a word. Each stage's
+    ``map_batches`` arguments get ``max_restarts`` and ``max_task_retries``, the pre- and post-processing tasks
+    ``max_retries``; past the bound the stage fails and ``worker_faults`` gives its one line."""
+    import warnings
+
+    from ..pipeline.resources import task_bounds
+    from ..pipeline.restarts import Restarting
+
+    # Ray 2.60 deprecates these as map arguments but names no parameter for them (resources._quiet_bounds_warning)
+    warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated",
+                            module=r"ray\.llm\._internal\.batch\.processor\.")
+    bound = Restarting.worker_restarts if restarts is None else restarts
+    for stage in processor.stages.values():
+        stage.map_batches_kwargs = {**stage.map_batches_kwargs, "max_restarts": bound, "max_task_retries": bound}
+    processor.preprocess_map_kwargs = {**processor.preprocess_map_kwargs, **task_bounds(bound)}
+    processor.postprocess_map_kwargs = {**processor.postprocess_map_kwargs, **task_bounds(bound)}
+    return processor
+
+
+def vllm_dataset(requests: pa.Table | ray.data.Dataset, config, helper_cpus_each: float | None = None,
+                 restarts: int | None = None) -> ray.data.Dataset:
     """Generation with vLLM engines inside the cluster, through ``ray.data.llm`` (needs vLLM installed).
     ``helper_cpus_each``: the CPUs of each actor beside the engines, as the extract stage's resources resolved
-    them (default: ``helper_cpus`` of this cluster)."""
+    them (default: ``helper_cpus`` of this cluster); ``restarts``: the bound on each of the processor's actors
+    and tasks (default: ``--worker-restarts``' default; ``bound_processor``)."""
     try:
         from ray.data.llm import build_processor, vLLMEngineProcessorConfig
     except ImportError as exc:
@@ -263,5 +287,5 @@ def vllm_dataset(requests: pa.Table | ray.data.Dataset, config, helper_cpus_each
         return {ID_COLUMN: row[ID_COLUMN], "pairs_json": row["pairs_json"],
                 "generated_text": row.get("generated_text"), "time_taken_llm": row.get("time_taken_llm")}
 
-    processor = build_processor(engine, preprocess=preprocess, postprocess=postprocess)
+    processor = bound_processor(build_processor(engine, preprocess=preprocess, postprocess=postprocess), restarts)
     return processor(requests if isinstance(requests, ray.data.Dataset) else ray.data.from_arrow(requests))

@@ -206,7 +206,7 @@ class ChunkWork:
     fs: Any
     files: list  # the files to read (all of them, less the unchanged sources)
     duplicates: dict[str, str]
-    unchanged: dict[str, str]  # paper_id -> fingerprint of the previous run's papers that may be carried
+    unchanged: dict[str, PreviousPaper]  # the previous run's papers that may be carried, by paper id
     rejected: int  # previous papers that did not verify (chunked again)
     same_sources: frozenset = frozenset()  # paper ids whose source bytes are unchanged (never read this run)
     previous_ids: frozenset = frozenset()  # the previous run's papers that could be carried
@@ -262,7 +262,7 @@ class ChunkStage(TableStage):
         else:
             from .source import record_duplicates  # the ids of Parquet/JSONL records: a Ray read
 
-            duplicates, n_records = record_duplicates(fs, files, fmt, job.max_paper_bytes)
+            duplicates, n_records = record_duplicates(fs, files, fmt, job.max_paper_bytes, job.worker_restarts)
         t_scan = ctx.elapsed()
         previous, rejected = unchanged_map(job)
         same: dict[str, str] = {}
@@ -273,7 +273,7 @@ class ChunkStage(TableStage):
         paths = {f.path for f in files} if fmt == "md" else None
         same_ids = frozenset(same.values())  # a set: ``in same.values()`` was a scan per paper (quadratic at 10%)
         # a paper whose file moved is chunked again, so its row names the path it now comes from
-        unchanged = {pid: p.fingerprint for pid, p in previous.items()
+        unchanged = {pid: p for pid, p in previous.items()
                      if pid not in same_ids and (paths is None or p.source in paths)}
         return Work(keys=None, n_in=n_records, n_todo=n_records - len(same),
                     data=ChunkWork(fs, files, duplicates, unchanged, rejected, same_ids,
@@ -282,8 +282,10 @@ class ChunkStage(TableStage):
 
     def writer(self, plan: Plan, work: Work) -> IngestStage:
         job: ChunkJob = self.job
+        previous = work.data.unchanged  # carried by fingerprint, unless the source's bytes changed (IngestStage)
         return IngestStage(chunker=job.chunker, metadata_uri=job.metadata, duplicates=work.data.duplicates,
-                           store_text=job.store_text, unchanged=work.data.unchanged)
+                           store_text=job.store_text, unchanged={pid: p.fingerprint for pid, p in previous.items()},
+                           source_sha256={pid: p.source_sha256 for pid, p in previous.items() if p.source_sha256})
 
     def dataset(self, plan: Plan, work: Work, skip, ctx: StageContext):
         job: ChunkJob = self.job
@@ -293,7 +295,7 @@ class ChunkStage(TableStage):
         from .source import CorpusDatasource, read_corpus
 
         return read_corpus(CorpusDatasource(w.fs, w.files, plan.facts, job.max_paper_bytes,
-                                            parallelism=max(200, 4 * cpus())))
+                                            parallelism=max(200, 4 * cpus())), job.worker_restarts)
 
     def write_concurrency(self) -> int | None:
         return self.job.concurrency

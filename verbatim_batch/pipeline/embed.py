@@ -16,7 +16,7 @@ from ..runs import committed_table_dir, manifest_config
 from ..tables import embeddings_schema
 from .batches import drop_keys, strip_internal, with_counts
 from .model_actor import ModelActor, host
-from .resources import Cluster, Resources, ray_args
+from .resources import Cluster, Resources, ray_args, task_bounds
 from .runner import Plan, RunOptions, StageContext, TableStage, Work, run_stage
 
 if TYPE_CHECKING:
@@ -72,7 +72,8 @@ def embed_dataset(chunks: ray.data.Dataset, config, res: Resources, retries: int
                   cluster: Cluster | None = None) -> ray.data.Dataset:
     """Chunk rows -> embeddings rows (with internal count columns): tokenised in CPU tasks
     (``embed_tokenize``), then the forward pass alone on the model actors (the job's and ``api.embed``'s path)."""
-    ds = chunks.map_batches(embed_tokenize, batch_format="pyarrow", fn_kwargs={"config": config})
+    ds = chunks.map_batches(embed_tokenize, batch_format="pyarrow", fn_kwargs={"config": config},
+                            **task_bounds(res.restarts))
     return ds.map_batches(EmbedActor, **ray_args(res, EmbedActor, cluster, batch_format="pyarrow",
                                                  fn_constructor_kwargs={"config": config, "retries": retries}))
 
@@ -156,9 +157,11 @@ class EmbedStage(TableStage):
         job: EmbedJob = self.job
         import ray
 
-        ds = ray.data.read_parquet(plan.facts.chunks_dir).select_columns(list(EMBED_COLUMNS))
+        bounds = task_bounds(ctx.resources.restarts)
+        ds = ray.data.read_parquet(plan.facts.chunks_dir, ray_remote_args=bounds).select_columns(list(EMBED_COLUMNS))
         if len(skip):
-            ds = ds.map_batches(drop_keys, fn_kwargs={"column": "chunk_id", "keys": skip}, batch_format="pyarrow")
+            ds = ds.map_batches(drop_keys, fn_kwargs={"column": "chunk_id", "keys": skip}, batch_format="pyarrow",
+                                **bounds)
         return embed_dataset(ds, plan.facts.config, ctx.resources, job.batch_retries)
 
 

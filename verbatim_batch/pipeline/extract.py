@@ -29,7 +29,7 @@ from ..tables import PAIR_INPUT, PAIRS, REJECTS, SPANS
 from .batches import drop_keys, strip_internal, with_counts, with_retry_count
 from .model_actor import ModelActor, host, stage_failed
 from .pair_plan import query_blocks
-from .resources import Cluster, Resources, ray_args
+from .resources import Cluster, Resources, ray_args, task_bounds
 from .retrieve import read_queries
 from .runner import Outcome, Plan, RunOptions, StageContext, StageResult, TableStage, Work, run_stage
 
@@ -303,15 +303,16 @@ def _highlighter_stages(setup: ExtractSetup, pairs: ray.data.Dataset) -> ray.dat
     from ..extract.highlighter import host_describe
 
     cfg = setup.extractor
+    bounds = task_bounds(setup.resources.restarts)
     ds = pairs.map_batches(
         _highlight_tokenize, batch_format="pyarrow", batch_size=None,
-        fn_kwargs={"config": cfg, "max_chunk_chars": setup.max_chunk_chars})
+        fn_kwargs={"config": cfg, "max_chunk_chars": setup.max_chunk_chars}, **bounds)
     ds = ds.map_batches(HighlightForwardActor, **ray_args(
         setup.resources, HighlightForwardActor, setup.cluster, batch_format="pyarrow",
         fn_constructor_kwargs={"config": cfg, "retries": setup.retries}))
     return ds.map_batches(_highlight_spans, batch_format="pyarrow", batch_size=None,
                           fn_kwargs={"config": cfg, "run_id": setup.run_id, "info": host_describe(cfg),
-                                     "max_chunk_chars": setup.max_chunk_chars})
+                                     "max_chunk_chars": setup.max_chunk_chars}, **bounds)
 
 
 def pairs_dataset(pairs: pa.Table | ray.data.Dataset, batch_rows: int, query_grouped: bool) -> ray.data.Dataset:
@@ -375,9 +376,10 @@ def _vllm(setup: ExtractSetup, pairs: pa.Table | ray.data.Dataset) -> ray.data.D
     res = setup.resources.with_(cpus=helper_cpus(cfg, cluster.cpus))
     blocks = pairs_dataset(pairs, max(res.batch_rows, IO_BLOCK_PAIRS), query_grouped=True)  # as the planner's
     args = {"config": cfg, "run_id": setup.run_id, "max_chunk_chars": setup.max_chunk_chars}
-    requests = blocks.map_batches(request_rows, fn_kwargs=args, batch_format="pyarrow", batch_size=None)
-    bad = blocks.map_batches(invalid_pairs, fn_kwargs=args, batch_format="pyarrow", batch_size=None)
-    ds = vllm_dataset(requests, cfg, res.cpus).map_batches(LLMInterpret, **ray_args(
+    bounds = task_bounds(res.restarts)
+    requests = blocks.map_batches(request_rows, fn_kwargs=args, batch_format="pyarrow", batch_size=None, **bounds)
+    bad = blocks.map_batches(invalid_pairs, fn_kwargs=args, batch_format="pyarrow", batch_size=None, **bounds)
+    ds = vllm_dataset(requests, cfg, res.cpus, res.restarts).map_batches(LLMInterpret, **ray_args(
         res, LLMInterpret, cluster, batch_format="pyarrow",
         fn_constructor_kwargs={"config": cfg, "run_id": setup.run_id}))
     return ds.union(bad)

@@ -100,6 +100,8 @@ def write_data_files(table: Any, name: str, night: str, files: list[str], job: P
 
     from .iceberg_sink import DataFilesSink
     from .ray_env import init_ray
+    from .resources import task_bounds
+    from .restarts import Restarting
 
     sink = DataFilesSink(table)
     if job is None:
@@ -108,9 +110,11 @@ def write_data_files(table: Any, name: str, night: str, files: list[str], job: P
     init_ray(job.address, job.num_cpus)
     fs, first = storage.resolve(files[0])
     paths = [first] + [storage.resolve(f)[1] for f in files[1:]]
-    ds = ray.data.read_parquet(paths, filesystem=fs)
-    ds = ds.map_batches(conform, batch_format="pyarrow", batch_size=None, fn_kwargs={"name": name, "night": night})
-    ds.write_datasink(sink)
+    bounds = task_bounds(Restarting.worker_restarts)  # retried a bounded number of times, as a stage's tasks
+    ds = ray.data.read_parquet(paths, filesystem=fs, ray_remote_args=bounds)
+    ds = ds.map_batches(conform, batch_format="pyarrow", batch_size=None, fn_kwargs={"name": name, "night": night},
+                        **bounds)
+    ds.write_datasink(sink, ray_remote_args=bounds)
     return sink.data_files
 
 

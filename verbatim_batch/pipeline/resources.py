@@ -96,6 +96,14 @@ class Cluster:
         return cls(ray_env.cpus(), ray_env.gpus(), user_pipeline)
 
 
+def task_bounds(restarts: int) -> dict[str, int]:
+    """The Ray arguments that bound a stage's plain tasks beside its actors (reads, tokenizing, post-processing,
+    writes): ``max_retries``, where Ray Data's tasks retry forever (``max_retries=-1``), so a task the kernel's
+    OOM killer ends on every attempt would loop without a word. Resources stay Ray Data's own."""
+    _quiet_bounds_warning()
+    return {"max_retries": restarts}
+
+
 def ray_args(res: Resources, fn: Any = None, cluster: Cluster | None = None, **kwargs: Any) -> dict[str, Any]:
     """The Ray arguments of ``res`` on ``cluster`` (default: ``Cluster.current()``), merged into ``kwargs``:
 

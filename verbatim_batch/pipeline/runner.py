@@ -67,6 +67,7 @@ from ..telemetry import accounting, perf, session
 from ..telemetry.options import MetricsOptions
 from .progress import Progress
 from .ray_env import init_ray
+from .resources import task_bounds
 from .restarts import Restarting
 from .sink import TableSinkResult, carry_rows, compact, no_counts, sum_live_files, write_files_index
 from .worker_faults import stopped
@@ -374,6 +375,14 @@ def run_stage(stage: Stage) -> tuple[str, dict[str, Any]]:
         perf.discard(window)
 
 
+def _restarts(job: Any, resources: Any) -> int:
+    """The bound on a stage's lost tasks: its resolved resources', else the job's ``--worker-restarts``."""
+    if resources is not None:
+        return resources.restarts
+    restarts = getattr(job, "worker_restarts", None)
+    return Restarting.worker_restarts if restarts is None else restarts
+
+
 def _run(stage: Stage, output: str, window: perf.Window | None, t0: float) -> tuple[str, dict[str, Any]]:
     job = stage.job
     plan = stage.plan()
@@ -496,7 +505,8 @@ def _run_table_stage(stage: TableStage, plan: Plan, ctx: StageContext) -> StageR
         rows = stage.dataset(plan, work, skip, ctx)
         with Progress(stage.command, ctx.staging, todo, unique=work.keys is not None):  # rows done/total, ETA
             if hasattr(rows, "write_datasink"):
-                rows.write_datasink(sink, concurrency=stage.write_concurrency())
+                rows.write_datasink(sink, concurrency=stage.write_concurrency(),
+                                    ray_remote_args=task_bounds(_restarts(job, ctx.resources)))
             else:
                 for table in rows:
                     sink.write([table], None)

@@ -12,6 +12,7 @@ from ray.data.block import BlockMetadata
 from .. import corpus
 from ..faults import fault_point
 from .listing import balanced_groups, duplicate_winners
+from .resources import task_bounds
 
 
 class CorpusDatasource(Datasource):
@@ -69,16 +70,19 @@ class CorpusDatasource(Datasource):
         ]
 
 
-def read_corpus(source: CorpusDatasource) -> ray.data.Dataset:
-    return ray.data.read_datasource(source, override_num_blocks=len(source.groups))
+def read_corpus(source: CorpusDatasource, restarts: int) -> ray.data.Dataset:
+    """The corpus as a Ray dataset: one read task per group of files, retried ``restarts`` times (the job's
+    ``--worker-restarts``; Ray Data's own read tasks retry forever)."""
+    return ray.data.read_datasource(source, override_num_blocks=len(source.groups),
+                                    ray_remote_args=task_bounds(restarts))
 
 
 def record_duplicates(fs: pafs.FileSystem, files: list[corpus.SourceFile], fmt: str,
-                      max_paper_bytes: int) -> tuple[dict[str, str], int]:
+                      max_paper_bytes: int, restarts: int) -> tuple[dict[str, str], int]:
     """``({paper_id: winning source}, number of records)`` of a Parquet or JSONL corpus, by a Ray read of the ids
     alone (Parquet reads one column, JSONL parses its lines once more); the first source in path order wins,
     and a record the reader already rejected never wins over a good one."""
-    ds = read_corpus(CorpusDatasource(fs, files, fmt, max_paper_bytes, ids_only=True))
+    ds = read_corpus(CorpusDatasource(fs, files, fmt, max_paper_bytes, ids_only=True), restarts)
     return duplicate_winners(
         (None if err else pid, src)
         for batch in ds.select_columns(["paper_id", "source", "error"]).iter_batches(batch_format="pyarrow")
