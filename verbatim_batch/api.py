@@ -164,7 +164,7 @@ def _chunk(papers: ray.data.Dataset, config: ChunkerConfig, *, store_text: bool 
            batch_size: int = 64) -> ray.data.Dataset:
     # Tasks, not actors: chunking loads nothing, and a task gives its CPU back after each batch.
     return papers.map_batches(_chunk_papers, fn_kwargs={"chunker": config, "store_text": store_text},
-                              batch_format="pyarrow", batch_size=batch_size)
+                              batch_format="pyarrow", batch_size=batch_size, **_bounds())
 
 
 def chunk(papers: ray.data.Dataset, chunker: ChunkerConfig | None = None, *, store_text: bool = True,
@@ -174,6 +174,14 @@ def chunk(papers: ray.data.Dataset, chunker: ChunkerConfig | None = None, *, sto
     _check_config("chunk", chunker := chunker or ChunkerConfig())
     return build_processor(chunker, preprocess=preprocess, postprocess=postprocess,
                            store_text=store_text, batch_size=batch_size)(papers)
+
+
+def _bounds() -> dict[str, int]:
+    """A processor's plain tasks retry as a stage's do (``--worker-restarts``' default), not forever."""
+    from .pipeline.resources import task_bounds
+    from .pipeline.restarts import Restarting
+
+    return task_bounds(Restarting.worker_restarts)
 
 
 def _user_pipeline() -> Cluster:
@@ -189,7 +197,7 @@ def _embed(chunks: ray.data.Dataset, config: EmbedderConfig, *, batch_rows: int 
     res = EmbedStage.resources.with_(batch_rows=batch_rows, actors=concurrency)
     ds = embed_dataset(chunks, config, res,  # embed_tokenize keeps the columns it reads
                        cluster=_user_pipeline())
-    return ds.map_batches(strip_internal_batch, batch_format="pyarrow", batch_size=None)
+    return ds.map_batches(strip_internal_batch, batch_format="pyarrow", batch_size=None, **_bounds())
 
 
 def embed(chunks: ray.data.Dataset, config: EmbedderConfig | None = None, *, batch_rows: int = EmbedJob.batch_rows,
@@ -285,8 +293,9 @@ def _extract(pairs: ray.data.Dataset, config: Any, *, batch_rows: int = ExtractJ
     # the caller's rows come in any order: batches of batch_rows rows, not the job's blocks of whole queries
     res = PLACEMENT_RESOURCES[where].with_(batch_rows=batch_rows, actors=concurrency, whole_blocks=False)
     setup = ExtractSetup(config, res, "api", cluster=_user_pipeline())
-    ds = pairs.map_batches(_pairs_of, batch_format="pyarrow", batch_size=batch_rows)
-    return PLACEMENTS[where](setup, ds).map_batches(_rows_of, batch_format="pyarrow", batch_size=None)
+    ds = pairs.map_batches(_pairs_of, batch_format="pyarrow", batch_size=batch_rows, **_bounds())
+    return PLACEMENTS[where](setup, ds).map_batches(_rows_of, batch_format="pyarrow", batch_size=None,
+                                                    **_bounds())
 
 
 def extract(pairs: ray.data.Dataset, config: Any = None, *, batch_rows: int = ExtractJob.batch_rows,
