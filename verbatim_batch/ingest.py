@@ -43,6 +43,10 @@ class IngestStage:
     # paper_id -> paper_fingerprint of an earlier run: a paper that still matches is not chunked again
     # but listed in the "unchanged" table, for the job to carry its earlier rows
     unchanged: dict[str, str] = field(default_factory=dict)
+    # paper_id -> sha256 of the source bytes that earlier run recorded: a paper whose bytes changed is chunked
+    # again even when its text normalises to the same (LF -> CRLF with --normalize crlf), so that its row records
+    # the bytes it has now, as a run from scratch does (a carried row kept the old ones, and was read every night)
+    source_sha256: dict[str, str] = field(default_factory=dict)
 
     def __call__(self, batch: pa.Table) -> dict[str, pa.Table]:
         meta = load_metadata(self.metadata_uri) if self.metadata_uri else {}
@@ -88,7 +92,8 @@ class IngestStage:
             if problem:
                 quarantine(pid, source, problem, n_bytes, raw)
                 continue
-            if self.unchanged and pid in self.unchanged:
+            raw_sha = hashlib.sha256(raw).hexdigest()
+            if self.unchanged and pid in self.unchanged and self.source_sha256.get(pid, raw_sha) == raw_sha:
                 try:
                     norm = corpus.normalize_text(text, self.chunker.normalization)
                     meta_row = meta.get(pid, (None,) * 6)
@@ -119,7 +124,7 @@ class IngestStage:
             paper_flags = sorted({f for c in paper_chunks for f in c.flags if f in ("unclosed_fence",)}
                                  | ({"crlf"} if "\r\n" in text else set()))
             for key, value in (
-                ("paper_id", pid), ("source", source), ("source_sha256", hashlib.sha256(raw).hexdigest()),
+                ("paper_id", pid), ("source", source), ("source_sha256", raw_sha),
                 ("sha256", sha), ("n_bytes", len(encoded)),
                 ("n_chars", len(text)), ("n_chunks", len(paper_chunks)), ("title", title),
                 ("authors", authors), ("year", year), ("venue", venue), ("url", url),
