@@ -175,8 +175,9 @@ def cmd_nightly(args: argparse.Namespace) -> int:
         print_published(manifest["published"])
     if storage.is_remote(job.root):  # object stores have no `current` symlink: CURRENT names the run
         print(f"  load the current span table: verbatim_batch.runs.current_table('{job.root}', 'spans')")
-    else:
-        print(f"  load the current span table: pandas.read_parquet('{os.path.join(job.root, 'current/spans/spans')}')")
+    else:  # the night's own folder, not ROOT/current/...: a reader listing through the link while the next
+        #     night moves it would open files of another night (FileNotFoundError)
+        print(f"  load this night's span table: pandas.read_parquet('{os.path.join(path, 'spans', 'spans')}')")
     return 0
 
 

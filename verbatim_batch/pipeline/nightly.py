@@ -19,10 +19,11 @@ same, and pairs extracted when their query, chunk or the extractor changed. Ever
 under the run's id, so rerunning with ``--run-id`` after a crash skips the stages already committed
 and the completed writes of the one that was interrupted.
 
-Readers load the current span table with one call::
+Readers load the current span table with one call, which reads ``CURRENT`` once and then the immutable run
+folder it names (reading through the ``current`` link lists and opens through it separately, so a commit
+between the two would mix nights)::
 
-    pandas.read_parquet("ROOT/current/spans/spans")
-    duckdb.sql("SELECT * FROM 'ROOT/current/spans/spans/*.parquet'")
+    verbatim_batch.runs.current_table("ROOT", "spans")
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 
 RUNS_DIR = "runs"
 CURRENT_FILE = "CURRENT"  # the current run's id, for object stores and scripts
-CURRENT_LINK = "current"  # symlink to runs/<id>: pd.read_parquet("ROOT/current/spans/spans")
+CURRENT_LINK = "current"  # symlink to runs/<id>: resolve it once (os.path.realpath) before reading through it
 
 
 def current_run(root: str) -> str | None:
