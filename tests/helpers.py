@@ -1,9 +1,9 @@
 """Helpers shared by several test modules (no test module imports another: they import from here).
 
 Other shared modules beside this one: llmserver.py (a real OpenAI-compatible server), s3server.py (moto's S3
-server on loopback), raycluster.py (a local multi-node Ray cluster) and chain_digest.py (digests of a chain's
-tables). Heavy imports (torch, transformers) stay inside the functions that need them, so that importing this
-module costs nothing.
+server on loopback), raycluster.py (a local multi-node Ray cluster), chain_digest.py (digests of a chain's
+tables) and docblocks.py (the guide's fenced code blocks and shell command lines). Heavy imports (torch,
+transformers) stay inside the functions that need them, so that importing this module costs nothing.
 """
 
 from __future__ import annotations
@@ -179,6 +179,24 @@ def tiny_model_dir(path: Path, arch: str, pooling: str | None = None) -> Path:
             "pooling_mode_cls_token": pooling == "cls",
             "pooling_mode_mean_tokens": pooling == "mean",
         }))
+    return path
+
+
+def make_cross_encoder(path: Path, num_labels: int = 1, seed: int = 0) -> Path:
+    """A tiny random BERT sequence classifier with the bundled MiniLM tokenizer, saved as safetensors."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    from verbatim_batch.embed import DEFAULT_MODEL
+
+    torch.manual_seed(seed)
+    cfg = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=128, num_labels=num_labels)
+    model = BertForSequenceClassification(cfg)
+    with torch.no_grad():  # spread the scores so that they differ between pairs
+        model.classifier.weight.mul_(50.0)
+    model.save_pretrained(str(path))
+    AutoTokenizer.from_pretrained(DEFAULT_MODEL).save_pretrained(str(path))
     return path
 
 

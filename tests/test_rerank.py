@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers import make_cross_encoder
 
 from verbatim_batch.runs import build_manifest, read_manifest, read_table
 from verbatim_batch.tables import RERANKED, RETRIEVAL
@@ -27,24 +28,6 @@ PAPERS = {
            "Retrieval uses BM25 and a dense encoder fused by reciprocal ranks."],
 }
 QUERIES = {"qa": "how much did results improve", "qb": "annotator agreement kappa", "qc": "which retrieval model"}
-
-
-def make_cross_encoder(path: Path, num_labels: int = 1, seed: int = 0) -> Path:
-    """A tiny random BERT sequence classifier with the bundled MiniLM tokenizer, saved as safetensors."""
-    import torch
-    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
-
-    from verbatim_batch.embed import DEFAULT_MODEL
-
-    torch.manual_seed(seed)
-    cfg = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                     intermediate_size=64, max_position_embeddings=128, num_labels=num_labels)
-    model = BertForSequenceClassification(cfg)
-    with torch.no_grad():  # spread the scores so that they differ between pairs
-        model.classifier.weight.mul_(50.0)
-    model.save_pretrained(str(path))
-    AutoTokenizer.from_pretrained(DEFAULT_MODEL).save_pretrained(str(path))
-    return path
 
 
 @pytest.fixture(scope="module")
