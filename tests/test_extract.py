@@ -264,6 +264,21 @@ def test_highlighter_windows_cover_long_pairs(tiny):
     assert res.relevance == pytest.approx(float(long.probs.max()))
 
 
+def test_a_512_position_model_runs_under_the_default_window_options(tiny_dir):
+    """A model whose positions (512, as BERT-base) are below the configured window (8192 by default): the stride
+    and the query's share shrink with its window, where the defaults used to leave "no room for context"."""
+    hl = Highlighter(HighlighterConfig(model=str(tiny_dir), token_budget=4096))
+    assert hl.max_length == 512 and hl.host.stride == 64 and hl.host.max_query_tokens == 128
+    long_chunk = CHUNK * 12  # about 4,800 characters: more than one 512-token window
+    scores = hl.token_scores(["what improved"], [long_chunk])[0]
+    assert scores.n_windows > 1
+    assert "".join(long_chunk[s:e] for s, e in scores.segments) == "".join(long_chunk.split())
+    fits = Highlighter(HighlighterConfig(model=str(tiny_dir), max_length=256, stride=32, max_query_tokens=64))
+    assert (fits.host.stride, fits.host.max_query_tokens) == (32, 64)  # a window that fits is left as configured
+    with pytest.raises(ValueError, match="pass a --stride below 256"):
+        HighlighterConfig(model=str(tiny_dir), max_length=512)
+
+
 def test_highlighter_batching_does_not_change_results(tiny):
     queries = ["what improved", "table", "how many sentences", "crf"]
     chunks = [CHUNK, CHUNK[:120], CHUNK * 2, "The CRF layer helps."]

@@ -93,7 +93,8 @@ class HighlighterConfig(Declared):
     def __post_init__(self) -> None:
         super().__post_init__()  # the declared bounds and choices
         if not 0 <= self.stride < self.max_length // 2:
-            raise ValueError(f"stride must be in [0, max_length / 2), got {self.stride}")
+            raise ValueError(f"stride must be in [0, max_length / 2), got {self.stride}: with --max-length "
+                             f"{self.max_length}, pass a --stride below {self.max_length // 2}")
         if self.max_query_tokens is None:
             object.__setattr__(self, "max_query_tokens", min(512, self.max_length // 4))
         if not 0 < self.max_query_tokens < self.max_length - self.stride - 8:
@@ -195,22 +196,30 @@ class HighlighterTokenizer:
             raise ValueError(f"{portable_model_id(config.model)}: a fast tokenizer (with offsets) is required")
         positions = getattr(mconf, "max_position_embeddings", None)
         self.max_length = min(config.max_length, positions or config.max_length)
-        if self.max_length - config.stride - config.max_query_tokens < 8:
-            raise ValueError(f"max_length {self.max_length} leaves no room for context after the query")
+        self.stride, self.max_query_tokens = config.stride, config.max_query_tokens
+        if self.max_length - self.stride - self.max_query_tokens < 8 and self.max_length < config.max_length:
+            # the model's own position limit is below the configured window (a 512-position encoder under the
+            # 8192-token defaults): the stride and the query's share shrink with the window, as the config derives
+            # them for a --max-length of its own; a window that already fits is left exactly as configured
+            self.stride = min(self.stride, self.max_length // 8)
+            self.max_query_tokens = min(self.max_query_tokens, self.max_length // 4)
+        if self.max_length - self.stride - self.max_query_tokens < 8:
+            raise ValueError(f"max_length {self.max_length} leaves no room for context after a query of up to "
+                             f"{self.max_query_tokens} tokens and a stride of {self.stride}: lower --stride")
         self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self._backends = self._private_backends()
 
     def windows(self, queries: Sequence[str], chunks: Sequence[str]):
         """Tokenise pairs into overlapping windows; returns the ok pairs, the encodings and per-pair query errors."""
         q_lens = [len(ids) for ids in self.tokenizer(list(queries), add_special_tokens=False)["input_ids"]]
-        ok = [i for i, n in enumerate(q_lens) if n <= self.config.max_query_tokens]
+        ok = [i for i, n in enumerate(q_lens) if n <= self.max_query_tokens]
         enc = self.tokenizer(
             [queries[i] for i in ok], [chunks[i] for i in ok], truncation="only_second",
-            max_length=self.max_length, stride=self.config.stride, return_overflowing_tokens=True,
+            max_length=self.max_length, stride=self.stride, return_overflowing_tokens=True,
             return_offsets_mapping=True, padding=False,
         ) if ok else None
-        too_long = {i: f"query_too_long: {q_lens[i]} tokens > {self.config.max_query_tokens}"
-                    for i in range(len(queries)) if q_lens[i] > self.config.max_query_tokens}
+        too_long = {i: f"query_too_long: {q_lens[i]} tokens > {self.max_query_tokens}"
+                    for i in range(len(queries)) if q_lens[i] > self.max_query_tokens}
         return ok, enc, too_long
 
     def _private_backends(self):
@@ -246,7 +255,7 @@ class HighlighterTokenizer:
 
     def _from_backends(self, backends, queries: Sequence[str], chunks: Sequence[str]) -> EncodedPairs:
         q_tok, pair_tok = backends
-        limit = self.config.max_query_tokens
+        limit = self.max_query_tokens
         q_lens = [len(e) for e in q_tok.encode_batch(list(queries), add_special_tokens=False)]
         errors = [f"query_too_long: {n} tokens > {limit}" if n > limit else None for n in q_lens]
         ok = [i for i, e in enumerate(errors) if e is None]
