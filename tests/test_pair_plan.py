@@ -216,7 +216,11 @@ def test_vllm_extract_forms_requests_in_tasks_from_planned_blocks(ray_local, run
     def no_gather(self, skip=None):
         raise AssertionError("the vLLM path gathered every pair on the driver")
 
-    def engine(requests, config, helper_cpus_each=None):
+    bounds = []
+
+    def engine(requests, config, helper_cpus_each=None, restarts=None):
+        bounds.append(restarts)
+
         def answer(block: pa.Table) -> pa.Table:
             texts = []
             for chunks, members in zip(block["chunks"].to_pylist(), block["pairs_json"].to_pylist(), strict=True):
@@ -235,6 +239,7 @@ def test_vllm_extract_forms_requests_in_tasks_from_planned_blocks(ray_local, run
     job = ex.ExtractJob(**{**job.__dict__, "extractor": LLMConfig(model="org/model", backend="vllm",
                                                                   docs_per_request=2)})
     out, manifest = ex.run_extract(job)
+    assert bounds == [job.worker_restarts]  # the engine's actors get the job's bound (extract.vllm.bound_processor)
     want = ex.build_pairs(job).sort_by("pair_id")
     got = read_table(out, "pairs").sort_by("pair_id")
     assert got["pair_id"].to_pylist() == want["pair_id"].to_pylist() and got.num_rows == 23
