@@ -51,11 +51,15 @@ import numpy as np  # noqa: E402
 from devsets import DEFAULT_DEVSETS, FILES, load_devsets  # noqa: E402
 
 from verbatim_batch.evaluate import load_gold  # noqa: E402
-from verbatim_batch.extract.semantic import SemanticConfig, SemanticExtractor  # noqa: E402
+from verbatim_batch.extract.semantic import SemanticConfig, SemanticExtractor, _unit_evidence  # noqa: E402
 from verbatim_batch.metrics import _covered_words, word_spans  # noqa: E402
 
 HELDOUT = ROOT / "benchmarks" / "gold" / "seeds-heldout.jsonl"
-RETRIEVED = ("seeds-dev-retrieved", "seeds-dev-retrieved-broad", "seeds-heldout")
+QUESTIONS = ROOT / "benchmarks" / "gold" / "seeds-dev-questions.tsv"  # each dev query asked as a question
+ASKED = " (questions)"  # suffix of a dev file's question form
+DEV = FILES + tuple(f + ASKED for f in FILES)  # the files the rule picks on: both annotation and query styles
+RETRIEVED = ("seeds-dev-retrieved", "seeds-dev-retrieved-broad", "seeds-dev-retrieved" + ASKED,
+             "seeds-dev-retrieved-broad" + ASKED, "seeds-heldout")
 DEFAULT = SemanticConfig(device="cpu")
 BOOT = 2000
 GRID = {
@@ -201,17 +205,67 @@ def row_figures(name: str, data: Data, preds: list, boots: dict, base_counts: di
 
 
 def pick(grid_counts: list[dict], base_counts: dict, data: Data, papers: list[int]) -> int:
-    """On ``papers``, the setting whose smallest gain over the current default across the dev files is largest;
-    then the best mean F1 over the dev files."""
+    """On ``papers``, the setting whose smallest gain over the current default across the dev files (``DEV``: both
+    annotation styles, each with its keyword queries and asked as questions) is largest; then the best mean F1."""
     best, best_key = 0, None
-    masks = {f: np.isin(data.paper[f], papers) for f in FILES}
-    base = {f: f1_rows(base_counts[f], masks[f]) for f in FILES}
+    masks = {f: np.isin(data.paper[f], papers) for f in DEV}
+    base = {f: f1_rows(base_counts[f], masks[f]) for f in DEV}
     for i, counts in enumerate(grid_counts):
-        figs = {f: f1_rows(counts[f], masks[f]) for f in FILES}
-        key = (round(min(figs[f] - base[f] for f in FILES), 6), round(float(np.mean(list(figs.values()))), 6))
+        figs = {f: f1_rows(counts[f], masks[f]) for f in DEV}
+        key = (round(min(figs[f] - base[f] for f in DEV), 6), round(float(np.mean(list(figs.values()))), 6))
         if best_key is None or key > best_key:
             best, best_key = i, key
     return best
+
+
+def questions(path: Path) -> dict[str, str]:
+    """Keyword query -> the same information need asked as a question (``seeds-dev-questions.tsv``)."""
+    out = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            query, question = line.split("\t")
+            out[query] = question
+    return out
+
+
+def combined(s, config: SemanticConfig) -> np.ndarray:
+    """A pair's unit scores as the extractor ranks them (``semantic._unit_evidence``), -inf where a unit may not be
+    evidence."""
+    score, eligible = _unit_evidence(s, config)
+    return np.where(eligible, score, -np.inf)
+
+
+def ceiling(ex: SemanticExtractor, data: Data, scored: list, config: SemanticConfig) -> dict[str, dict]:
+    """How far the signals can take any selection rule, per file, on its relevant pairs: how often each signal
+    (and their mix) ranks a unit that overlaps a gold span first in its chunk; and word F1 with perfect abstention
+    (nothing on irrelevant pairs) when a relevant pair gets (a) its best unit alone, (b) what the current selection
+    gives it."""
+    signals = ("unit", "lexical", "paragraph", "context")
+    out = {}
+    sel = predict(ex, config, scored, data)
+    for f in data.files:
+        hits: dict[str, list[bool]] = {n: [] for n in (*signals, "mixed")}
+        top1: list = [[] for _ in data.pairs]
+        with_sel: list = [[] for _ in data.pairs]
+        for k, g in zip(data.rows[f], data.golds[f], strict=True):
+            s = scored[k]
+            if not g["gold_spans"] or not s.segments:
+                continue
+            good = np.array([any(a < e and st < b for st, e in g["gold_spans"]) for a, b in s.segments])
+            if not good.any():
+                continue
+            mixed = combined(s, config)
+            for n in signals:
+                arr = getattr(s, n) if getattr(s, n) is not None else s.unit
+                hits[n].append(bool(good[int(np.argmax(np.where(np.isfinite(mixed), arr, -np.inf)))]))
+            hits["mixed"].append(bool(good[int(np.argmax(mixed))]))
+            top1[k] = [s.segments[int(np.argmax(mixed))]]
+            with_sel[k] = sel[k]
+        out[f] = {"relevant_pairs": len(hits["mixed"]),
+                  "first_unit_in_gold": {n: round(float(np.mean(v)), 3) for n, v in hits.items()},
+                  "perfect_abstention_best_unit_f1": round(f1_rows(data.counts(top1)[f]), 4),
+                  "perfect_abstention_current_selection_f1": round(f1_rows(data.counts(with_sel)[f]), 4)}
+    return out
 
 
 def fmt(r: dict, files) -> str:
@@ -227,6 +281,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--devsets", default=str(DEFAULT_DEVSETS), help="folder with the four seeds-dev*.jsonl files")
     ap.add_argument("--heldout", default=str(HELDOUT))
+    ap.add_argument("--questions", default=str(QUESTIONS), help="each dev query and the same need asked as a "
+                    "question (tab-separated)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--cache", default=None, help="pickle of the unit signals: written on the first run, then read "
                     "(the selection grid reruns in seconds)")
@@ -250,6 +306,11 @@ def main(argv=None) -> int:
             raw[f] = [None] * len(rows)
     raw["seeds-heldout"] = [json.loads(line).get("rank") for line in Path(args.heldout).read_text().splitlines()
                             if line.strip()]
+    asked = questions(Path(args.questions))
+    for f in FILES:  # the same pairs and gold spans, each query asked as a question
+        golds[f + ASKED] = [dict(g, query=asked[g["query"]]) for g in golds[f]]
+        raw[f + ASKED] = raw[f]
+    golds = {f: golds[f] for f in (*DEV, "seeds-heldout")}
     data = Data(golds, raw)
     files = data.files
     timing = {}
@@ -316,7 +377,7 @@ def main(argv=None) -> int:
     pick_row = row_figures("the rule's pick on all four papers (in sample)", data, grid_preds[chosen], boots,
                            base_counts)
     rows += [pick_row, cv]
-    accepted = all(cv["files"][f]["diff"] > 0 for f in FILES)
+    accepted = all(cv["files"][f]["diff"] > 0 for f in DEV)
     # the per-query selection alone, on the current default otherwise (each grid point of it)
     query_rows = []
     for qm, qt, rw, qs in GRID["query"][1:]:
@@ -332,6 +393,13 @@ def main(argv=None) -> int:
     print("abstention on irrelevant pairs, current default / CV: " + ", ".join(
         f"{f} {rows[0]['files'][f]['abstention_irrelevant']} / {cv['files'][f]['abstention_irrelevant']}"
         for f in files))
+    limits = ceiling(ex, data, scored, DEFAULT)
+    print("\nwhat the signals allow, relevant pairs: the first unit overlaps gold (unit / lexical / paragraph / "
+          "context / mixed); word F1 with perfect abstention: best unit alone, current selection")
+    for f, c in limits.items():
+        hit = " / ".join(f"{v:.2f}" for v in c["first_unit_in_gold"].values())
+        print(f"| {f} | {c['relevant_pairs']} | {hit} | {c['perfect_abstention_best_unit_f1']:.3f} | "
+              f"{c['perfect_abstention_current_selection_f1']:.3f} |")
     print(f"\nrule's pick on all papers: {describe(grid[chosen])}")
     for fold in folds:
         print(f"  fold {fold['held_out']}: {fold['config']}")
@@ -344,7 +412,7 @@ def main(argv=None) -> int:
         "pairs": len(data.pairs), "papers": data.papers, "bootstrap": {"resamples": BOOT, "seed": 0,
                                                                        "unit": "query (retrieved files), row"},
         "rows": rows, "per_query_rows": query_rows, "pick_all_papers": describe(grid[chosen]), "folds": folds,
-        "accepted": accepted, "grid": {k: [list(v) if isinstance(v, tuple) else v for v in vs]
+        "accepted": accepted, "ceiling": limits, "grid": {k: [list(v) if isinstance(v, tuple) else v for v in vs]
                                        for k, vs in GRID.items()},
         "grid_size": len(grid), "timing_s": timing,
     }

@@ -34,3 +34,24 @@ def test_heldout_gold_is_verbatim_and_well_formed():
     assert len(irrelevant) >= 20 and any(all(not x["relevant"] for x in raw if x["query"] == q) for q in queries)
     for q in queries:  # rows of a query: its retrieved chunks, ranks 1..k in order
         assert [r["rank"] for r in raw if r["query"] == q] == list(range(1, 1 + sum(r["query"] == q for r in raw)))
+
+
+QUESTIONS = GOLD.with_name("seeds-dev-questions.tsv")
+DEVSETS = Path(__file__).resolve().parents[2] / "shared" / "devsets"
+
+
+def test_dev_queries_asked_as_questions_are_one_each_and_apart_from_the_heldout():
+    """benchmarks/gold/seeds-dev-questions.tsv: each dev file's keyword query once, with the same need asked as a
+    question (what bench_defaults_cv.py tunes and reports on); none of them a held-out question."""
+    lines = [line.split("\t") for line in QUESTIONS.read_text(encoding="utf-8").splitlines() if line.strip()]
+    assert all(len(parts) == 2 for parts in lines)
+    asked = dict(lines)
+    assert len(asked) == len(lines) >= 100  # one question per query
+    assert all(q.endswith("?") and q[0].isupper() and q != k for k, q in asked.items())
+    heldout = {json.loads(line)["query"] for line in GOLD.read_text(encoding="utf-8").splitlines() if line.strip()}
+    assert not heldout & set(asked.values())
+    files = sorted(DEVSETS.glob("seeds-dev*.jsonl"))
+    if files:  # the dev files (beside the repository, not in it): exactly their queries
+        dev = {json.loads(line)["query"] for f in files for line in f.read_text(encoding="utf-8").splitlines()
+               if line.strip()}
+        assert set(asked) == dev
