@@ -1,5 +1,6 @@
 """Semantic extractor defaults by cross-validation (issue 42): every candidate judged out of fold, with bootstrap
-confidence intervals, on the four dev files and beside them the held-out gold file that is never tuned on.
+confidence intervals, on the four dev files (and their question twins) and beside them the held-out gold file that
+is never tuned on.
 
     .venv/bin/python benchmarks/bench_defaults_cv.py --json benchmarks/results-defaults-cv.json
 
@@ -9,6 +10,11 @@ README). Retrieved files (``seeds-dev-retrieved*``: three rows per query in rank
 ``rank`` per row) are extracted as the extract stage does for a retrieval run: each query's pairs together, with
 their ranks (``SemanticExtractor.select``); ``seeds-dev`` (hand-picked pairs) pair by pair.
 
+* **Both query styles**: each dev file also as its twin "(questions)": the same pairs and gold spans with each
+  keyword query asked as a question (``benchmarks/gold/seeds-dev-questions.tsv``), so the query's phrasing is
+  measured apart from the papers and the annotators. The rule picks on all eight.
+* **What the signals allow** (``ceiling``): on relevant pairs, how often each signal ranks a gold unit first, and
+  word F1 with perfect abstention: the ranking that every selection setting starts from.
 * **Unit signals once**: the MiniLM signals of every pair are computed once (and once more with the non-body
   units kept, for that ablation); each setting re-runs only the selection.
 * **Ablations of f84913e** (issue 35's change): the current default with one part of that change undone at a
@@ -17,7 +23,7 @@ their ranks (``SemanticExtractor.select``); ``seeds-dev`` (hand-picked pairs) pa
   interval of its difference to the current default.
 * **Cross-validation**: a grid of selection settings (weights, threshold, margin, paragraph select, and the
   per-query selection: ``query_margin``, ``query_threshold``, ``rank_weight``). Leave one paper out: on the
-  other three papers the rule picks the setting whose smallest gain over the current default across the four
+  other three papers the rule picks the setting whose smallest gain over the current default across the eight
   dev files is largest (then the best mean); it predicts the held-out paper. The four held-out parts scored
   together are the CV figure of the *procedure*. A change of the default is accepted only when the CV figure
   beats the current default on every dev file.
@@ -236,7 +242,7 @@ def combined(s, config: SemanticConfig) -> np.ndarray:
 
 
 def ceiling(ex: SemanticExtractor, data: Data, scored: list, config: SemanticConfig) -> dict[str, dict]:
-    """How far the signals can take any selection rule, per file, on its relevant pairs: how often each signal
+    """What the signals leave a selection rule, per file, on its relevant pairs: how often each signal
     (and their mix) ranks a unit that overlaps a gold span first in its chunk; and word F1 with perfect abstention
     (nothing on irrelevant pairs) when a relevant pair gets (a) its best unit alone, (b) what the current selection
     gives it."""
