@@ -301,6 +301,9 @@ def main(argv=None) -> int:
     ap.add_argument("--questions", default=str(QUESTIONS), help="each dev query and the same need asked as a "
                     "question (tab-separated)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--write-twins", metavar="DIR", default=None, help="only write each dev file's question twin "
+                    "to DIR as <file>-questions.jsonl (the dev files' format), for `verbatim-batch evaluate --gold` "
+                    "with any extractor, and stop")
     ap.add_argument("--cache", default=None, help="pickle of the unit signals: written on the first run, then read "
                     "(the selection grid reruns in seconds)")
     args = ap.parse_args(argv)
@@ -309,9 +312,17 @@ def main(argv=None) -> int:
         return 2
     golds["seeds-heldout"] = load_gold(args.heldout)
     raw = {}
+    asked = questions(Path(args.questions))
     for f in FILES:
         rows = [json.loads(line) for line in (Path(args.devsets) / f"{f}.jsonl").read_text().splitlines()
                 if line.strip()]
+        if args.write_twins:
+            out = Path(args.write_twins)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / f"{f}-questions.jsonl").write_text("".join(
+                json.dumps(dict(row, query=asked[row["query"]]), ensure_ascii=False) + "\n" for row in rows),
+                encoding="utf-8")
+            continue
         if f in RETRIEVED:  # three consecutive rows per query, in rank order
             ranks, last, r = [], None, 0
             for row in rows:
@@ -321,9 +332,11 @@ def main(argv=None) -> int:
             raw[f] = ranks
         else:
             raw[f] = [None] * len(rows)
+    if args.write_twins:
+        print(f"wrote the question twins of {', '.join(FILES)} to {args.write_twins}")
+        return 0
     raw["seeds-heldout"] = [json.loads(line).get("rank") for line in Path(args.heldout).read_text().splitlines()
                             if line.strip()]
-    asked = questions(Path(args.questions))
     for f in FILES:  # the same pairs and gold spans, each query asked as a question
         golds[f + ASKED] = [dict(g, query=asked[g["query"]]) for g in golds[f]]
         raw[f + ASKED] = raw[f]
