@@ -22,9 +22,9 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from . import storage
-from .evaluate import _index_gold, _new_diagnostics, _resolve, _score, load_gold, load_predictions
-from .runs import read_table
+from verbatim_batch import storage
+from verbatim_batch.evaluate import _index_gold, _new_diagnostics, _resolve, _score, load_gold, load_predictions
+from verbatim_batch.runs import read_table
 
 DEFAULT_THRESHOLDS = tuple(round(0.05 * i, 2) for i in range(20))
 

@@ -48,18 +48,18 @@ from typing import Any
 import pyarrow as pa
 import ray
 
-from . import storage
-from .chunk import ChunkerConfig
-from .embed import EmbedderConfig
-from .extract.highlighter import HighlighterConfig
-from .extract.llm import LLMConfig
-from .extract.semantic import SemanticConfig
-from .pipeline.embed import EmbedJob
-from .pipeline.extract import ExtractJob
-from .pipeline.resources import Cluster
-from .pipeline.retrieve import RetrieveJob
-from .retrieve import RetrieverConfig
-from .tables import RAW_RECORDS, SPAN_STRUCT
+from verbatim_batch import storage
+from verbatim_batch.chunk import ChunkerConfig
+from verbatim_batch.embed import EmbedderConfig
+from verbatim_batch.extract.highlighter import HighlighterConfig
+from verbatim_batch.extract.llm import LLMConfig
+from verbatim_batch.extract.semantic import SemanticConfig
+from verbatim_batch.pipeline.embed import EmbedJob
+from verbatim_batch.pipeline.extract import ExtractJob
+from verbatim_batch.pipeline.resources import Cluster
+from verbatim_batch.pipeline.retrieve import RetrieveJob
+from verbatim_batch.retrieve import RetrieverConfig
+from verbatim_batch.tables import RAW_RECORDS, SPAN_STRUCT
 
 __all__ = [
     "ChunkerConfig", "EmbedderConfig", "RetrieverConfig", "SemanticConfig", "HighlighterConfig", "LLMConfig",
@@ -144,7 +144,7 @@ def build_processor(config: Any, *, preprocess: RowFn | None = None, postprocess
 
 def _chunk_papers(batch: pa.Table, chunker: ChunkerConfig, store_text: bool) -> pa.Table:
     """Papers (``paper_id``, ``markdown``) -> rows of ``tables.CHUNKS``, with the chunk job's own code."""
-    from .ingest import IngestStage
+    from verbatim_batch.ingest import IngestStage
 
     ids = batch["paper_id"].to_pylist()
     texts = batch["markdown"].to_pylist()
@@ -178,8 +178,8 @@ def chunk(papers: ray.data.Dataset, chunker: ChunkerConfig | None = None, *, sto
 
 def _bounds() -> dict[str, int]:
     """A processor's plain tasks retry as a stage's do (``--worker-restarts``' default), not forever."""
-    from .pipeline.resources import task_bounds
-    from .pipeline.restarts import Restarting
+    from verbatim_batch.pipeline.resources import task_bounds
+    from verbatim_batch.pipeline.restarts import Restarting
 
     return task_bounds(Restarting.worker_restarts)
 
@@ -191,8 +191,8 @@ def _user_pipeline() -> Cluster:
 
 def _embed(chunks: ray.data.Dataset, config: EmbedderConfig, *, batch_rows: int = EmbedJob.batch_rows,
            concurrency: int | None = None) -> ray.data.Dataset:
-    from .pipeline.batches import strip_internal_batch
-    from .pipeline.embed import EmbedStage, embed_dataset
+    from verbatim_batch.pipeline.batches import strip_internal_batch
+    from verbatim_batch.pipeline.embed import EmbedStage, embed_dataset
 
     res = EmbedStage.resources.with_(batch_rows=batch_rows, actors=concurrency)
     ds = embed_dataset(chunks, config, res,  # embed_tokenize keeps the columns it reads
@@ -213,8 +213,8 @@ def embed(chunks: ray.data.Dataset, config: EmbedderConfig | None = None, *, bat
 
 def _retrieve(queries: ray.data.Dataset, config: RetrieverConfig, *, batch_rows: int = RetrieveJob.batch_rows,
               concurrency: int | None = None, with_text: bool = False) -> ray.data.Dataset:
-    from .pipeline.retrieve import RetrieveStage, retrieve_dataset
-    from .runs import expect_tables
+    from verbatim_batch.pipeline.retrieve import RetrieveStage, retrieve_dataset
+    from verbatim_batch.runs import expect_tables
 
     config = dataclasses.replace(config, index_dir=storage.normalize(config.index_dir))  # actors run elsewhere
     expect_tables(config.index_dir, "api.retrieve", ("ids",))
@@ -251,8 +251,8 @@ PAIR_FIELDS = ("query", "chunk", "query_id", "paper_id", "chunk_id")  # the call
 def _pairs_of(batch: pa.Table) -> pa.Table:
     """The caller's rows -> ``PAIR_INPUT`` rows (``pairs_from_records``, as a pairs file's rows), each carrying
     the caller's own columns through the extract stages (``pipeline.extract.INPUT_PREFIX``)."""
-    from .extract.pairs import pairs_from_records
-    from .pipeline.extract import INPUT_PREFIX
+    from verbatim_batch.extract.pairs import pairs_from_records
+    from verbatim_batch.pipeline.extract import INPUT_PREFIX
 
     pairs = pairs_from_records([{k: v for k, v in r.items() if k in PAIR_FIELDS} for r in batch.to_pylist()])
     for name in batch.column_names:
@@ -263,8 +263,8 @@ def _pairs_of(batch: pa.Table) -> pa.Table:
 def _rows_of(packed: pa.Table) -> pa.Table:
     """The extract stages' packed rows -> the caller's rows (its columns, in order) + ``spans`` (by start),
     ``relevance`` and ``error``."""
-    from .pipeline.batches import strip_internal
-    from .pipeline.extract import INPUT_PREFIX
+    from verbatim_batch.pipeline.batches import strip_internal
+    from verbatim_batch.pipeline.extract import INPUT_PREFIX
 
     packed = strip_internal(packed)[0]
     if "spans" not in packed.column_names:  # a block with nothing in it
@@ -283,8 +283,8 @@ def _extract(pairs: ray.data.Dataset, config: Any, *, batch_rows: int = ExtractJ
              concurrency: int | None = None) -> ray.data.Dataset:
     """The extract job's placements (``pipeline.extract.PLACEMENTS``) over the caller's rows: the same actors and,
     for the highlighter, the same tokenize -> forward -> spans split."""
-    from .extract import registry
-    from .pipeline.extract import PLACEMENT_RESOURCES, PLACEMENTS, ExtractSetup
+    from verbatim_batch.extract import registry
+    from verbatim_batch.pipeline.extract import PLACEMENT_RESOURCES, PLACEMENTS, ExtractSetup
 
     where = registry.placement(config)
     if where == "vllm":

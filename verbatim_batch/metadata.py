@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from .corpus import ID_COLUMNS, _is_local, _lines, _one_line, _pick, paper_id_of, resolve
+from verbatim_batch.corpus import ID_COLUMNS, _is_local, _lines, _one_line, _pick, paper_id_of, resolve
 
 META_FIELDS = ("title", "authors", "year", "venue", "url", "language")
 _VENUE_ALIASES = ("venue", "booktitle", "journal", "event")

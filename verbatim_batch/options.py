@@ -32,7 +32,7 @@ from dataclasses import MISSING, dataclass, field
 from functools import cache
 from typing import Any
 
-from . import storage
+from verbatim_batch import storage
 
 
 class OptionError(ValueError):

@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from . import storage, tables
-from .options import Declared, option
-from .redact import redact_text
+from verbatim_batch import storage, tables
+from verbatim_batch.options import Declared, option
+from verbatim_batch.redact import redact_text
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog

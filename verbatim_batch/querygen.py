@@ -22,8 +22,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from . import tables
-from .tables import stable_hash
+from verbatim_batch import tables
+from verbatim_batch.tables import stable_hash
 
 # (name, what it asks for, a short example) — the 18 types of the question taxonomy.
 QUESTION_TYPES: list[tuple[str, str, str]] = [

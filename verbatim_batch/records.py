@@ -16,7 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from . import storage
+from verbatim_batch import storage
 
 ERROR = "__error__"
 LINE = "__line__"

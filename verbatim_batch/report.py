@@ -26,11 +26,11 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from . import storage
-from .abstention import abstention_section
-from .evaluate import SWEEP_COLUMNS, sweep_rows
-from .report_data import TEXT_CHARS, count_reasons, run_table
-from .report_html import (
+from verbatim_batch import storage
+from verbatim_batch.abstention import abstention_section
+from verbatim_batch.evaluate import SWEEP_COLUMNS, sweep_rows
+from verbatim_batch.report_data import TEXT_CHARS, count_reasons, run_table
+from verbatim_batch.report_html import (
     CONTEXT_CHARS,
     FIELD_CHARS,
     PAGE_BYTES,
@@ -46,9 +46,9 @@ from .report_html import (
     svg_lines,
     windows,
 )
-from .report_perf import performance_html, performance_rows
-from .report_sections import extract_section, retrieval_section
-from .runs import holding, read_manifest
+from verbatim_batch.report_perf import performance_html, performance_rows
+from verbatim_batch.report_sections import extract_section, retrieval_section
+from verbatim_batch.runs import holding, read_manifest
 
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"

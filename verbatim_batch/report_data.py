@@ -8,8 +8,8 @@ import json
 from collections import Counter
 from typing import Any
 
-from . import storage
-from .runs import read_manifest
+from verbatim_batch import storage
+from verbatim_batch.runs import read_manifest
 
 TEXT_CHARS = 1_200  # a text column as a report reads it (a page shows less: report_html.FIELD_CHARS)
 
@@ -63,7 +63,7 @@ def chunks_run_of(manifest: dict[str, Any]) -> str | None:
 
 def chunk_texts(config: dict[str, Any], pair_rows: list[dict[str, Any]]) -> dict[str, str]:
     """pair_id -> chunk text, from the pairs file or the chunk run the extraction read."""
-    from .extract.pairs import chunk_lookup, pairs_from_records, read_pair_records
+    from verbatim_batch.extract.pairs import chunk_lookup, pairs_from_records, read_pair_records
 
     if config.get("pairs") and storage.exists(config["pairs"]):
         table = pairs_from_records(read_pair_records(config["pairs"]))
@@ -94,8 +94,8 @@ def paper_titles(chunks_run: str | None, paper_ids: set[str]) -> dict[str, str]:
 def query_file(path: str | None) -> tuple[dict[str, str], dict[str, str]]:
     """``({query_id: query}, {query_id: labelled chunk_id})`` of a query file (ids as retrieve assigns them, in
     the file's order); each query cut at ``TEXT_CHARS`` (its id is of the whole text)."""
-    from .records import iter_records
-    from .tables import query_id_for
+    from verbatim_batch.records import iter_records
+    from verbatim_batch.tables import query_id_for
 
     texts: dict[str, str] = {}
     labels: dict[str, str] = {}

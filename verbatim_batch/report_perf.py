@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .report_html import esc
+from verbatim_batch.report_html import esc
 
 COLUMNS = ("wall s", "CPU-s", "of which driver / Ray workers / Ray system", "rows/s", "tokens/s",
            "actor idle share", "peak memory (GB)", "GPU")

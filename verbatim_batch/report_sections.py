@@ -11,9 +11,17 @@ from typing import Any
 
 import pyarrow as pa
 
-from . import storage
-from .report_data import TEXT_CHARS, chunk_texts, chunks_run_of, count_reasons, paper_titles, query_file, run_table
-from .report_html import (
+from verbatim_batch import storage
+from verbatim_batch.report_data import (
+    TEXT_CHARS,
+    chunk_texts,
+    chunks_run_of,
+    count_reasons,
+    paper_titles,
+    query_file,
+    run_table,
+)
+from verbatim_batch.report_html import (
     LENGTH_EDGES,
     PAGE_BYTES,
     SCORE_EDGES,
@@ -182,7 +190,7 @@ def retrieval_section(run_dir: str, manifest: dict[str, Any], hits: int = HITS_S
     chunks_run = chunks_run_of(manifest)
     chunks: dict[str, dict[str, Any]] = {}
     if chunks_run and storage.isdir(storage.join(chunks_run, "chunks")):
-        from .extract.pairs import chunk_lookup
+        from verbatim_batch.extract.pairs import chunk_lookup
 
         chunks = chunk_lookup(storage.join(chunks_run, "chunks"), [r["chunk_id"] for r in wanted])
     titles = paper_titles(chunks_run, {r["paper_id"] for r in wanted})

@@ -21,9 +21,16 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from . import tables
-from .models import fingerprint, load_model, resolve_device, resolve_dtype, resolve_model_dir, safetensors_files
-from .options import Declared, option, runtime
+from verbatim_batch import tables
+from verbatim_batch.models import (
+    fingerprint,
+    load_model,
+    resolve_device,
+    resolve_dtype,
+    resolve_model_dir,
+    safetensors_files,
+)
+from verbatim_batch.options import Declared, option, runtime
 
 RERANK_VERSION = 1
 METHOD = "rerank"  # the ``method`` of reranked rows
@@ -58,7 +65,7 @@ class RerankerConfig(Declared):
 
     @property
     def hash(self) -> str:
-        from .embed import model_config_hash
+        from verbatim_batch.embed import model_config_hash
 
         return model_config_hash(self, rerank_version=RERANK_VERSION)
 
@@ -75,7 +82,7 @@ class Reranker:
         import torch
         from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
-        from .embed import portable_model_id
+        from verbatim_batch.embed import portable_model_id
 
         self.config = config
         self.device = resolve_device(config.device)
@@ -112,7 +119,7 @@ class Reranker:
         n = len(queries)
         if n == 0:
             return np.zeros(0, np.float32)
-        from .embed import plan_batches
+        from verbatim_batch.embed import plan_batches
 
         t0 = time.perf_counter()
         enc = self.tokenizer(queries, chunks, truncation="longest_first", max_length=self.max_length, padding=False)

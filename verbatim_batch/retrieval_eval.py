@@ -29,8 +29,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from . import storage
-from .tables import query_id_for
+from verbatim_batch import storage
+from verbatim_batch.tables import query_id_for
 
 Qrels = dict[str, dict[str, int]]  # query id -> {doc id: relevance}
 Run = dict[str, dict[str, dict[str, float]]]  # method -> query id -> {doc id: score}
@@ -184,7 +184,7 @@ def read_run(path: str, level: str = "chunk") -> Run:
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
     run: Run = {}
     if is_run_folder(path):
-        from .runs import read_table
+        from verbatim_batch.runs import read_table
 
         return run_from_table(read_table(path, "retrieval", ["query_id", "rank", "chunk_id", "paper_id", "method"]),
                               level)
@@ -221,7 +221,7 @@ def run_from_table(table, level: str = "chunk") -> Run:
 
 def run_sources(path: str) -> dict[str, str | None]:
     """The query file and chunk table a run folder was made from (through its manifests), when it has them."""
-    from .runs import manifest_config
+    from verbatim_batch.runs import manifest_config
 
     if not is_run_folder(path):
         return {"queries": None, "chunks": None}
@@ -288,7 +288,7 @@ def evaluate_retrieval(run_path: str, qrels_path: str, *, level: str = "chunk", 
     queries = queries or sources["queries"]
     query_ids = None
     if queries:
-        from .pipeline.retrieve import read_queries
+        from verbatim_batch.pipeline.retrieve import read_queries
 
         table, _ = read_queries(queries)
         query_ids = dict(zip(table["query"].to_pylist(), table["query_id"].to_pylist(), strict=True))

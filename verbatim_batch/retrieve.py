@@ -28,9 +28,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import storage
-from .options import Declared, option, runtime
-from .tables import RETRIEVAL, query_id_for
+from verbatim_batch import storage
+from verbatim_batch.options import Declared, option, runtime
+from verbatim_batch.tables import RETRIEVAL, query_id_for
 
 METHODS = ("dense", "bm25", "hybrid")
 # Hybrid defaults, set on the seed papers (see the module docstring): the CLI's defaults are these.
@@ -91,7 +91,7 @@ class RetrieverConfig(Declared):
 def read_index_manifest(index_dir: str) -> dict:
     """The manifest of a committed index run, read bounded and checked (``runs.read_manifest``), its config
     parsed."""
-    from .runs import read_manifest
+    from verbatim_batch.runs import read_manifest
 
     path = storage.join(index_dir, "manifest.json")
     if not storage.exists(path):
@@ -106,8 +106,8 @@ class Retriever:
     """Loads an index folder once; maps query batches to retrieval rows."""
 
     def __init__(self, config: RetrieverConfig) -> None:
-        from .embed import Embedder, EmbedderConfig
-        from .index import Bm25Index, load_dense
+        from verbatim_batch.embed import Embedder, EmbedderConfig
+        from verbatim_batch.index import Bm25Index, load_dense
 
         self.config = config
         manifest = read_index_manifest(config.index_dir)
@@ -122,7 +122,7 @@ class Retriever:
         need_bm25 = "bm25" in config.methods or ("hybrid" in config.methods and config.weights.get("bm25", 0))
         self.owners, self.windows_max = None, 1
         if need_dense:
-            from .index.folder import read_owners
+            from verbatim_batch.index.folder import read_owners
 
             self.dense = load_dense(os.path.join(index_dir, "dense"), nprobe=config.nprobe)
             self.owners = read_owners(index_dir, self.dense.ntotal, len(self.chunk_ids))
@@ -138,7 +138,7 @@ class Retriever:
             self.bm25 = Bm25Index.load(bm25_dir, mmap=True)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        from .index import best_window, rrf, search_dense
+        from verbatim_batch.index import best_window, rrf, search_dense
 
         cfg = self.config
         depth = max(cfg.depth, cfg.k)

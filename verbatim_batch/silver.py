@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import storage, tables
+from verbatim_batch import storage, tables
 
 # --- thresholds --------------------------------------------------------------------------------------------
 # A retrieved pair deeper than this rank is dropped: the teacher rarely finds real evidence there, and the

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from .faults import fault_point
+from verbatim_batch.faults import fault_point
 
 if TYPE_CHECKING:
     import pyarrow.dataset as pads  # imported where used: 0.5 CPU-s more than pyarrow.parquet
@@ -463,7 +463,7 @@ def local_copy(loc: str, version: str, keep: int = 3) -> str:
     index a night is a few GB at corpus scale), so nightly runs do not fill a node's disk."""
     if not is_remote(loc):
         return normalize(loc)
-    from .tables import stable_hash
+    from verbatim_batch.tables import stable_hash
 
     cache = os.path.join(os.environ.get("VERBATIM_BATCH_CACHE")
                          or os.path.join(os.path.expanduser("~"), ".cache", "verbatim-batch"), "remote")

@@ -16,7 +16,7 @@ import tokenize
 
 import pyarrow as pa
 
-from . import tables
+from verbatim_batch import tables
 
 EXAMPLE_DIM = 384  # the bundled MiniLM's; the embeddings table's vector width is the model's
 

@@ -46,9 +46,9 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from . import storage
-from .chunk import Chunk, ChunkInvariantError, verify_chunks
-from .runs import manifest_problems, plain_relpath, read_files_index, read_manifest
+from verbatim_batch import storage
+from verbatim_batch.chunk import Chunk, ChunkInvariantError, verify_chunks
+from verbatim_batch.runs import manifest_problems, plain_relpath, read_files_index, read_manifest
 
 log = logging.getLogger(__name__)
 
@@ -325,7 +325,7 @@ def _in_tasks(fn, calls: list[tuple]) -> list:
         import ray
 
         if ray.is_initialized():
-            from .pipeline.sink import in_tasks
+            from verbatim_batch.pipeline.sink import in_tasks
 
             return in_tasks(fn, calls)
     return [fn(*call) for call in calls]
@@ -555,7 +555,7 @@ def _span_sources(manifest: dict) -> tuple[str | None, str | None]:
 
 def _pair_chunks(pairs_file: str, chunks_dir: str | None, pair_ids: set[str]) -> dict[str, dict]:
     """pair_id -> ``{"text", "start"}`` of the chunk a pairs-file pair carried (or named by id)."""
-    from .extract.pairs import chunk_lookup, pairs_from_records, read_pair_records
+    from verbatim_batch.extract.pairs import chunk_lookup, pairs_from_records, read_pair_records
 
     records = list(read_pair_records(pairs_file))
     known = chunk_lookup(chunks_dir, [r.get("chunk_id") for r in records if isinstance(r.get("chunk_id"), str)]) \
@@ -670,7 +670,7 @@ def verify_span_run(run_dir: str, max_errors: int = 20, manifest: dict | None = 
                     pair_chunks = _pair_chunks(pairs_file, chunks_dir, set(expected))
                 chunks.update(pair_chunks)
             if chunks_dir is not None:
-                from .extract.pairs import chunk_lookup
+                from verbatim_batch.extract.pairs import chunk_lookup
 
                 chunks.update(chunk_lookup(chunks_dir, [s["chunk_id"] for s in spans if s["pair_id"] not in chunks]))
             if chunks_run:

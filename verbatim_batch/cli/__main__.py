@@ -1,5 +1,5 @@
 import sys
 
-from . import main
+from verbatim_batch.cli import main
 
 sys.exit(main())

@@ -11,7 +11,7 @@ import tempfile
 from importlib import resources
 from typing import Any
 
-from .. import storage
+from verbatim_batch import storage
 
 EXAMPLES = resources.files("verbatim_batch") / "examples"
 
@@ -19,7 +19,7 @@ EXAMPLES = resources.files("verbatim_batch") / "examples"
 def values_of(args: argparse.Namespace) -> dict[str, Any]:
     """The option values of the parsed command line (or ``build_job``'s), by key; a chain's stage options as
     ``{"stages": {stage: {option: value}}}`` (given ones only)."""
-    from .options import COMMANDS, command_flags, stage_sections
+    from verbatim_batch.cli.options import COMMANDS, command_flags, stage_sections
 
     values = {key: getattr(args, key, None) for key in command_flags(args.command)}
     if COMMANDS[args.command].chain:
@@ -30,8 +30,8 @@ def values_of(args: argparse.Namespace) -> dict[str, Any]:
 def job_of(args: argparse.Namespace, **override: Any) -> Any:
     """The job (or options object) the parsed options describe: built from the command's option fields, the
     defaults declared there for everything unset, local paths made absolute."""
-    from ..options import build
-    from .options import COMMANDS, flag_of
+    from verbatim_batch.cli.options import COMMANDS, flag_of
+    from verbatim_batch.options import build
 
     spec = COMMANDS[args.command]
     if spec.chain and getattr(args, "embed.model", None) is None:  # the bundled embedder needs no hub
@@ -74,7 +74,7 @@ def report(path: str, manifest: dict) -> None:
 
 def _run_and_report(run_name: str):
     def cmd(args: argparse.Namespace) -> int:
-        from .. import pipeline
+        from verbatim_batch import pipeline
 
         path, manifest = getattr(pipeline, run_name)(job_of(args))
         report(path, manifest)
@@ -84,9 +84,9 @@ def _run_and_report(run_name: str):
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from ..evaluate import evaluate_files, evaluate_predictions, format_sweep, gold_key, load_gold
-    from ..extract import build_extractor
-    from ..metrics import format_table
+    from verbatim_batch.evaluate import evaluate_files, evaluate_predictions, format_sweep, gold_key, load_gold
+    from verbatim_batch.extract import build_extractor
+    from verbatim_batch.metrics import format_table
 
     kind = args.extractor or "semantic"
     if args.sweep_threshold is not None and kind not in ("highlighter", "semantic"):
@@ -124,14 +124,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def _evaluation_report(folder: str, result: dict, rows: list | None, sweep: dict | None, title: str,
                        quiet: bool) -> None:
-    from ..report import write_evaluation_report
+    from verbatim_batch.report import write_evaluation_report
 
     path = write_evaluation_report(storage.normalize(folder), result, rows or [], sweep, title)
     print(f"report: {path}", file=sys.stderr if quiet else sys.stdout)  # --json keeps stdout pure JSON
 
 
 def cmd_silver(args: argparse.Namespace) -> int:
-    from ..pipeline import run_silver
+    from verbatim_batch.pipeline import run_silver
 
     path, manifest = run_silver(job_of(args))
     report(path, manifest)
@@ -141,8 +141,8 @@ def cmd_silver(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from ..pipeline import run_chain_job
-    from ..runs import read_manifest
+    from verbatim_batch.pipeline import run_chain_job
+    from verbatim_batch.runs import read_manifest
 
     path, manifest = run_chain_job(job_of(args))
     for stage in manifest.get("stages", {}):
@@ -153,7 +153,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_nightly(args: argparse.Namespace) -> int:
-    from ..pipeline import run_nightly
+    from verbatim_batch.pipeline import run_nightly
 
     job = job_of(args)
     path, manifest = run_nightly(job)
@@ -182,7 +182,7 @@ def cmd_nightly(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from ..train import run_train
+    from verbatim_batch.train import run_train
 
     path, manifest = run_train(job_of(args))
     t = manifest["training"]
@@ -199,7 +199,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def demo_chain(n_papers: int | None = None, scratch: str | None = None):
     """The demo's chain: the bundled example corpus and labelled queries, offline defaults. With ``n_papers``,
     the first N papers (by name) and the queries labelled with them, copied into ``scratch``."""
-    from ..pipeline import Chain
+    from verbatim_batch.pipeline import Chain
 
     corpus_dir, queries = str(EXAMPLES / "corpus"), str(EXAMPLES / "queries.jsonl")
     if n_papers is not None and scratch is not None:
@@ -227,10 +227,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace, out: str, chain) -> int:
-    from ..pipeline import run_chain
-    from ..records import read_rows
-    from ..retrieve import recall_at
-    from ..runs import read_manifest, read_table
+    from verbatim_batch.pipeline import run_chain
+    from verbatim_batch.records import read_rows
+    from verbatim_batch.retrieve import recall_at
+    from verbatim_batch.runs import read_manifest, read_table
 
     def show(stage: str) -> None:
         path = os.path.join(out, stage)
@@ -253,7 +253,7 @@ def _demo(args: argparse.Namespace, out: str, chain) -> int:
 
 def _show_spans(run_dir: str, n: int = 3) -> None:
     """A few extracted spans, best first, so a new user sees what the run produced."""
-    from ..runs import read_table
+    from verbatim_batch.runs import read_table
 
     spans = read_table(run_dir, "spans", ["query", "paper_id", "text", "score"]).to_pylist()
     spans.sort(key=lambda r: -(r["score"] or 0))
@@ -265,7 +265,7 @@ def _show_spans(run_dir: str, n: int = 3) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from ..report import REPORT_HTML, REPORT_JSON, write_report
+    from verbatim_batch.report import REPORT_HTML, REPORT_JSON, write_report
 
     result = write_report(args.run_dir, n_samples=args.samples)
     print(f"{result['command']} run {result['run_id']}:")
@@ -279,15 +279,15 @@ VERIFY_LOCAL_RAY_UNITS = 32
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from ..runs import run_of
-    from ..verify import paper_units, verify_run
+    from verbatim_batch.runs import run_of
+    from verbatim_batch.verify import paper_units, verify_run
 
     args.run_dir = run_of(args.run_dir)  # a nightly root: its current run
     units = paper_units(args.run_dir)  # 0 for an extract run: its checks run in this process
     address = args.address or os.environ.get("RAY_ADDRESS")
     if units > 1 and args.num_cpus != 1 and (address or args.num_cpus or (
             units > VERIFY_LOCAL_RAY_UNITS and (os.cpu_count() or 1) > 1)):
-        from ..pipeline.ray_env import init_ray
+        from verbatim_batch.pipeline.ray_env import init_ray
 
         init_ray(args.address, args.num_cpus)  # the checks then run as Ray tasks (verify.check_papers)
     result = verify_run(args.run_dir)
@@ -296,7 +296,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate_retrieval(args: argparse.Namespace) -> int:
-    from ..retrieval_eval import evaluate_retrieval, format_results
+    from verbatim_batch.retrieval_eval import evaluate_retrieval, format_results
 
     opts = job_of(args)
     result = evaluate_retrieval(opts.retrieval, opts.qrels, level=opts.level, chunks=opts.chunks,
@@ -306,7 +306,7 @@ def cmd_evaluate_retrieval(args: argparse.Namespace) -> int:
 
 
 def cmd_rerank(args: argparse.Namespace) -> int:
-    from ..pipeline.rerank import run_rerank
+    from verbatim_batch.pipeline.rerank import run_rerank
 
     path, manifest = run_rerank(job_of(args))
     report(path, manifest)
@@ -324,7 +324,7 @@ def print_published(result: dict[str, Any]) -> None:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    from ..pipeline.publish import run_publish
+    from verbatim_batch.pipeline.publish import run_publish
 
     print_published(run_publish(job_of(args, source=args.source)))
     return 0
@@ -348,9 +348,9 @@ def build_job(command: str, config: str | None = None, **options: Any):
         job = build_job("extract", config="conf.yaml", retrieval="runs/retrieval", output="runs/spans")
         path, manifest = verbatim_batch.pipeline.run_extract(job)
     """
-    from .. import config as configs
-    from ..options import OptionError
-    from .options import COMMANDS, command_flags, convert
+    from verbatim_batch import config as configs
+    from verbatim_batch.cli.options import COMMANDS, command_flags, convert
+    from verbatim_batch.options import OptionError
 
     jobs = [c for c in COMMANDS if c not in ("demo", "report", "verify")]
     spec = COMMANDS.get(command)

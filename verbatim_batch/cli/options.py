@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from ..options import OptionError, OptionField, check, option, options_of
-from ..telemetry.options import MetricsOptions
+from verbatim_batch.options import OptionError, OptionField, check, option, options_of
+from verbatim_batch.telemetry.options import MetricsOptions
 
 
 def _thresholds(value: str) -> tuple[float, ...]:
@@ -41,7 +41,7 @@ def _cutoffs(value: str) -> tuple[int, ...]:
 
 
 def _extractor() -> Any:
-    from ..pipeline.extract import extractor_group
+    from verbatim_batch.pipeline.extract import extractor_group
 
     return extractor_group()
 
@@ -199,7 +199,7 @@ def command_flags(command: str) -> dict[str, Flag]:
         if of.key not in spec.omit:
             out[of.key] = Flag(of.key, of, (of.flag,))
     if spec.chain:
-        from ..pipeline.chains import STAGE_JOBS, stage_keys
+        from verbatim_batch.pipeline.chains import STAGE_JOBS, stage_keys
 
         for stage, cls, _ in STAGE_JOBS.values():
             fields = {of.key: of for of in options_of(cls)}
@@ -235,7 +235,7 @@ class Parser(argparse.ArgumentParser):
 def add_options(parser: argparse.ArgumentParser, command: str) -> set[str]:
     """Add ``command``'s options to its parser; returns the keys that are required. They are checked after
     a config file's values are in (``cli.parse_args``), so a required option may come from the file."""
-    from ..pipeline.runner import RunOptions
+    from verbatim_batch.pipeline.runner import RunOptions
 
     spec = COMMANDS[command]
     for name, text in spec.positional:

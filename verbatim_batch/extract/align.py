@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 from rapidfuzz.fuzz import partial_ratio_alignment, ratio
 
-from .spans import Span
+from verbatim_batch.extract.spans import Span
 
 NORMAL_FORM = "NFKD"
 METHODS = ("exact", "normalized", "fuzzy")

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .spans import PairResult, Span, flat_runs, merge_runs, trimmed_spans
+from verbatim_batch.extract.spans import PairResult, Span, flat_runs, merge_runs, trimmed_spans
 
 
 @dataclass

@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .highlighter import Highlighter, HighlighterConfig, HighlighterTokenizer
-from .highlighter_spans import ContextScores
-from .spans import PairResult
+from verbatim_batch.extract.highlighter import Highlighter, HighlighterConfig, HighlighterTokenizer
+from verbatim_batch.extract.highlighter_spans import ContextScores
+from verbatim_batch.extract.spans import PairResult
 
 # --- the three stages over Arrow batches (the extract job's split placement) -------------------------------
 # A batch of ``PAIR_INPUT`` rows travels with internal list columns, one row per pair:
@@ -47,7 +47,7 @@ def encode_table(host: HighlighterTokenizer, batch: pa.Table, max_chunk_chars: i
                  max_query_chars: int) -> pa.Table:
     """The tokenize stage: ``PAIR_INPUT`` rows -> the same rows with their windows (see above). A pair that
     fails validation or tokenisation gets its reason; the others are tokenised together."""
-    from .gate import _error_reason, validate_pair
+    from verbatim_batch.extract.gate import _error_reason, validate_pair
 
     t0 = time.perf_counter()
     rows = batch.select(["query", "chunk", "input_error"]).to_pylist()
@@ -92,7 +92,7 @@ def encode_table(host: HighlighterTokenizer, batch: pa.Table, max_chunk_chars: i
 def forward_table(hl: Highlighter, batch: pa.Table) -> pa.Table:
     """The forward stage: the model over every window of the batch (packed under the token budget), nothing
     else; the context tokens' probabilities come back as ``_hl_p``. If the batch fails, each pair alone."""
-    from .gate import _error_reason
+    from verbatim_batch.extract.gate import _error_reason
 
     t0 = time.perf_counter()
     ids, tok_per_row = _flat(batch["_hl_ids"], np.int32)
@@ -145,7 +145,7 @@ def scores_of(batch: pa.Table) -> ContextScores:
 def spans_table(batch: pa.Table, stage: Any, config: HighlighterConfig) -> dict[str, pa.Table]:
     """The span stage: spans (runs, merge, drop, trim) of every pair of a forward stage's batch, then the
     verbatim gate and the rows (``PairExtractor.tables`` of ``stage``)."""
-    from ..tables import PAIR_INPUT
+    from verbatim_batch.tables import PAIR_INPUT
 
     t0 = time.perf_counter()
     results = scores_of(batch).results(batch["chunk"].to_pylist(), config.threshold, config.min_chars,

@@ -39,11 +39,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
-from .. import tables
-from ..options import Declared, option, runtime, settings
-from .prompts import STYLES, build_messages, output_schema
-from .registry import ExtractorKind
-from .spans import PairResult, Reject, Span
+from verbatim_batch import tables
+from verbatim_batch.extract.prompts import STYLES, build_messages, output_schema
+from verbatim_batch.extract.registry import ExtractorKind
+from verbatim_batch.extract.spans import PairResult, Reject, Span
+from verbatim_batch.options import Declared, option, runtime, settings
 
 LLM_VERSION = "1"
 BACKENDS = ("http", "vllm")
@@ -154,8 +154,8 @@ def sampling(config: LLMConfig, n_docs: int | None) -> dict[str, Any]:
 
 def interpret(raw: str, chunks: Sequence[str], config: LLMConfig, rid: str) -> list[PairResult]:
     """One answer -> one ``PairResult`` per document: aligned spans, and rejects for everything else."""
-    from .align import align_spans
-    from .llm_output import parse_extraction
+    from verbatim_batch.extract.align import align_spans
+    from verbatim_batch.extract.llm_output import parse_extraction
 
     parsed = parse_extraction(raw, len(chunks))
     results = [PairResult([], None) for _ in chunks]

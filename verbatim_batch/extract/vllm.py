@@ -33,7 +33,13 @@ from typing import Any
 import pyarrow as pa
 import ray
 
-from .gate import DEFAULT_MAX_CHUNK_CHARS, DEFAULT_MAX_QUERY_CHARS, PairExtractor, pack, validate_pair
+from verbatim_batch.extract.gate import (
+    DEFAULT_MAX_CHUNK_CHARS,
+    DEFAULT_MAX_QUERY_CHARS,
+    PairExtractor,
+    pack,
+    validate_pair,
+)
 
 ID_COLUMN = "vb_request_id"  # ray.data.llm owns `request_id`
 ERROR_COLUMN = "__inference_error__"  # ray.data.llm's per-row error (should_continue_on_error)
@@ -51,7 +57,7 @@ class LLMInterpret:
         self.stage = PairExtractor(VllmModelInfo(config), run_id)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        from .spans import PairResult
+        from verbatim_batch.extract.spans import PairResult
 
         outs = []
         for req in _rows(batch):
@@ -66,8 +72,8 @@ class LLMInterpret:
         return pa.concat_tables([pack(o) for o in outs]) if outs else pa.table({})
 
     def _results(self, req: dict[str, Any], chunks: list[str]) -> list:
-        from .llm import interpret
-        from .spans import PairResult
+        from verbatim_batch.extract.llm import interpret
+        from verbatim_batch.extract.spans import PairResult
 
         error, text = req["error"], req["generated_text"]
         if error or text is None:
@@ -105,7 +111,7 @@ class VllmModelInfo:
 def vllm_requests(pairs: pa.Table, config, run_id: str,
                   max_chunk_chars: int = DEFAULT_MAX_CHUNK_CHARS) -> tuple[pa.Table, pa.Table | None]:
     """Request rows for the vLLM stage, and the tables of pairs that never reach it (invalid input)."""
-    from .llm import group_requests, request_id
+    from verbatim_batch.extract.llm import group_requests, request_id
 
     valid, invalid = _validated(pairs, max_chunk_chars)
     requests = []
@@ -162,7 +168,7 @@ def _local_ray() -> bool:
 def sampling_params(config, n_docs: int) -> dict[str, Any]:
     """vLLM ``SamplingParams`` fields of one request: the HTTP backend's decoding (``llm.sampling``) in vLLM's
     terms, the answer schema as ``structured_outputs.json``, a JSON string (see the module docstring)."""
-    from .llm import sampling
+    from verbatim_batch.extract.llm import sampling
 
     params = sampling(config, n_docs)
     schema = params.pop("response_format", None)
@@ -235,8 +241,8 @@ def bound_processor(processor: Any, restarts: int | None = None) -> Any:
     ``max_retries``; past the bound the stage fails and ``worker_faults`` gives its one line."""
     import warnings
 
-    from ..pipeline.resources import task_bounds
-    from ..pipeline.restarts import Restarting
+    from verbatim_batch.pipeline.resources import task_bounds
+    from verbatim_batch.pipeline.restarts import Restarting
 
     # Ray 2.60 deprecates these as map arguments but names no parameter for them (resources._quiet_bounds_warning)
     warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated",
@@ -263,7 +269,7 @@ def vllm_dataset(requests: pa.Table | ray.data.Dataset, config, helper_cpus_each
     if importlib.util.find_spec("vllm") is None and local:
         raise NotImplementedError(NEEDS_LLM_EXTRA)  # ray.data.llm imports without vLLM, then fails deep inside
     check_fits(config, ray.cluster_resources(), local)
-    from .prompts import build_messages
+    from verbatim_batch.extract.prompts import build_messages
 
     helpers = helper_cpus(config, ray.cluster_resources().get("CPU", 1.0)) if helper_cpus_each is None \
         else helper_cpus_each

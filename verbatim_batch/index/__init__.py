@@ -11,8 +11,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .bm25 import STOPWORDS, TOKENIZER_VERSION, Bm25Index, tokenize
-    from .dense import (
+    from verbatim_batch.index.bm25 import STOPWORDS, TOKENIZER_VERSION, Bm25Index, tokenize
+    from verbatim_batch.index.dense import (
         DENSE_FILE,
         DenseSpec,
         best_window,
@@ -23,8 +23,8 @@ if TYPE_CHECKING:
         search_dense,
         set_nprobe,
     )
-    from .fusion import rrf
-    from .update import plan_update, update_dense
+    from verbatim_batch.index.fusion import rrf
+    from verbatim_batch.index.update import plan_update, update_dense
 
 _MODULE_OF = {
     "STOPWORDS": "bm25", "TOKENIZER_VERSION": "bm25", "Bm25Index": "bm25", "tokenize": "bm25",

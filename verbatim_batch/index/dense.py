@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..options import option
+from verbatim_batch.options import option
 
 if TYPE_CHECKING:
     import faiss  # imported where an index is built or read: the jobs' options (DenseSpec) need no FAISS

@@ -15,9 +15,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .. import storage
-from ..runs import CARRIED_PREFIX, read_manifest
-from ..tables import stable_hash
+from verbatim_batch import storage
+from verbatim_batch.runs import CARRIED_PREFIX, read_manifest
+from verbatim_batch.tables import stable_hash
 
 OWNERS = "owners.npy"  # FAISS row -> chunk row (ids.parquet's ``row``); absent: the same row
 
@@ -93,7 +93,7 @@ def build_index_files(embeddings_dir: str, chunks_dir: str, folder: str, spec, b
     """Build FAISS (+ BM25) into ``folder``: ``dense/``, ``bm25/``, ``ids.parquet`` (row -> chunk)."""
     import numpy as np
 
-    from . import build_dense, save_dense
+    from verbatim_batch.index import build_dense, save_dense
 
     files = [storage.join(embeddings_dir, f) for f in storage.listdir(embeddings_dir) if f.endswith(".parquet")]
     metas = [storage.parquet_file(f) for f in files]
@@ -126,7 +126,7 @@ def build_index_files(embeddings_dir: str, chunks_dir: str, folder: str, spec, b
 
 def _write_ids_and_bm25(ids: pa.Table, chunks_dir: str, folder: str, bm25: bool) -> dict[str, float]:
     """``ids.parquet`` (row -> chunk) and the BM25 index over the chunk texts in row order (``folder``: local)."""
-    from . import Bm25Index
+    from verbatim_batch.index import Bm25Index
 
     if len(set(ids["chunk_id"].to_pylist())) != ids.num_rows:
         raise ValueError("duplicate chunk ids in the embeddings table")
@@ -154,7 +154,7 @@ def update_index_files(previous: str, embeddings_dir: str, chunks_dir: str, fold
     """
     import numpy as np
 
-    from . import load_dense, plan_update, save_dense, update_dense
+    from verbatim_batch.index import load_dense, plan_update, save_dense, update_dense
 
     t0 = time.perf_counter()
     files = [f for f in storage.listdir(embeddings_dir) if f.endswith(".parquet")]

@@ -19,7 +19,7 @@ import math
 import faiss
 import numpy as np
 
-from .dense import _is_int
+from verbatim_batch.index.dense import _is_int
 
 
 def plan_update(n_old: int, n_removed: int, n_added: int, max_drift: float) -> tuple[str, float]:

@@ -7,16 +7,16 @@
 - ``chains``: chunk -> embed -> index -> retrieve -> extract, defined once; ``nightly``: incremental chains.
 """
 
-from .chains import STAGES, Chain, ChainJob, run_chain, run_chain_job
-from .chunk import ChunkJob, run_chunk
-from .embed import EmbedJob, run_embed
-from .extract import ExtractJob, build_pairs, run_extract
-from .index import IndexJob, run_index
-from .nightly import NightlyJob, run_nightly
-from .querygen import QueryGenJob, run_querygen
-from .ray_env import init_ray
-from .retrieve import RetrieveJob, read_queries, run_retrieve
-from .runner import (
+from verbatim_batch.pipeline.chains import STAGES, Chain, ChainJob, run_chain, run_chain_job
+from verbatim_batch.pipeline.chunk import ChunkJob, run_chunk
+from verbatim_batch.pipeline.embed import EmbedJob, run_embed
+from verbatim_batch.pipeline.extract import ExtractJob, build_pairs, run_extract
+from verbatim_batch.pipeline.index import IndexJob, run_index
+from verbatim_batch.pipeline.nightly import NightlyJob, run_nightly
+from verbatim_batch.pipeline.querygen import QueryGenJob, run_querygen
+from verbatim_batch.pipeline.ray_env import init_ray
+from verbatim_batch.pipeline.retrieve import RetrieveJob, read_queries, run_retrieve
+from verbatim_batch.pipeline.runner import (
     CompositeStage,
     Outcome,
     Plan,
@@ -28,7 +28,7 @@ from .runner import (
     Work,
     run_stage,
 )
-from .silver import SilverJob, run_silver
+from verbatim_batch.pipeline.silver import SilverJob, run_silver
 
 __all__ = [
     "STAGES", "Chain", "ChainJob", "ChunkJob", "EmbedJob", "ExtractJob", "IndexJob", "NightlyJob", "QueryGenJob",

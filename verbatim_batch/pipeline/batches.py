@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..faults import fault_point
+from verbatim_batch.faults import fault_point
 
 log = logging.getLogger(__name__)
 

@@ -19,16 +19,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import corpus, storage
-from ..options import Declared, OptionError, check, group, is_runtime, option, options_of, settings
-from ..runs import jsonable
-from .chunk import ChunkJob, ChunkStage, run_chunk  # noqa: F401 - runners looked up by name (STEPS)
-from .embed import EmbedJob, EmbedStage, run_embed  # noqa: F401 - runners looked up by name (STEPS)
-from .extract import ExtractJob, ExtractStage, run_extract  # noqa: F401 - runners looked up by name (STEPS)
-from .index import IndexJob, IndexStage, run_index  # noqa: F401 - runners looked up by name (STEPS)
-from .rerank import RerankJob, RerankStage, run_rerank  # noqa: F401 - runners looked up by name (STEPS)
-from .retrieve import RetrieveJob, RetrieveStage, run_retrieve  # noqa: F401 - runners looked up by name (STEPS)
-from .runner import CompositeStage, Plan, RunOptions, Stage, StageContext, StageResult, run_stage
+from verbatim_batch import corpus, storage
+from verbatim_batch.options import Declared, OptionError, check, group, is_runtime, option, options_of, settings
+from verbatim_batch.pipeline.chunk import ChunkJob, ChunkStage, run_chunk  # noqa: F401 - runners looked up by name (STEPS)
+from verbatim_batch.pipeline.embed import EmbedJob, EmbedStage, run_embed  # noqa: F401 - runners looked up by name (STEPS)
+from verbatim_batch.pipeline.extract import ExtractJob, ExtractStage, run_extract  # noqa: F401 - runners looked up by name (STEPS)
+from verbatim_batch.pipeline.index import IndexJob, IndexStage, run_index  # noqa: F401 - runners looked up by name (STEPS)
+from verbatim_batch.pipeline.rerank import RerankJob, RerankStage, run_rerank  # noqa: F401 - runners looked up by name (STEPS)
+from verbatim_batch.pipeline.retrieve import RetrieveJob, RetrieveStage, run_retrieve  # noqa: F401 - runners looked up by name (STEPS)
+from verbatim_batch.pipeline.runner import CompositeStage, Plan, RunOptions, Stage, StageContext, StageResult, run_stage
+from verbatim_batch.runs import jsonable
 
 RERANK_STAGE = "reranked"  # between retrieval and spans, when the chain has a reranker
 
@@ -109,7 +109,7 @@ class Chain(Declared):
         """Everything the chain reads, checked before its first stage (a missing query file found after hours
         of chunking is hours lost): the corpus, metadata and query files, and every stage's options. Raises
         with one line."""
-        from .retrieve import read_queries
+        from verbatim_batch.pipeline.retrieve import read_queries
 
         for what, path in (("input", self.input), ("metadata", self.metadata)):
             if path and not storage.exists(path):
@@ -124,7 +124,7 @@ class Chain(Declared):
     def stage_jobs(self, output: str = "", **common: Any) -> dict[str, Any]:
         """``{stage folder: job}`` of every stage this chain runs, built from its section over the defaults
         (``output``: the chain's folder; ``common``: run options every stage shares)."""
-        from ..options import build
+        from verbatim_batch.options import build
 
         out = storage.normalize(output) if output else ""
         at = (lambda stage: storage.join(out, stage)) if out else (lambda stage: stage)

@@ -17,17 +17,26 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .. import corpus, storage
-from ..chunk import FORCED_SPLIT, OVERSIZED_BLOCK, UNDERSIZED, ChunkerConfig
-from ..ingest import DEFAULT_MAX_PAPER_MB, METADATA_FIELDS, UNCHANGED, IngestStage, paper_fingerprint
-from ..metadata import load_metadata, metadata_stats
-from ..options import group, option, settings
-from ..runs import committed_table_dir, jsonable, manifest_config, read_manifest, read_readable
-from ..tables import CHUNKS, PAPERS, QUARANTINE
-from ..verify import check_papers
-from .ray_env import cpus
-from .runner import Outcome, Plan, RunOptions, StageContext, StageResult, TableStage, Work, run_stage
-from .sink import changed_files
+from verbatim_batch import corpus, storage
+from verbatim_batch.chunk import FORCED_SPLIT, OVERSIZED_BLOCK, UNDERSIZED, ChunkerConfig
+from verbatim_batch.ingest import DEFAULT_MAX_PAPER_MB, METADATA_FIELDS, UNCHANGED, IngestStage, paper_fingerprint
+from verbatim_batch.metadata import load_metadata, metadata_stats
+from verbatim_batch.options import group, option, settings
+from verbatim_batch.pipeline.ray_env import cpus
+from verbatim_batch.pipeline.runner import (
+    Outcome,
+    Plan,
+    RunOptions,
+    StageContext,
+    StageResult,
+    TableStage,
+    Work,
+    run_stage,
+)
+from verbatim_batch.pipeline.sink import changed_files
+from verbatim_batch.runs import committed_table_dir, jsonable, manifest_config, read_manifest, read_readable
+from verbatim_batch.tables import CHUNKS, PAPERS, QUARANTINE
+from verbatim_batch.verify import check_papers
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +188,7 @@ def unchanged_sources(fs, files: list[corpus.SourceFile], duplicates: dict[str, 
         wanted[f.path] = (pid, prev.source_sha256)
     if not wanted:
         return {}
-    from .listing import file_digests
+    from verbatim_batch.pipeline.listing import file_digests
 
     digests = file_digests(fs, [f for f in files if f.path in wanted])
     return {path: wanted[path][0] for path, digest in digests.items() if digest == wanted[path][1]}
@@ -256,11 +265,11 @@ class ChunkStage(TableStage):
             # finds nothing changed never starts Ray.
             ctx.ray()
         if fmt == "md":
-            from .listing import md_duplicates
+            from verbatim_batch.pipeline.listing import md_duplicates
 
             duplicates, n_records = md_duplicates(files, job.max_paper_bytes)
         else:
-            from .source import record_duplicates  # the ids of Parquet/JSONL records: a Ray read
+            from verbatim_batch.pipeline.source import record_duplicates  # the ids of Parquet/JSONL records: a Ray read
 
             duplicates, n_records = record_duplicates(fs, files, fmt, job.max_paper_bytes, job.worker_restarts)
         t_scan = ctx.elapsed()
@@ -292,7 +301,7 @@ class ChunkStage(TableStage):
         w: ChunkWork = work.data
         if not w.files:
             return []
-        from .source import CorpusDatasource, read_corpus
+        from verbatim_batch.pipeline.source import CorpusDatasource, read_corpus
 
         return read_corpus(CorpusDatasource(w.fs, w.files, plan.facts, job.max_paper_bytes,
                                             parallelism=max(200, 4 * cpus())), job.worker_restarts)

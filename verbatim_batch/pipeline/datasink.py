@@ -13,11 +13,11 @@ import pyarrow as pa
 from ray.data import Datasink
 from ray.data.block import BlockAccessor
 
-from ..faults import fault_point
-from ..runs import record_write
-from ..tables import stable_hash
-from .batches import strip_internal
-from .sink import TableCounter, TableSinkResult, no_counts, sum_live_files, write_table_file
+from verbatim_batch.faults import fault_point
+from verbatim_batch.pipeline.batches import strip_internal
+from verbatim_batch.pipeline.sink import TableCounter, TableSinkResult, no_counts, sum_live_files, write_table_file
+from verbatim_batch.runs import record_write
+from verbatim_batch.tables import stable_hash
 
 
 class StageTableSink(Datasink):

@@ -9,15 +9,15 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .. import storage
-from ..embed import EmbedderConfig
-from ..options import group, option
-from ..runs import committed_table_dir, manifest_config
-from ..tables import embeddings_schema
-from .batches import drop_keys, strip_internal, with_counts
-from .model_actor import ModelActor, host
-from .resources import Cluster, Resources, ray_args, task_bounds
-from .runner import Plan, RunOptions, StageContext, TableStage, Work, run_stage
+from verbatim_batch import storage
+from verbatim_batch.embed import EmbedderConfig
+from verbatim_batch.options import group, option
+from verbatim_batch.pipeline.batches import drop_keys, strip_internal, with_counts
+from verbatim_batch.pipeline.model_actor import ModelActor, host
+from verbatim_batch.pipeline.resources import Cluster, Resources, ray_args, task_bounds
+from verbatim_batch.pipeline.runner import Plan, RunOptions, StageContext, TableStage, Work, run_stage
+from verbatim_batch.runs import committed_table_dir, manifest_config
+from verbatim_batch.tables import embeddings_schema
 
 if TYPE_CHECKING:
     import ray  # imported where a stage runs: the CLI parses its options without importing Ray
@@ -33,7 +33,7 @@ def embed_tokenize(batch: pa.Table, config) -> pa.Table:
     (one per GPU) runs only the forward pass."""
     import time
 
-    from ..embed import EmbedTokenizer
+    from verbatim_batch.embed import EmbedTokenizer
 
     tokenizer = host(EmbedTokenizer, config)
     t0 = time.perf_counter()
@@ -49,7 +49,7 @@ class EmbedActor(ModelActor):
     what = "embed"
 
     def load(self, config):
-        from ..embed import Embedder
+        from verbatim_batch.embed import Embedder
 
         return Embedder(config)
 
@@ -130,7 +130,7 @@ class EmbedStage(TableStage):
     def plan(self) -> Plan:
         from transformers import AutoConfig
 
-        from ..embed import EmbedderConfig, embedder_fingerprint
+        from verbatim_batch.embed import EmbedderConfig, embedder_fingerprint
 
         job: EmbedJob = self.job
         cfg = job.embedder or EmbedderConfig()

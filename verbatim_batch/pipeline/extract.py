@@ -18,20 +18,29 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .. import storage
-from ..extract.gate import DEFAULT_MAX_CHUNK_CHARS
-from ..extract.highlighter import HighlighterConfig
-from ..extract.llm import LLMConfig
-from ..extract.semantic import SemanticConfig
-from ..options import group, is_runtime, option, runtime_fields, settings
-from ..runs import committed_table_dir, expect_tables, jsonable, manifest_config, read_manifest, read_table
-from ..tables import PAIR_INPUT, PAIRS, REJECTS, SPANS
-from .batches import drop_keys, strip_internal, with_counts, with_retry_count
-from .model_actor import ModelActor, host, stage_failed
-from .pair_plan import query_blocks
-from .resources import Cluster, Resources, ray_args, task_bounds
-from .retrieve import read_queries
-from .runner import Outcome, Plan, RunOptions, StageContext, StageResult, TableStage, Work, run_stage
+from verbatim_batch import storage
+from verbatim_batch.extract.gate import DEFAULT_MAX_CHUNK_CHARS
+from verbatim_batch.extract.highlighter import HighlighterConfig
+from verbatim_batch.extract.llm import LLMConfig
+from verbatim_batch.extract.semantic import SemanticConfig
+from verbatim_batch.options import group, is_runtime, option, runtime_fields, settings
+from verbatim_batch.pipeline.batches import drop_keys, strip_internal, with_counts, with_retry_count
+from verbatim_batch.pipeline.model_actor import ModelActor, host, stage_failed
+from verbatim_batch.pipeline.pair_plan import query_blocks
+from verbatim_batch.pipeline.resources import Cluster, Resources, ray_args, task_bounds
+from verbatim_batch.pipeline.retrieve import read_queries
+from verbatim_batch.pipeline.runner import (
+    Outcome,
+    Plan,
+    RunOptions,
+    StageContext,
+    StageResult,
+    TableStage,
+    Work,
+    run_stage,
+)
+from verbatim_batch.runs import committed_table_dir, expect_tables, jsonable, manifest_config, read_manifest, read_table
+from verbatim_batch.tables import PAIR_INPUT, PAIRS, REJECTS, SPANS
 
 if TYPE_CHECKING:
     import ray  # imported where a stage runs: the CLI parses its options without importing Ray
@@ -55,7 +64,7 @@ def _with_inputs(packed: pa.Table, batch: pa.Table) -> pa.Table:
 
 def failed_pairs(stage, batch: pa.Table, error: str) -> pa.Table:
     """The packed rows of pairs a stage gave up on (``PairExtractor`` ``stage``): one error row each."""
-    from ..extract.gate import pack
+    from verbatim_batch.extract.gate import pack
 
     rows = batch.select(PAIR_INPUT.names).to_pylist()
     return _with_inputs(pack(stage.tables(rows, {}, [error] * len(rows), None)), batch)
@@ -76,8 +85,8 @@ class ExtractActor(ModelActor):
         super().__init__(config, threads, retries, token_budget)
 
     def load(self, config):
-        from ..extract.gate import PairExtractor
-        from ..extract.registry import build_extractor
+        from verbatim_batch.extract.gate import PairExtractor
+        from verbatim_batch.extract.registry import build_extractor
 
         return PairExtractor(build_extractor(config), self.run_id, self.max_chunk_chars)
 
@@ -86,7 +95,7 @@ class ExtractActor(ModelActor):
         return self.model
 
     def run(self, batch: pa.Table) -> tuple[pa.Table, dict[str, int]]:
-        from ..extract.gate import pack
+        from verbatim_batch.extract.gate import pack
 
         out = self.model(batch)
         t0 = time.perf_counter()
@@ -173,7 +182,7 @@ def pair_method(job: ExtractJob) -> str:
 def build_pairs(job: ExtractJob, sources: dict[str, Any] | None = None) -> pa.Table:
     """The job's ``PAIR_INPUT`` table, built on the driver (the extract stage plans a retrieval run's pairs in
     Ray tasks instead: ``pair_planner``; this is the reference it is tested against)."""
-    from ..extract.pairs import chunk_lookup, pairs_from_records, pairs_from_retrieval, read_pair_records
+    from verbatim_batch.extract.pairs import chunk_lookup, pairs_from_records, pairs_from_retrieval, read_pair_records
 
     sources = sources or pair_sources(job)
     if job.pairs is not None:
@@ -195,7 +204,7 @@ def pair_planner(job: ExtractJob, sources: dict[str, Any], start_ray) -> Any:
     the retrieval run (planned in Ray tasks; ``start_ray`` is called when the run is too large to plan here)."""
     if job.pairs is not None:
         return build_pairs(job, sources)
-    from .pair_plan import PairPlanner
+    from verbatim_batch.pipeline.pair_plan import PairPlanner
 
     return PairPlanner(committed_table_dir(job.retrieval, "retrieval"), sources["queries"],
                        committed_table_dir(sources["chunks"], "chunks"), pair_method(job), job.top_k, start_ray)
@@ -221,9 +230,9 @@ def extract_counts(pairs: pa.Table, spans_rows: int) -> dict[str, int]:
 
 def _highlight_tokenize(batch: pa.Table, config, max_chunk_chars: int) -> pa.Table:
     """CPU stage: validate and tokenise pairs into windows (``highlighter_stages.encode_table``)."""
-    from ..extract.gate import DEFAULT_MAX_QUERY_CHARS
-    from ..extract.highlighter import HighlighterTokenizer
-    from ..extract.highlighter_stages import encode_table
+    from verbatim_batch.extract.gate import DEFAULT_MAX_QUERY_CHARS
+    from verbatim_batch.extract.highlighter import HighlighterTokenizer
+    from verbatim_batch.extract.highlighter_stages import encode_table
 
     tokenizer = host(HighlighterTokenizer, config)
     t0 = time.perf_counter()
@@ -239,7 +248,7 @@ class HighlightForwardActor(ModelActor):
     what = "extract"
 
     def load(self, config):
-        from ..extract.highlighter import Highlighter
+        from verbatim_batch.extract.highlighter import Highlighter
 
         return Highlighter(config)
 
@@ -248,7 +257,7 @@ class HighlightForwardActor(ModelActor):
         return self.model
 
     def run(self, batch: pa.Table) -> tuple[pa.Table, dict[str, int]]:
-        from ..extract.highlighter_stages import forward_table
+        from verbatim_batch.extract.highlighter_stages import forward_table
 
         return forward_table(self.model, batch), {}
 
@@ -257,7 +266,7 @@ class HighlightForwardActor(ModelActor):
                 "time_ms.model": round(1000 * wall_s)}
 
     def failed_rows(self, batch: pa.Table, error: str) -> pa.Table:
-        from ..extract.highlighter_stages import failed_forward_table
+        from verbatim_batch.extract.highlighter_stages import failed_forward_table
 
         return failed_forward_table(batch, error)
 
@@ -265,8 +274,8 @@ class HighlightForwardActor(ModelActor):
 def _highlight_spans(batch: pa.Table, config, run_id: str, info: dict[str, Any],
                      max_chunk_chars: int) -> pa.Table:
     """CPU stage: spans, the verbatim gate and the packed rows (``highlighter_stages.spans_table``)."""
-    from ..extract.gate import PairExtractor, pack
-    from ..extract.highlighter_stages import HighlighterRows, spans_table
+    from verbatim_batch.extract.gate import PairExtractor, pack
+    from verbatim_batch.extract.highlighter_stages import HighlighterRows, spans_table
 
     batch, carried = strip_internal(batch)  # counts and retries of the earlier stages ride on to the sink
     stage = PairExtractor(HighlighterRows(info), run_id, max_chunk_chars)
@@ -300,7 +309,7 @@ class ExtractSetup:
 def _highlighter_stages(setup: ExtractSetup, pairs: ray.data.Dataset) -> ray.data.Dataset:
     """Tokenize (CPU tasks) -> forward pass (one model actor per GPU, else CPU actors) -> spans and the verbatim
     gate (CPU tasks), as ``ray.data.llm`` splits its stages: the model's process does nothing but the model."""
-    from ..extract.highlighter import host_describe
+    from verbatim_batch.extract.highlighter import host_describe
 
     cfg = setup.extractor
     bounds = task_bounds(setup.resources.restarts)
@@ -330,7 +339,7 @@ def pairs_dataset(pairs: pa.Table | ray.data.Dataset, batch_rows: int, query_gro
 def judges_queries(config: Any) -> bool:
     """Whether an extractor judges a query's retrieved pairs together (the semantic extractor with a
     ``query_margin`` below 1 or a ``query_max_spans``): then its batches hold whole queries."""
-    from ..extract.semantic import judges_queries as semantic_judges
+    from verbatim_batch.extract.semantic import judges_queries as semantic_judges
 
     return isinstance(config, SemanticConfig) and semantic_judges(config)
 
@@ -340,7 +349,7 @@ def _model_actors(setup: ExtractSetup, pairs: pa.Table | ray.data.Dataset) -> ra
     model actors (``_highlighter_stages``). An extractor that judges a query's pairs together gets blocks of
     whole queries (the planner's, or a table's ``query_blocks``), each call its ``query_blocks`` of about
     ``batch_rows`` pairs, so a query's pairs are never split between calls."""
-    from ..extract.highlighter import HighlighterConfig
+    from verbatim_batch.extract.highlighter import HighlighterConfig
 
     grouped = judges_queries(setup.extractor)
     res = setup.resources.with_(whole_blocks=True) if grouped else setup.resources
@@ -368,8 +377,8 @@ def _vllm(setup: ExtractSetup, pairs: pa.Table | ray.data.Dataset) -> ray.data.D
     engines leave (``extract.vllm.helper_cpus``), block by block (engine output blocks mix success and error
     rows, whose columns differ). Requests are formed block by block in tasks, from blocks that hold whole
     queries (the planner's, or a table's ``query_blocks``): no pair passes through the driver."""
-    from ..extract.vllm import LLMInterpret, helper_cpus, invalid_pairs, request_rows, vllm_dataset
-    from .pair_plan import IO_BLOCK_PAIRS
+    from verbatim_batch.extract.vllm import LLMInterpret, helper_cpus, invalid_pairs, request_rows, vllm_dataset
+    from verbatim_batch.pipeline.pair_plan import IO_BLOCK_PAIRS
 
     cfg = setup.extractor
     cluster = setup.cluster or Cluster.current()
@@ -402,7 +411,7 @@ def extract_dataset(job: ExtractJob, pairs: pa.Table | ray.data.Dataset, run_id:
     """Packed pairs+spans+rejects blocks for the job's extractor, run the way its registration says, with
     ``resources`` (its placement's, the job's options applied: the runner's ``ctx.resources``). ``pairs``: a
     table, or (model and I/O placements) the planner's dataset of blocks (``pairs_dataset``)."""
-    from ..extract import registry
+    from verbatim_batch.extract import registry
 
     setup = ExtractSetup(job.extractor, resources, run_id, job.max_chunk_chars, job.batch_retries)
     return PLACEMENTS[registry.placement(job.extractor)](setup, pairs)
@@ -452,7 +461,7 @@ def unchanged_pairs(previous: str, pairs: pa.Table, config: dict[str, Any]) -> s
 
 
 def _input_hashes(pairs: pa.Table) -> list[str]:
-    from .pair_plan import input_hashes
+    from verbatim_batch.pipeline.pair_plan import input_hashes
 
     return input_hashes(pairs).to_pylist()
 
@@ -476,12 +485,12 @@ class ExtractStage(TableStage):
     resources = PLACEMENT_RESOURCES  # by the extractor's placement (``placement``); the runner applies the options
 
     def placement(self) -> str:
-        from ..extract import registry
+        from verbatim_batch.extract import registry
 
         return registry.placement(self.job.extractor)
 
     def plan(self) -> Plan:
-        from ..extract import registry
+        from verbatim_batch.extract import registry
 
         job: ExtractJob = self.job
         sources = pair_sources(job)
@@ -514,7 +523,7 @@ class ExtractStage(TableStage):
         return _unpack
 
     def dataset(self, plan: Plan, work: Work, skip: pa.Array, ctx: StageContext) -> ray.data.Dataset:
-        from ..extract import registry
+        from verbatim_batch.extract import registry
 
         if isinstance(work.data, pa.Table):
             pairs: pa.Table = work.data
@@ -535,7 +544,7 @@ class ExtractStage(TableStage):
 
 
 def _unpack(packed: pa.Table) -> dict[str, pa.Table]:
-    from ..extract.gate import unpack
+    from verbatim_batch.extract.gate import unpack
 
     if not packed.num_rows and "spans" not in packed.column_names:  # a block with nothing in it
         return {}

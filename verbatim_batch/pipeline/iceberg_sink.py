@@ -9,7 +9,7 @@ from typing import Any
 
 from ray.data._internal.datasource.iceberg_datasink import IcebergDatasink
 
-from ..faults import fault_point
+from verbatim_batch.faults import fault_point
 
 
 class DataFilesSink(IcebergDatasink):

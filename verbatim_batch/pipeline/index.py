@@ -10,13 +10,13 @@ from typing import Any
 
 import pyarrow as pa
 
-from .. import storage
-from ..index.dense import DenseSpec
-from ..index.folder import build_index_files, index_fingerprint, update_index_files
-from ..options import group, option
-from ..runs import committed_table_dir, manifest_config, read_manifest
-from .resources import Resources, ray_args
-from .runner import Plan, RunOptions, Stage, StageContext, StageResult, run_stage
+from verbatim_batch import storage
+from verbatim_batch.index.dense import DenseSpec
+from verbatim_batch.index.folder import build_index_files, index_fingerprint, update_index_files
+from verbatim_batch.options import group, option
+from verbatim_batch.pipeline.resources import Resources, ray_args
+from verbatim_batch.pipeline.runner import Plan, RunOptions, Stage, StageContext, StageResult, run_stage
+from verbatim_batch.runs import committed_table_dir, manifest_config, read_manifest
 
 
 @dataclass
@@ -55,7 +55,7 @@ class IndexStage(Stage):
 
     def _update(self, facts: IndexFacts, staging: str) -> dict[str, Any] | None:
         """Stats of an in-place update of ``previous``, or None when it must be rebuilt."""
-        from ..index import DenseSpec
+        from verbatim_batch.index import DenseSpec
 
         job: IndexJob = self.job
         prev = manifest_config(job.previous)
@@ -72,7 +72,7 @@ class IndexStage(Stage):
         return stats
 
     def execute(self, plan: Plan, ctx: StageContext) -> StageResult:
-        from ..index import DenseSpec
+        from verbatim_batch.index import DenseSpec
 
         job: IndexJob = self.job
         facts: IndexFacts = plan.facts

@@ -11,8 +11,8 @@ from collections.abc import Iterable
 
 import pyarrow.fs as pafs
 
-from .. import corpus
-from .sink import in_tasks, ray_if_up
+from verbatim_batch import corpus
+from verbatim_batch.pipeline.sink import in_tasks, ray_if_up
 
 MIN_GROUP_BYTES = 8 * 1024 * 1024
 

@@ -19,8 +19,8 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 
-from .batches import with_counts, with_retries, with_retry_count
-from .live import Reporter
+from verbatim_batch.pipeline.batches import with_counts, with_retries, with_retry_count
+from verbatim_batch.pipeline.live import Reporter
 
 _HOSTS: dict[tuple[Any, Any], Any] = {}
 

@@ -32,11 +32,13 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from .. import storage
-from ..faults import fault_point
-from ..options import group, option
-from ..publish import IcebergTarget
-from ..runs import (
+from verbatim_batch import storage
+from verbatim_batch.faults import fault_point
+from verbatim_batch.options import group, option
+from verbatim_batch.pipeline.chains import Chain, chain_result, chain_settings, run_chain
+from verbatim_batch.pipeline.runner import CompositeStage, Plan, RunOptions, StageContext, StageResult, run_stage
+from verbatim_batch.publish import IcebergTarget
+from verbatim_batch.runs import (
     RUNS_DIR,
     OutputBusyError,
     acquire_lock,
@@ -47,8 +49,6 @@ from ..runs import (
     release_lock,
     safe_run_id,
 )
-from .chains import Chain, chain_result, chain_settings, run_chain
-from .runner import CompositeStage, Plan, RunOptions, StageContext, StageResult, run_stage
 
 
 @dataclass(kw_only=True)
@@ -95,7 +95,7 @@ class NightlyStage(CompositeStage):
         job: NightlyJob = self.job
         manifest = manifest | {"pruned": publish(storage.normalize(job.root), manifest["run_id"], job.keep_runs)}
         if job.publish is not None:  # also on a rerun of a committed night: a publish cut short completes
-            from .publish import PublishJob, run_publish
+            from verbatim_batch.pipeline.publish import PublishJob, run_publish
 
             try:
                 manifest["published"] = run_publish(PublishJob(source=path, target=job.publish,
@@ -117,7 +117,7 @@ def run_nightly(job: NightlyJob) -> tuple[str, dict[str, Any]]:
     run_id = safe_run_id(job.run_id or new_run_id("nightly", {"root": root}))
     job.chain.check()  # a refusal for a missing input leaves nothing, not even the root's lock folder
     if job.publish is not None:  # the extra missing, a catalog it cannot open: refused before the night, not after
-        from ..publish import open_catalog
+        from verbatim_batch.publish import open_catalog
 
         job.publish.check()
         open_catalog(job.publish)

@@ -23,9 +23,9 @@ import threading
 import time
 from typing import Any, TextIO
 
-from .. import storage
-from ..runs import WRITES_DIR
-from . import live
+from verbatim_batch import storage
+from verbatim_batch.pipeline import live
+from verbatim_batch.runs import WRITES_DIR
 
 MODES = ("auto", "bar", "log", "off", "ray")
 HEARTBEAT = 6  # intervals without a change before a log line says so anyway

@@ -20,10 +20,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import storage
-from ..faults import fault_point
-from ..options import group, option
-from ..publish import (
+from verbatim_batch import storage
+from verbatim_batch.faults import fault_point
+from verbatim_batch.options import group, option
+from verbatim_batch.publish import (
     PUBLISHED,
     IcebergTarget,
     commit_night,
@@ -34,8 +34,8 @@ from ..publish import (
     night_snapshot,
     open_catalog,
 )
-from ..runs import MANIFEST_FILE, RUNS_DIR, current_run, read_manifest
-from ..telemetry.options import MetricsOptions
+from verbatim_batch.runs import MANIFEST_FILE, RUNS_DIR, current_run, read_manifest
+from verbatim_batch.telemetry.options import MetricsOptions
 
 log = logging.getLogger(__name__)
 # a local publish of less Parquet than this writes in this process: through a local Ray it cost 36-53 tree CPU-s
@@ -98,10 +98,10 @@ def write_data_files(table: Any, name: str, night: str, files: list[str], job: P
     file at a time. Returns their pyiceberg ``DataFile`` records."""
     import ray
 
-    from .iceberg_sink import DataFilesSink
-    from .ray_env import init_ray
-    from .resources import task_bounds
-    from .restarts import Restarting
+    from verbatim_batch.pipeline.iceberg_sink import DataFilesSink
+    from verbatim_batch.pipeline.ray_env import init_ray
+    from verbatim_batch.pipeline.resources import task_bounds
+    from verbatim_batch.pipeline.restarts import Restarting
 
     sink = DataFilesSink(table)
     if job is None:
@@ -131,7 +131,7 @@ def with_ray(job: PublishJob, night: Night) -> bool:
     and even one Ray Data execution per table, cost more than writing them."""
     import ray
 
-    from .ray_env import started_locally
+    from verbatim_batch.pipeline.ray_env import started_locally
 
     if job.address or os.environ.get("RAY_ADDRESS") or (ray.is_initialized() and not started_locally()):
         return True

@@ -9,14 +9,14 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from .. import storage
-from ..extract.llm import LLMConfig
-from ..options import group, option, runtime
-from ..runs import committed_table_dir, jsonable, read_table
-from ..tables import GENERATED_QUERIES
-from .batches import drop_keys
-from .resources import Resources, ray_args
-from .runner import Outcome, Plan, RunOptions, StageContext, TableStage, Work, run_stage
+from verbatim_batch import storage
+from verbatim_batch.extract.llm import LLMConfig
+from verbatim_batch.options import group, option, runtime
+from verbatim_batch.pipeline.batches import drop_keys
+from verbatim_batch.pipeline.resources import Resources, ray_args
+from verbatim_batch.pipeline.runner import Outcome, Plan, RunOptions, StageContext, TableStage, Work, run_stage
+from verbatim_batch.runs import committed_table_dir, jsonable, read_table
+from verbatim_batch.tables import GENERATED_QUERIES
 
 if TYPE_CHECKING:
     import ray  # imported where a stage runs: the CLI parses its options without importing Ray
@@ -26,8 +26,8 @@ class QueryGenActor:
     """Three-step query generation for a batch of chunks over an OpenAI-compatible endpoint."""
 
     def __init__(self, config) -> None:
-        from ..extract.llm import OpenAIClient
-        from ..querygen import QueryGenerator
+        from verbatim_batch.extract.llm import OpenAIClient
+        from verbatim_batch.querygen import QueryGenerator
 
         client = OpenAIClient(config)
         self.generator = QueryGenerator(client.chat, config.model, max_in_flight=config.max_in_flight)
@@ -69,7 +69,7 @@ class QueryGenStage(TableStage):
         return Plan(config=config, inputs=(job.chunks,))
 
     def work(self, plan: Plan, ctx: StageContext) -> Work:
-        from ..querygen import pick_chunks, sample_papers
+        from verbatim_batch.querygen import pick_chunks, sample_papers
 
         job: QueryGenJob = self.job
         papers_dir = committed_table_dir(job.chunks, "papers")

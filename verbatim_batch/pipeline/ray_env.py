@@ -69,7 +69,7 @@ def quiet_ray_data() -> None:
     from ray.data import DataContext
     from ray.util.debug import log_once
 
-    from .progress import mode
+    from verbatim_batch.pipeline.progress import mode
 
     ctx = DataContext.get_current()
     if mode() != "ray":
@@ -79,7 +79,7 @@ def quiet_ray_data() -> None:
         ctx.print_on_execution_start = False
     log_once("cpu_warning")
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
-    from .worker_faults import HideFaultTracebacks
+    from verbatim_batch.pipeline.worker_faults import HideFaultTracebacks
 
     for handler in logging.getLogger("ray.data").handlers:  # the console one; its log file keeps everything
         if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler) and \
@@ -164,7 +164,7 @@ def _start_local(num_cpus: int | None = None, log_to_driver: bool = True, oom_re
     import ray
     from ray._private import services
 
-    from .restarts import Restarting
+    from verbatim_batch.pipeline.restarts import Restarting
 
     oom = Restarting.worker_restarts if oom_retries is None else oom_retries
 
@@ -191,7 +191,7 @@ def _start_local(num_cpus: int | None = None, log_to_driver: bool = True, oom_re
             services.resolve_ip_for_localhost = resolve
     global _STARTED_LOCAL
     _STARTED_LOCAL = True
-    from .reaper import start
+    from verbatim_batch.pipeline.reaper import start
 
     start()  # the local Ray's processes do not outlive this driver, even after kill -9
 

@@ -17,14 +17,23 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..options import group, option
-from ..rerank import RerankerConfig
-from ..runs import committed_table_dir, jsonable, manifest_config, read_table
-from ..tables import RERANKED, stable_hash
-from .batches import drop_keys
-from .model_actor import ModelActor
-from .resources import Resources, ray_args
-from .runner import Outcome, Plan, RunOptions, StageContext, StageResult, TableStage, Work, run_stage
+from verbatim_batch.options import group, option
+from verbatim_batch.pipeline.batches import drop_keys
+from verbatim_batch.pipeline.model_actor import ModelActor
+from verbatim_batch.pipeline.resources import Resources, ray_args
+from verbatim_batch.pipeline.runner import (
+    Outcome,
+    Plan,
+    RunOptions,
+    StageContext,
+    StageResult,
+    TableStage,
+    Work,
+    run_stage,
+)
+from verbatim_batch.rerank import RerankerConfig
+from verbatim_batch.runs import committed_table_dir, jsonable, manifest_config, read_table
+from verbatim_batch.tables import RERANKED, stable_hash
 
 if TYPE_CHECKING:
     import ray  # imported where a stage runs: the CLI parses its options without importing Ray
@@ -37,7 +46,7 @@ class RerankActor(ModelActor):
     what = "rerank"
 
     def load(self, config):
-        from ..rerank import Reranker
+        from verbatim_batch.rerank import Reranker
 
         return Reranker(config)
 
@@ -83,7 +92,7 @@ class RerankStage(TableStage):
     resources = Resources(cpus=1, gpus=1, batch_rows=RerankJob.batch_rows, whole_blocks=True)
 
     def plan(self) -> Plan:
-        from ..rerank import weights_fingerprint
+        from verbatim_batch.rerank import weights_fingerprint
 
         job: RerankJob = self.job
         if job.top_k < 1:
@@ -111,7 +120,7 @@ class RerankStage(TableStage):
     def dataset(self, plan: Plan, work: Work, skip: pa.Array, ctx: StageContext) -> ray.data.Dataset:
         import ray
 
-        from .pair_plan import query_blocks
+        from verbatim_batch.pipeline.pair_plan import query_blocks
 
         job: RerankJob = self.job
         cands: pa.Table = work.data
@@ -130,7 +139,7 @@ class RerankStage(TableStage):
 
 
 def _model_id(cfg) -> str:
-    from ..embed import portable_model_id
+    from verbatim_batch.embed import portable_model_id
 
     return portable_model_id(cfg.model)
 
@@ -138,8 +147,8 @@ def _model_id(cfg) -> str:
 def candidates(job: RerankJob, queries_path: str, chunks_run: str) -> pa.Table:
     """The rows to rerank: each query's first ``top_k`` rows of ``method``, with the query and chunk text
     (``rerank.CANDIDATE_COLUMNS``), ordered by query then first rank."""
-    from ..extract.pairs import chunk_lookup
-    from .retrieve import read_queries
+    from verbatim_batch.extract.pairs import chunk_lookup
+    from verbatim_batch.pipeline.retrieve import read_queries
 
     retrieval = read_table(job.retrieval, "retrieval")
     methods = set(retrieval["method"].to_pylist())

@@ -31,8 +31,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from . import ray_env
-from .restarts import Restarting
+from verbatim_batch.pipeline import ray_env
+from verbatim_batch.pipeline.restarts import Restarting
 
 
 def _quiet_bounds_warning() -> None:
@@ -145,7 +145,7 @@ def ray_args(res: Resources, fn: Any = None, cluster: Cluster | None = None, **k
     args.update(resources)
     if gpus:
         args["num_gpus"] = gpus
-    from .model_actor import ModelActor
+    from verbatim_batch.pipeline.model_actor import ModelActor
 
     if issubclass(fn, ModelActor) and (res.gpus or res.token_budget):
         extra: dict[str, Any] = {}

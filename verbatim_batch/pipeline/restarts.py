@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..options import Declared, option
+from verbatim_batch.options import Declared, option
 
 
 @dataclass(kw_only=True)

@@ -10,15 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from .. import storage
-from ..options import group, option
-from ..records import iter_records
-from ..retrieve import RetrieverConfig
-from ..runs import jsonable, manifest_config
-from ..tables import QUERIES, RETRIEVAL, query_id_for, stable_hash
-from .batches import drop_keys
-from .resources import Cluster, Resources, ray_args
-from .runner import Outcome, Plan, RunOptions, StageContext, TableStage, Work, run_stage
+from verbatim_batch import storage
+from verbatim_batch.options import group, option
+from verbatim_batch.pipeline.batches import drop_keys
+from verbatim_batch.pipeline.resources import Cluster, Resources, ray_args
+from verbatim_batch.pipeline.runner import Outcome, Plan, RunOptions, StageContext, TableStage, Work, run_stage
+from verbatim_batch.records import iter_records
+from verbatim_batch.retrieve import RetrieverConfig
+from verbatim_batch.runs import jsonable, manifest_config
+from verbatim_batch.tables import QUERIES, RETRIEVAL, query_id_for, stable_hash
 
 if TYPE_CHECKING:
     import ray  # imported where a stage runs: the CLI parses its options without importing Ray
@@ -29,12 +29,12 @@ class RetrieveActor:
     text (from the index's chunk run), what ``api.extract`` takes, so retrieve -> extract needs no join."""
 
     def __init__(self, config, with_text: bool = False) -> None:
-        from ..retrieve import Retriever
+        from verbatim_batch.retrieve import Retriever
 
         self.retriever = Retriever(config)
         self.chunks_dir = None
         if with_text:
-            from ..runs import committed_table_dir
+            from verbatim_batch.runs import committed_table_dir
 
             self.chunks_dir = committed_table_dir(manifest_config(config.index_dir)["chunks"], "chunks")
 
@@ -42,7 +42,7 @@ class RetrieveActor:
         out = self.retriever(batch)
         if self.chunks_dir is None:
             return out
-        from ..extract.pairs import chunk_lookup
+        from verbatim_batch.extract.pairs import chunk_lookup
 
         queries = [q or "" for q in batch["query"].to_pylist()]
         given = batch["query_id"].to_pylist() if "query_id" in batch.column_names else [None] * len(queries)
@@ -122,7 +122,7 @@ class RetrieveStage(TableStage):
     resources = Resources(cpus=1, gpus=1, batch_rows=RetrieveJob.batch_rows)  # one per GPU, else CPU actors
 
     def plan(self) -> Plan:
-        from ..retrieve import RetrieverConfig
+        from verbatim_batch.retrieve import RetrieverConfig
 
         job: RetrieveJob = self.job
         cfg = job.retriever or RetrieverConfig(index_dir=job.index)

@@ -44,10 +44,23 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .. import storage
-from ..options import input_paths, option, options_of
-from ..redact import redact
-from ..runs import (
+from verbatim_batch import storage
+from verbatim_batch.options import input_paths, option, options_of
+from verbatim_batch.pipeline.progress import Progress
+from verbatim_batch.pipeline.ray_env import init_ray
+from verbatim_batch.pipeline.resources import task_bounds
+from verbatim_batch.pipeline.restarts import Restarting
+from verbatim_batch.pipeline.sink import (
+    TableSinkResult,
+    carry_rows,
+    compact,
+    no_counts,
+    sum_live_files,
+    write_files_index,
+)
+from verbatim_batch.pipeline.worker_faults import stopped
+from verbatim_batch.redact import redact
+from verbatim_batch.runs import (
     acquire_lock,
     build_manifest,
     check_output_names,
@@ -62,18 +75,12 @@ from ..runs import (
     staged,
     write_manifest,
 )
-from ..tables import config_hash
-from ..telemetry import accounting, perf, session
-from ..telemetry.options import MetricsOptions
-from .progress import Progress
-from .ray_env import init_ray
-from .resources import task_bounds
-from .restarts import Restarting
-from .sink import TableSinkResult, carry_rows, compact, no_counts, sum_live_files, write_files_index
-from .worker_faults import stopped
+from verbatim_batch.tables import config_hash
+from verbatim_batch.telemetry import accounting, perf, session
+from verbatim_batch.telemetry.options import MetricsOptions
 
 if TYPE_CHECKING:
-    from .resources import Resources
+    from verbatim_batch.pipeline.resources import Resources
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +88,7 @@ STANDARD_COUNTS = ("rows_in", "rows_new", "rows_carried", "rows_resumed")
 
 
 def _run_id(run_id: str) -> str:
-    from ..runs import safe_run_id
+    from verbatim_batch.runs import safe_run_id
 
     return safe_run_id(run_id)
 
@@ -174,8 +181,8 @@ class StageContext:
 
 def declaration_problems(cls: type[Stage]) -> list[str]:
     """What is missing or inconsistent in a stage class's declarations (empty when sound)."""
-    from ..telemetry.declare import OUTCOMES
-    from .resources import Resources
+    from verbatim_batch.pipeline.resources import Resources
+    from verbatim_batch.telemetry.declare import OUTCOMES
 
     out = []
     for name, tables in cls.reads.items():
@@ -288,7 +295,7 @@ class TableStage(Stage):
 
     def writer(self, plan: Plan, work: Work) -> Callable[[pa.Table], dict[str, pa.Table]]:
         """Block -> tables, run inside the sink's write tasks. Default: rows of the first table."""
-        from .batches import as_table
+        from verbatim_batch.pipeline.batches import as_table
 
         return as_table(next(iter(self.tables)))
 
@@ -314,7 +321,7 @@ class CompositeStage(Stage):
 
 
 def write_report(run_dir: str, manifest: dict[str, Any]) -> None:
-    from ..report import write_report as write
+    from verbatim_batch.report import write_report as write
 
     write(run_dir, manifest)
 
@@ -493,7 +500,9 @@ def _run_table_stage(stage: TableStage, plan: Plan, ctx: StageContext) -> StageR
         todo = len(work.keys) - _unique_in(work.keys, skip)
     timings: dict[str, float] = dict(work.timings_s)
     if todo:  # nothing is loaded when every row is carried or already done, and Ray is not even imported
-        from .datasink import StageTableSink  # Ray Data: imported when a stage writes, not with the jobs' options
+        from verbatim_batch.pipeline.datasink import (
+            StageTableSink,  # Ray Data: imported when a stage writes, not with the jobs' options
+        )
 
         sink = StageTableSink(stage.writer(plan, work), ctx.staging, schemas,
                               key_columns=stage.record_keys(), table_counts=stage.table_counts)

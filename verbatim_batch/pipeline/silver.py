@@ -16,16 +16,16 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .. import storage
-from ..extract.highlighter import HighlighterConfig
-from ..extract.llm import LLMConfig
-from ..options import group, option
-from ..runs import committed_table_dir, jsonable, read_table
-from ..tables import group_by
-from .extract import ExtractJob, run_extract
-from .querygen import HTTP_OPTIONS, QueryGenJob, run_querygen
-from .retrieve import RetrieveJob, run_retrieve
-from .runner import CompositeStage, Plan, RunOptions, Stage, StageContext, StageResult, run_stage
+from verbatim_batch import storage
+from verbatim_batch.extract.highlighter import HighlighterConfig
+from verbatim_batch.extract.llm import LLMConfig
+from verbatim_batch.options import group, option
+from verbatim_batch.pipeline.extract import ExtractJob, run_extract
+from verbatim_batch.pipeline.querygen import HTTP_OPTIONS, QueryGenJob, run_querygen
+from verbatim_batch.pipeline.retrieve import RetrieveJob, run_retrieve
+from verbatim_batch.pipeline.runner import CompositeStage, Plan, RunOptions, Stage, StageContext, StageResult, run_stage
+from verbatim_batch.runs import committed_table_dir, jsonable, read_table
+from verbatim_batch.tables import group_by
 
 
 @dataclass
@@ -81,7 +81,7 @@ class SilverDataStage(Stage):
         return Plan(config=config, inputs=tuple(path for path, _ in self.steps.values()))
 
     def execute(self, plan: Plan, ctx: StageContext) -> StageResult:
-        from .. import silver
+        from verbatim_batch import silver
 
         job: SilverJob = self.job
         (_, qg), (ex_dir, ex) = self.steps["querygen"], self.steps["teacher"]
@@ -90,7 +90,7 @@ class SilverDataStage(Stage):
         train, dev = silver.split_by_query(kept, dev_fraction=job.dev_fraction, seed=job.seed)
         tokenizer = None
         if job.tokenizer:
-            from ..models import load_tokenizer
+            from verbatim_batch.models import load_tokenizer
 
             tokenizer = load_tokenizer(job.tokenizer, "--tokenizer")
         written = silver.write_silver(ctx.staging, train, dev, tokenizer=tokenizer, max_length=job.max_length,
@@ -113,7 +113,7 @@ class SilverStage(CompositeStage):
     def plan(self) -> Plan:
         job: SilverJob = self.job
         if job.tokenizer:  # checked now, not after the LLM work (one line, exit 2)
-            from ..models import load_tokenizer
+            from verbatim_batch.models import load_tokenizer
 
             load_tokenizer(job.tokenizer, "--tokenizer")
         teacher = dataclasses.replace(job.llm, style="paragraph")
@@ -123,7 +123,7 @@ class SilverStage(CompositeStage):
         return Plan(config=config, inputs=(job.chunks, job.index))
 
     def execute(self, plan: Plan, ctx: StageContext) -> StageResult:
-        from ..retrieve import RetrieverConfig
+        from verbatim_batch.retrieve import RetrieverConfig
 
         job: SilverJob = self.job
         out = ctx.staging
@@ -158,7 +158,7 @@ def run_silver(job: SilverJob) -> tuple[str, dict[str, Any]]:
 
 def teacher_rows(extract_dir: str, chunks_run: str, teacher_model: str) -> tuple[list[dict[str, Any]], int]:
     """One dict per teacher pair with its chunk, heading path and verbatim spans; and how many pairs failed."""
-    from ..extract.pairs import chunk_lookup
+    from verbatim_batch.extract.pairs import chunk_lookup
 
     pairs = read_table(extract_dir, "pairs").to_pylist()
     spans = group_by(read_table(extract_dir, "spans", ["pair_id", "start", "end", "text"]).to_pylist())

@@ -18,9 +18,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .. import storage
-from ..faults import fault_point
-from ..runs import (
+from verbatim_batch import storage
+from verbatim_batch.faults import fault_point
+from verbatim_batch.pipeline.resources import Resources, ray_args
+from verbatim_batch.runs import (
     CARRIED_PREFIX,
     WRITES_DIR,
     committed_table_dir,
@@ -29,9 +30,8 @@ from ..runs import (
     read_writes,
     record_write,
 )
-from ..runs import record_keys as keys_of_records
-from ..tables import stable_hash
-from .resources import Resources, ray_args
+from verbatim_batch.runs import record_keys as keys_of_records
+from verbatim_batch.tables import stable_hash
 
 log = logging.getLogger(__name__)
 TableCounter = Callable[[str, pa.Table], dict[str, int]]

@@ -9,10 +9,10 @@ import ray
 from ray.data import Datasource, ReadTask
 from ray.data.block import BlockMetadata
 
-from .. import corpus
-from ..faults import fault_point
-from .listing import balanced_groups, duplicate_winners
-from .resources import task_bounds
+from verbatim_batch import corpus
+from verbatim_batch.faults import fault_point
+from verbatim_batch.pipeline.listing import balanced_groups, duplicate_winners
+from verbatim_batch.pipeline.resources import task_bounds
 
 
 class CorpusDatasource(Datasource):

@@ -1,7 +1,7 @@
 """Run folders: staged writes and the atomic commit (``folder``), manifests (``manifest``), and a root of
 runs with a ``current`` pointer (``current``)."""
 
-from .current import (
+from verbatim_batch.runs.current import (
     CURRENT_FILE,
     CURRENT_LINK,
     RUNS_DIR,
@@ -12,7 +12,7 @@ from .current import (
     run_of,
     set_current,
 )
-from .folder import (
+from verbatim_batch.runs.folder import (
     BINDING_FILE,
     CARRIED_PREFIX,
     WRITES_DIR,
@@ -38,7 +38,7 @@ from .folder import (
     staged,
     write_manifest,
 )
-from .manifest import (
+from verbatim_batch.runs.manifest import (
     MANIFEST_FILE,
     MAX_MANIFEST_BYTES,
     build_manifest,

@@ -10,9 +10,9 @@ import uuid
 
 import pyarrow as pa
 
-from .. import storage
-from .folder import BINDING_FILE, lock_holder, replaceable, safe_run_id
-from .manifest import MANIFEST_FILE, read_manifest, read_table
+from verbatim_batch import storage
+from verbatim_batch.runs.folder import BINDING_FILE, lock_holder, replaceable, safe_run_id
+from verbatim_batch.runs.manifest import MANIFEST_FILE, read_manifest, read_table
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def current_table(root: str, table: str, stage: str | None = None, columns: list
     run_dir = storage.join(storage.normalize(root), RUNS_DIR, run_id)
     if stage is not None:
         return read_table(storage.join(run_dir, stage), table, columns)
-    from .manifest import holding
+    from verbatim_batch.runs.manifest import holding
 
     found = holding(run_dir, (table,))  # the stage folder that holds it (a chain's last, as the chain reads it)
     if found is None:

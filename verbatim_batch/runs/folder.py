@@ -28,10 +28,16 @@ from typing import Any
 
 import pyarrow as pa
 
-from .. import storage
-from ..faults import fault_point
-from ..redact import redact
-from .manifest import MANIFEST_FILE, MAX_MANIFEST_BYTES, plain_relpath, read_manifest, validate_manifest
+from verbatim_batch import storage
+from verbatim_batch.faults import fault_point
+from verbatim_batch.redact import redact
+from verbatim_batch.runs.manifest import (
+    MANIFEST_FILE,
+    MAX_MANIFEST_BYTES,
+    plain_relpath,
+    read_manifest,
+    validate_manifest,
+)
 
 log = logging.getLogger(__name__)
 WRITES_DIR = "_writes"  # one JSON record per completed write, in the staging folder until commit

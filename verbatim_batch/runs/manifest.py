@@ -12,9 +12,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from .. import __version__, storage
-from ..redact import redact
-from ..tables import MANIFEST, SCHEMA_VERSION, config_hash, stable_hash
+from verbatim_batch import __version__, storage
+from verbatim_batch.redact import redact
+from verbatim_batch.tables import MANIFEST, SCHEMA_VERSION, config_hash, stable_hash
 
 MANIFEST_FILE = "manifest.json"
 

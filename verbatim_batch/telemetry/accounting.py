@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .. import storage
-from .declare import OUTCOMES
+from verbatim_batch import storage
+from verbatim_batch.telemetry.declare import OUTCOMES
 
 # The runner's standard counts of a keyed stage, by outcome (``pipeline.runner.STANDARD_COUNTS``).
 STANDARD = {"in": "rows_in", "written": "rows_new", "carried": "rows_carried", "resumed": "rows_resumed"}
@@ -54,7 +54,7 @@ def run_bytes(path: str) -> int | None:
     """Bytes of a committed run's tables (its ``files.json``, read bounded and checked: a forged or damaged one
     counts what it validly lists), or of a file; None for anything else (a corpus folder: its stage counts the
     papers' bytes itself). Never raises: a figure is an account, never a reason to fail a run."""
-    from ..runs.folder import read_files_index
+    from verbatim_batch.runs.folder import read_files_index
 
     try:
         files, _ = read_files_index(path)

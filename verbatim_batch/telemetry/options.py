@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..options import Declared, option
+from verbatim_batch.options import Declared, option
 
 
 def _push_url(url: str) -> str:
-    from .push import check_url
+    from verbatim_batch.telemetry.push import check_url
 
     return check_url(url)
 

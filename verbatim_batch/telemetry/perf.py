@@ -184,7 +184,7 @@ class Sampler:
 
 
 def _local_ray() -> bool:
-    from ..pipeline import ray_env
+    from verbatim_batch.pipeline import ray_env
 
     return ray_env.started_locally()
 

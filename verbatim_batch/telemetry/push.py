@@ -12,7 +12,7 @@ from __future__ import annotations
 import urllib.parse
 from typing import Any
 
-from .declare import BY_NAME, DURATION_BUCKETS
+from verbatim_batch.telemetry.declare import BY_NAME, DURATION_BUCKETS
 
 TIMEOUT_S = 5.0
 
@@ -66,7 +66,7 @@ def push(url: str, job: str, command: str, rows: list[tuple[str, dict[str, str],
     from prometheus_client import push_to_gateway, pushadd_to_gateway
     from prometheus_client.exposition import basic_auth_handler, default_handler
 
-    from .warning import warn
+    from verbatim_batch.telemetry.warning import warn
 
     parts = urllib.parse.urlsplit(url)
     user, password = parts.username, parts.password

@@ -30,7 +30,7 @@ class MetricsExporter:
     def __init__(self) -> None:
         from ray.util import metrics
 
-        from .declare import DURATION_BUCKETS, METRICS
+        from verbatim_batch.telemetry.declare import DURATION_BUCKETS, METRICS
 
         self.metrics: dict[str, Any] = {}
         for m in METRICS:
@@ -87,12 +87,12 @@ def exporter():
 def export(address: str, rows: list[tuple[str, dict[str, str], Any]]) -> bool:
     """Send ``rows`` to the exporter on the cluster at ``address`` (joined here if this process has not yet);
     False (and one warning line) when it cannot."""
-    from .warning import warn
+    from verbatim_batch.telemetry.warning import warn
 
     try:
         import ray
 
-        from ..pipeline.ray_env import init_ray
+        from verbatim_batch.pipeline.ray_env import init_ray
 
         init_ray(address)
         ray.get(exporter().record.remote(rows), timeout=TIMEOUT_S)

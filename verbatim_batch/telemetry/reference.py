@@ -3,7 +3,7 @@ verbatim_batch.telemetry.reference > docs/reference/metrics.md`` (a test keeps i
 
 from __future__ import annotations
 
-from .declare import DURATION_BUCKETS, METRICS, OUTCOMES, STATUSES
+from verbatim_batch.telemetry.declare import DURATION_BUCKETS, METRICS, OUTCOMES, STATUSES
 
 
 def markdown() -> str:

@@ -15,8 +15,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from .declare import METRICS, OUTCOMES
-from .warning import warn
+from verbatim_batch.telemetry.declare import METRICS, OUTCOMES
+from verbatim_batch.telemetry.warning import warn
 
 
 @dataclass
@@ -97,7 +97,7 @@ def finish(status: str) -> None:
         warn(f"metrics not exported: {type(exc).__name__}: {exc}")
         return
     if session.push:
-        from .push import push
+        from verbatim_batch.telemetry.push import push
 
         push(session.push, session.job, session.command, rows, replace=status == "committed")
     address = session.address or os.environ.get("RAY_ADDRESS")
@@ -107,7 +107,7 @@ def finish(status: str) -> None:
     # not there) says so in its own one line, and its push (if any) records the refusal
     if joined or (status == "committed" and session.joins and address and address != "local"
                   and not _started_locally()):
-        from .ray_export import export
+        from verbatim_batch.telemetry.ray_export import export
 
         export(address, rows)
 
@@ -115,6 +115,6 @@ def finish(status: str) -> None:
 def _started_locally() -> bool:
     if "verbatim_batch.pipeline.ray_env" not in sys.modules:
         return False
-    from ..pipeline.ray_env import started_locally
+    from verbatim_batch.pipeline.ray_env import started_locally
 
     return started_locally()

@@ -7,6 +7,6 @@ import sys
 
 def warn(message: str) -> None:
     """``verbatim-batch: warning: ...`` on stderr, credentials redacted."""
-    from ..redact import redact_text
+    from verbatim_batch.redact import redact_text
 
     print(f"verbatim-batch: warning: {redact_text(message)}", file=sys.stderr)

@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .. import storage, tables
-from ..silver import LABEL_IGNORE, tokenized_windows
+from verbatim_batch import storage, tables
+from verbatim_batch.silver import LABEL_IGNORE, tokenized_windows
 
 TRAIN_PAIRS_SCHEMA, TRAIN_BATCHES_SCHEMA = tables.TRAIN_PAIRS, tables.TRAIN_BATCHES
 
@@ -39,7 +39,7 @@ SILVER_SPLITS = {"train": "train.parquet", "eval": "dev.parquet"}
 
 def silver_data_dir(path: str) -> str | None:
     """The silver ``data`` run at ``path`` (the run itself or the silver job folder), or None."""
-    from ..runs import read_manifest
+    from verbatim_batch.runs import read_manifest
 
     for loc in (storage.join(path, "data"), path):  # a silver job folder holds its data run in data/
         try:
@@ -174,7 +174,7 @@ def pack_batches(windows_table: pa.Table, *, batch_size: int | None = 8, batch_t
     ``batch_size``: that many windows per batch, drawn in a seeded random order. ``batch_tokens``: windows
     sorted by length and packed so that ``windows * longest <= batch_tokens`` (little padding; a window
     longer than the budget gets a batch of its own)."""
-    from ..embed import plan_batches
+    from verbatim_batch.embed import plan_batches
 
     n = windows_table.num_rows
     ids = windows_table.column("input_ids").to_pylist()

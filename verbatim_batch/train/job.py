@@ -23,11 +23,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .. import storage
-from ..options import option, settings
-from ..pipeline.runner import Plan, RunOptions, Stage, StageContext, StageResult, run_stage
-from . import data
-from .loop import BEST_METRIC, train_loop_per_worker
+from verbatim_batch import storage
+from verbatim_batch.options import option, settings
+from verbatim_batch.pipeline.runner import Plan, RunOptions, Stage, StageContext, StageResult, run_stage
+from verbatim_batch.train import data
+from verbatim_batch.train.loop import BEST_METRIC, train_loop_per_worker
 
 DEFAULT_MODEL = "answerdotai/ModernBERT-base"
 CHECKPOINTS = "checkpoints"
@@ -80,7 +80,7 @@ def _effective_max_length(model: str, max_length: int) -> tuple[int, Any]:
     """The window length the highlighter will use for this model (capped at its positions), and the tokenizer."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from ..models import resolve_model_dir
+    from verbatim_batch.models import resolve_model_dir
 
     model_dir = str(resolve_model_dir(model, None, "model to train"))
     positions = getattr(AutoConfig.from_pretrained(model_dir), "max_position_embeddings", None)
@@ -145,7 +145,7 @@ class TrainStage(Stage):
         if os.path.isdir(job.model):
             from pathlib import Path
 
-            from ..models import check_model_dir
+            from verbatim_batch.models import check_model_dir
 
             check_model_dir(Path(job.model), "--model")  # before any work: one line, exit 2
             inputs.append(job.model)
@@ -156,7 +156,7 @@ class TrainStage(Stage):
         from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
         from ray.train.torch import TorchTrainer
 
-        from .report import write_training_report
+        from verbatim_batch.train.report import write_training_report
 
         job: TrainJob = self.job
         staging = ctx.staging

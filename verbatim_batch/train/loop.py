@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from .data import collate
+from verbatim_batch.train.data import collate
 
 BEST_METRIC = "eval_word_f1"
 LABELS = {0: "O", 1: "EVIDENCE"}
@@ -39,7 +39,7 @@ def span_predictions(model_dir: str, pairs: Sequence[dict[str, Any]], *, max_len
                      device: str = "cpu", batch_pairs: int = 64) -> list[list[tuple[int, int]] | None]:
     """Spans the highlighter finds with the model at ``model_dir`` on each pair (None: the pair failed,
     e.g. a question over the highlighter's query limit)."""
-    from ..extract.highlighter import Highlighter, HighlighterConfig
+    from verbatim_batch.extract.highlighter import Highlighter, HighlighterConfig
 
     hl = Highlighter(HighlighterConfig(model=model_dir, max_length=max_length, stride=stride, device=device))
     out: list[list[tuple[int, int]] | None] = []
@@ -53,7 +53,7 @@ def span_predictions(model_dir: str, pairs: Sequence[dict[str, Any]], *, max_len
 def span_metrics(pairs: Sequence[dict[str, Any]], preds: Sequence[list[tuple[int, int]] | None],
                  prefix: str = "eval") -> dict[str, float]:
     """Word-F1 (micro P/R/F1, macro F1), span IoU F1 at 0.5 and abstention figures of predictions."""
-    from ..metrics import EvalRow, evaluate
+    from verbatim_batch.metrics import EvalRow, evaluate
 
     rows = [EvalRow(chunk=p["chunk"], gold=[(int(s["start"]), int(s["end"])) for s in p["spans"]],
                     pred=list(pred or []), key=(p["pair_index"],)) for p, pred in zip(pairs, preds, strict=True)]
@@ -203,7 +203,7 @@ def make_trainer(cfg: dict[str, Any], model, tokenizer, passes: BatchPasses,
     from torch.utils.data import DataLoader, IterableDataset
     from transformers import Trainer, TrainingArguments
 
-    from ..faults import fault_point
+    from verbatim_batch.faults import fault_point
 
     class _Iterable(IterableDataset):
         def __iter__(self):
@@ -255,7 +255,7 @@ def load_model(model: str, seed: int):
     its tokenizer. A seeded head, so a rerun starts from the same weights."""
     from transformers import AutoConfig, AutoModelForTokenClassification, AutoTokenizer, set_seed
 
-    from ..models import resolve_model_dir
+    from verbatim_batch.models import resolve_model_dir
 
     model_dir = str(resolve_model_dir(model, None, "model to train"))
     set_seed(seed)
@@ -287,7 +287,7 @@ def train_loop_per_worker(cfg: dict[str, Any]) -> None:
     import torch
     from ray.train.huggingface.transformers import RayTrainReportCallback, prepare_trainer
 
-    from .. import storage
+    from verbatim_batch import storage
 
     torch.set_num_threads(max(1, int(cfg.get("threads") or 1)))
     ctx = ray.train.get_context()

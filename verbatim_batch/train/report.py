@@ -10,7 +10,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from .. import storage
+from verbatim_batch import storage
 
 TRAINING_JSON = "training.json"
 TRAINING_HTML = "training.html"
