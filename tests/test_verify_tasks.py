@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import reindex_files
 
-from verbatim_batch import verify
+from verbatim_batch import tasks, verify
 from verbatim_batch.chunk import ChunkerConfig
 
 
@@ -69,10 +69,10 @@ def _both(run: str, monkeypatch, max_errors: int = 20) -> tuple[dict, dict, list
         return original(fn, args)
 
     with monkeypatch.context() as m:
-        m.setattr(sink, "in_tasks", counting)
+        m.setattr(tasks, "_runner", counting)  # what the engine installs (sink.in_tasks), counted
         in_ray = verify.verify_run(run, max_errors)
     with monkeypatch.context() as m:
-        m.setattr(verify, "_in_tasks", lambda fn, args: [fn(*a) for a in args])
+        m.setattr(tasks, "_runner", None)  # no runner: in this process
         here = verify.verify_run(run, max_errors)
     return in_ray, here, calls
 
@@ -115,7 +115,7 @@ def test_check_papers_rejects_the_same_papers_in_tasks(split_run, monkeypatch, t
     bad = _tampered(run, tmp_path / "text", "chunks", lambda t: _set_text(t, 7))
     paper = pq.read_table(bad + "/chunks")["paper_id"][7].as_py()
     in_ray = verify.check_papers(bad, max_errors=0, want_rejected=True)
-    monkeypatch.setattr(verify, "_in_tasks", lambda fn, args: [fn(*a) for a in args])
+    monkeypatch.setattr(tasks, "_runner", None)
     here = verify.check_papers(bad, max_errors=0, want_rejected=True)
     assert in_ray["rejected"] == here["rejected"] == {paper} and in_ray["errors"] == []
 
@@ -144,7 +144,7 @@ def test_units_a_worker_could_not_read_are_checked_here(split_run, monkeypatch):
     replaced by what a worker that cannot open the files returns): which workers fail cannot be arranged
     on a local Ray, whose workers read what the driver reads."""
     _, run = split_run
-    original = verify._in_tasks
+    original = verify.run_each
 
     def failing_workers(fn, calls):
         results = original(fn, calls)
@@ -153,7 +153,7 @@ def test_units_a_worker_could_not_read_are_checked_here(split_run, monkeypatch):
                           "errors": [f"papers/x row group {i}: unreadable (AWS Error ACCESS_DENIED)"]}
         return results
 
-    monkeypatch.setattr(verify, "_in_tasks", failing_workers)
+    monkeypatch.setattr(verify, "run_each", failing_workers)
     checked = verify.verify_run(str(run))
     assert checked["errors"] == [] and checked["papers"] == 7 and checked["unchecked"] == {}
     monkeypatch.setattr(verify, "check_unit", lambda *a: {"counts": {}, "n_errors": 1, "rejected": [],

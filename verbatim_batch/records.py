@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from verbatim_batch import storage
+from verbatim_batch.tables import QUERIES, query_id_for
 
 ERROR = "__error__"
 LINE = "__line__"
@@ -72,3 +73,26 @@ def read_rows(path: str, columns: list[str] | None = None) -> tuple[pa.Table, in
         rec.pop(LINE, None)
         good.append(rec if columns is None else {c: rec.get(c) for c in columns})
     return pa.Table.from_pylist(good), bad
+
+
+def read_queries(path: str) -> tuple[pa.Table, int]:
+    """``(query_id, query)`` rows of a query file (``QUERIES``), and how many rows were rejected (a malformed
+    line, an empty or non-string query)."""
+    if not storage.exists(path):
+        raise FileNotFoundError(f"query file not found: {path}")
+    ids, texts, rejected, columns = [], [], 0, set()
+    for rec in iter_records(path):
+        columns.update(rec)
+        q = rec.get("query")
+        if "__error__" in rec or not isinstance(q, str) or not q.strip():
+            rejected += 1
+            continue
+        qid = rec.get("query_id")
+        ids.append(str(qid) if qid is not None else query_id_for(q))
+        texts.append(q)
+    if "query" not in columns and (ids or rejected):
+        raise ValueError(f"{path}: a query table needs a 'query' column, found {sorted(columns - {'__line__'})}")
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{path}: duplicate query_id values")
+    return pa.table({"query_id": pa.array(ids, pa.string()), "query": pa.array(texts, pa.string())},
+                    schema=QUERIES), rejected

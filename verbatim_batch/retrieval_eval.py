@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from verbatim_batch import storage
+from verbatim_batch.records import read_queries
 from verbatim_batch.tables import query_id_for
 
 Qrels = dict[str, dict[str, int]]  # query id -> {doc id: relevance}
@@ -288,7 +289,6 @@ def evaluate_retrieval(run_path: str, qrels_path: str, *, level: str = "chunk", 
     queries = queries or sources["queries"]
     query_ids = None
     if queries:
-        from verbatim_batch.pipeline.retrieve import read_queries
 
         table, _ = read_queries(queries)
         query_ids = dict(zip(table["query"].to_pylist(), table["query_id"].to_pylist(), strict=True))

@@ -37,7 +37,6 @@ import hashlib
 import json
 import logging
 import os
-import sys
 from collections import Counter, defaultdict
 
 import numpy as np
@@ -49,6 +48,7 @@ import pyarrow.parquet as pq
 from verbatim_batch import storage
 from verbatim_batch.chunk import Chunk, ChunkInvariantError, verify_chunks
 from verbatim_batch.runs import manifest_problems, plain_relpath, read_files_index, read_manifest
+from verbatim_batch.tasks import run_each
 
 log = logging.getLogger(__name__)
 
@@ -318,24 +318,11 @@ def check_unit(fs: pafs.FileSystem, papers_file: str, group: int, chunk_groups: 
             "io_error": io_error}
 
 
-def _in_tasks(fn, calls: list[tuple]) -> list:
-    """``fn(*call)`` for each call: Ray tasks when this process has Ray up (``pipeline.sink.in_tasks``), else
-    here, without importing Ray."""
-    if "ray" in sys.modules:
-        import ray
-
-        if ray.is_initialized():
-            from verbatim_batch.pipeline.sink import in_tasks
-
-            return in_tasks(fn, calls)
-    return [fn(*call) for call in calls]
-
-
 def _units_in_tasks(calls: list[tuple], root: str) -> list:
     """The units as Ray tasks. A unit a worker could not read (``io_error``: an object store whose credentials
     this process has and its workers do not) is checked again here, with one warning: this reading counts."""
     try:
-        results = _in_tasks(check_unit, calls)
+        results = run_each(check_unit, calls)
     except Exception as exc:  # noqa: BLE001 - RayTaskError wraps the worker's OSError
         if not isinstance(exc, OSError) and not isinstance(getattr(exc, "cause", None), OSError):
             raise

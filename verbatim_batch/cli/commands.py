@@ -288,8 +288,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if units > 1 and args.num_cpus != 1 and (address or args.num_cpus or (
             units > VERIFY_LOCAL_RAY_UNITS and (os.cpu_count() or 1) > 1)):
         from verbatim_batch.pipeline.ray_env import init_ray
+        from verbatim_batch.pipeline.sink import in_tasks
+        from verbatim_batch.tasks import install_runner
 
-        init_ray(args.address, args.num_cpus)  # the checks then run as Ray tasks (verify.check_papers)
+        init_ray(args.address, args.num_cpus)
+        install_runner(in_tasks)  # the checks then run as Ray tasks (verify.check_papers)
     result = verify_run(args.run_dir)
     print(json.dumps(result, indent=2))
     return 1 if result["errors"] else 0

@@ -15,7 +15,7 @@ from verbatim_batch.pipeline.index import IndexJob, run_index
 from verbatim_batch.pipeline.nightly import NightlyJob, run_nightly
 from verbatim_batch.pipeline.querygen import QueryGenJob, run_querygen
 from verbatim_batch.pipeline.ray_env import init_ray
-from verbatim_batch.pipeline.retrieve import RetrieveJob, read_queries, run_retrieve
+from verbatim_batch.pipeline.retrieve import RetrieveJob, run_retrieve
 from verbatim_batch.pipeline.runner import (
     CompositeStage,
     Outcome,
@@ -29,6 +29,7 @@ from verbatim_batch.pipeline.runner import (
     run_stage,
 )
 from verbatim_batch.pipeline.silver import SilverJob, run_silver
+from verbatim_batch.records import read_queries
 
 __all__ = [
     "STAGES", "Chain", "ChainJob", "ChunkJob", "EmbedJob", "ExtractJob", "IndexJob", "NightlyJob", "QueryGenJob",

@@ -28,6 +28,7 @@ from verbatim_batch.pipeline.index import IndexJob, IndexStage, run_index  # noq
 from verbatim_batch.pipeline.rerank import RerankJob, RerankStage, run_rerank  # noqa: F401 - runners looked up by name (STEPS)
 from verbatim_batch.pipeline.retrieve import RetrieveJob, RetrieveStage, run_retrieve  # noqa: F401 - runners looked up by name (STEPS)
 from verbatim_batch.pipeline.runner import CompositeStage, Plan, RunOptions, Stage, StageContext, StageResult, run_stage
+from verbatim_batch.records import read_queries
 from verbatim_batch.runs import jsonable
 
 RERANK_STAGE = "reranked"  # between retrieval and spans, when the chain has a reranker
@@ -109,7 +110,6 @@ class Chain(Declared):
         """Everything the chain reads, checked before its first stage (a missing query file found after hours
         of chunking is hours lost): the corpus, metadata and query files, and every stage's options. Raises
         with one line."""
-        from verbatim_batch.pipeline.retrieve import read_queries
 
         for what, path in (("input", self.input), ("metadata", self.metadata)):
             if path and not storage.exists(path):

@@ -28,7 +28,6 @@ from verbatim_batch.pipeline.batches import drop_keys, strip_internal, with_coun
 from verbatim_batch.pipeline.model_actor import ModelActor, host, stage_failed
 from verbatim_batch.pipeline.pair_plan import query_blocks
 from verbatim_batch.pipeline.resources import Cluster, Resources, ray_args, task_bounds
-from verbatim_batch.pipeline.retrieve import read_queries
 from verbatim_batch.pipeline.runner import (
     Outcome,
     Plan,
@@ -39,6 +38,7 @@ from verbatim_batch.pipeline.runner import (
     Work,
     run_stage,
 )
+from verbatim_batch.records import read_queries
 from verbatim_batch.runs import committed_table_dir, expect_tables, jsonable, manifest_config, read_manifest, read_table
 from verbatim_batch.tables import PAIR_INPUT, PAIRS, REJECTS, SPANS
 

@@ -45,6 +45,7 @@ import pyarrow.compute as pc
 from verbatim_batch import storage
 from verbatim_batch.pipeline.batches import drop_keys
 from verbatim_batch.pipeline.resources import Resources, ray_args
+from verbatim_batch.records import read_queries
 from verbatim_batch.tables import PAIR_INPUT, pair_id, pair_input_hash
 
 PARTITION_PAIRS = 50_000  # pairs per planning partition (each hashes the wanted chunk ids once)
@@ -96,7 +97,6 @@ def _retrieval_keys(path: str, method: str, top_k: int, parts: int) -> tuple:
 
 
 def _read_query_table(path: str) -> pa.Table:
-    from verbatim_batch.pipeline.retrieve import read_queries
 
     return read_queries(path)[0]
 

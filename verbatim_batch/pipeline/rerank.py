@@ -31,6 +31,7 @@ from verbatim_batch.pipeline.runner import (
     Work,
     run_stage,
 )
+from verbatim_batch.records import read_queries
 from verbatim_batch.rerank import RerankerConfig
 from verbatim_batch.runs import committed_table_dir, jsonable, manifest_config, read_table
 from verbatim_batch.tables import RERANKED, stable_hash
@@ -148,7 +149,6 @@ def candidates(job: RerankJob, queries_path: str, chunks_run: str) -> pa.Table:
     """The rows to rerank: each query's first ``top_k`` rows of ``method``, with the query and chunk text
     (``rerank.CANDIDATE_COLUMNS``), ordered by query then first rank."""
     from verbatim_batch.extract.pairs import chunk_lookup
-    from verbatim_batch.pipeline.retrieve import read_queries
 
     retrieval = read_table(job.retrieval, "retrieval")
     methods = set(retrieval["method"].to_pylist())

@@ -15,10 +15,10 @@ from verbatim_batch.options import group, option
 from verbatim_batch.pipeline.batches import drop_keys
 from verbatim_batch.pipeline.resources import Cluster, Resources, ray_args
 from verbatim_batch.pipeline.runner import Outcome, Plan, RunOptions, StageContext, TableStage, Work, run_stage
-from verbatim_batch.records import iter_records
+from verbatim_batch.records import read_queries
 from verbatim_batch.retrieve import RetrieverConfig
 from verbatim_batch.runs import jsonable, manifest_config
-from verbatim_batch.tables import QUERIES, RETRIEVAL, query_id_for, stable_hash
+from verbatim_batch.tables import RETRIEVAL, query_id_for, stable_hash
 
 if TYPE_CHECKING:
     import ray  # imported where a stage runs: the CLI parses its options without importing Ray
@@ -69,29 +69,6 @@ class RetrieveJob(RunOptions):
     retriever: Any = group(RetrieverConfig)  # its index_dir is the job's index
     batch_rows: int = option(256, "queries per actor call", low=1, runtime=True)
     concurrency: int | None = option(None, "retriever actors", low=1, default_help="one per GPU, else 1", runtime=True)
-
-
-def read_queries(path: str) -> tuple[pa.Table, int]:
-    """``(query_id, query)`` rows of a query file (``QUERIES``), and how many rows were rejected (a malformed
-    line, an empty or non-string query)."""
-    if not storage.exists(path):
-        raise FileNotFoundError(f"query file not found: {path}")
-    ids, texts, rejected, columns = [], [], 0, set()
-    for rec in iter_records(path):
-        columns.update(rec)
-        q = rec.get("query")
-        if "__error__" in rec or not isinstance(q, str) or not q.strip():
-            rejected += 1
-            continue
-        qid = rec.get("query_id")
-        ids.append(str(qid) if qid is not None else query_id_for(q))
-        texts.append(q)
-    if "query" not in columns and (ids or rejected):
-        raise ValueError(f"{path}: a query table needs a 'query' column, found {sorted(columns - {'__line__'})}")
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"{path}: duplicate query_id values")
-    return pa.table({"query_id": pa.array(ids, pa.string()), "query": pa.array(texts, pa.string())},
-                    schema=QUERIES), rejected
 
 
 def retrieval_key(index: str, queries: pa.Table, cfg) -> str:

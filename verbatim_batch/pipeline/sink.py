@@ -32,6 +32,7 @@ from verbatim_batch.runs import (
 )
 from verbatim_batch.runs import record_keys as keys_of_records
 from verbatim_batch.tables import stable_hash
+from verbatim_batch.tasks import install_runner
 
 log = logging.getLogger(__name__)
 TableCounter = Callable[[str, pa.Table], dict[str, int]]
@@ -227,6 +228,9 @@ def in_tasks(fn: Callable, calls: list[tuple]) -> list:
     calls = [tuple(shared.setdefault(id(a), ray.put(a)) if isinstance(a, pa.Array) else a for a in args)
              for args in calls]
     return ray.get([task.remote(*args) for args in calls])
+
+
+install_runner(in_tasks)  # the lower floors' fan-outs (verify) run as Ray tasks when Ray is up
 
 
 def _merge_files(staging: str, name: str, schema: pa.Schema, group: list[tuple[str, dict[str, Any]]]) -> str:

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +29,17 @@ from verbatim_batch import storage
 from verbatim_batch.options import option, settings
 from verbatim_batch.pipeline.runner import Plan, RunOptions, Stage, StageContext, StageResult, run_stage
 from verbatim_batch.train import data
-from verbatim_batch.train.loop import BEST_METRIC, train_loop_per_worker
+from verbatim_batch.train.data import collate
+from verbatim_batch.train.loop import (
+    BEST_METRIC,
+    BatchPasses,
+    distributed,
+    load_model,
+    make_trainer,
+    null_context,
+    ray_shard_rows,
+    resume_step,
+)
 
 DEFAULT_MODEL = "answerdotai/ModernBERT-base"
 CHECKPOINTS = "checkpoints"
@@ -251,3 +263,54 @@ class TrainStage(Stage):
 def run_train(job: TrainJob) -> tuple[str, dict[str, Any]]:
     """Train, evaluate each epoch, keep the best epoch's model; returns (run folder, manifest)."""
     return run_stage(TrainStage(job))
+
+
+def train_loop_per_worker(cfg: dict[str, Any]) -> None:
+    """What every Ray Train worker runs (``cfg`` from ``job.loop_config``)."""
+    import ray.train
+    import torch
+    from ray.train.huggingface.transformers import RayTrainReportCallback, prepare_trainer
+
+    torch.set_num_threads(max(1, int(cfg.get("threads") or 1)))
+    ctx = ray.train.get_context()
+    model, tokenizer = load_model(cfg["model"], cfg["seed"])
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    eval_pairs = storage.read_parquet(cfg["eval_pairs"]).to_pylist()
+    eval_shard = ray.train.get_dataset_shard("eval")
+
+    def eval_batches() -> Iterator[dict[str, Any]]:
+        for b in eval_shard.iter_batches(batch_size=1, batch_format="pyarrow"):
+            row = b.to_pylist()[0]
+            yield collate(row["input_ids"], row["labels"], pad)
+
+    checkpoint = ray.train.get_checkpoint()
+    with tempfile.TemporaryDirectory() as out_dir, (checkpoint.as_directory() if checkpoint else null_context()) as ck:
+        resume_from = os.path.join(ck, RayTrainReportCallback.CHECKPOINT_NAME) if checkpoint else None
+        step = resume_step(resume_from)
+        steps, accum = cfg["steps_per_epoch"], cfg["grad_accum"]
+        rows = ray_shard_rows(ray.train.get_dataset_shard("train"), cfg["seed"] * 1009 + ctx.get_world_rank())
+        passes = BatchPasses(rows, per_pass=steps * accum, pad_token_id=pad, skip=(step % steps) * accum,
+                             first_pass=step // steps)
+        trainer = make_trainer(cfg, model, tokenizer, passes, eval_batches, eval_pairs, out_dir,
+                               callbacks=[RayTrainReportCallback()])
+        trainer = prepare_trainer(trainer)
+        t0 = time.perf_counter()
+        if step >= steps * cfg["epochs"]:  # killed after its last checkpoint: nothing left to train
+            global_step, loss = step, float("nan")
+        else:
+            output = trainer.train(resume_from_checkpoint=resume_from)
+            global_step, loss = int(output.global_step), float(output.training_loss)
+        wall = time.perf_counter() - t0
+    tokens = torch.tensor([float(passes.tokens)], dtype=torch.float64)
+    if distributed():
+        distributed().all_reduce(tokens)
+    busy = wall - trainer.clock["eval_s"] - trainer.clock["save_s"]
+    summary = {
+        "global_step": global_step, "resumed_from_step": step, "workers": ctx.get_world_size(),
+        "train_tokens": int(tokens.item()), "train_wall_s": wall, "train_busy_s": busy,
+        "eval_s": trainer.clock["eval_s"], "save_s": trainer.clock["save_s"],
+        "tokens_per_s": float(tokens.item()) / busy if busy > 0 else 0.0,
+        "training_loss": loss,
+    }
+    if ctx.get_world_rank() == 0:  # Ray Train keeps metrics with checkpoints only: the summary goes in a file
+        storage.write_text(cfg["summary"], json.dumps(summary, sort_keys=True))

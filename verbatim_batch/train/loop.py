@@ -72,7 +72,7 @@ def span_metrics(pairs: Sequence[dict[str, Any]], preds: Sequence[list[tuple[int
     }
 
 
-def _dist():
+def distributed():
     import torch.distributed as dist
 
     return dist if dist.is_available() and dist.is_initialized() else None
@@ -85,13 +85,13 @@ def evaluate_model(model, tokenizer, eval_batches: Callable[[], Iterator[dict[st
     reduced over all workers: every worker returns the same figures."""
     import torch
 
-    dist = _dist()
+    dist = distributed()
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist else (0, 1)
     was_training = model.training
     model.eval()
     t0 = time.perf_counter()
     loss_sum = torch.zeros(2, dtype=torch.float64)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else _null()
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else null_context()
     with torch.no_grad(), autocast:
         for batch in eval_batches():
             batch = {k: v.to(device) for k, v in batch.items()}
@@ -135,7 +135,7 @@ def save_model_folder(model, tokenizer, dest: str) -> None:
     tokenizer.save_pretrained(dest)
 
 
-class _null:
+class null_context:
     def __enter__(self):
         return self
 
@@ -271,7 +271,7 @@ def load_model(model: str, seed: int):
     return net, tok
 
 
-def _resume_step(checkpoint_dir: str | None) -> int:
+def resume_step(checkpoint_dir: str | None) -> int:
     if not checkpoint_dir:
         return 0
     state = os.path.join(checkpoint_dir, "trainer_state.json")
@@ -279,56 +279,3 @@ def _resume_step(checkpoint_dir: str | None) -> int:
         return 0
     with open(state, encoding="utf-8") as fh:
         return int(json.load(fh).get("global_step", 0))
-
-
-def train_loop_per_worker(cfg: dict[str, Any]) -> None:
-    """What every Ray Train worker runs (``cfg`` from ``job.loop_config``)."""
-    import ray.train
-    import torch
-    from ray.train.huggingface.transformers import RayTrainReportCallback, prepare_trainer
-
-    from verbatim_batch import storage
-
-    torch.set_num_threads(max(1, int(cfg.get("threads") or 1)))
-    ctx = ray.train.get_context()
-    model, tokenizer = load_model(cfg["model"], cfg["seed"])
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    eval_pairs = storage.read_parquet(cfg["eval_pairs"]).to_pylist()
-    eval_shard = ray.train.get_dataset_shard("eval")
-
-    def eval_batches() -> Iterator[dict[str, Any]]:
-        for b in eval_shard.iter_batches(batch_size=1, batch_format="pyarrow"):
-            row = b.to_pylist()[0]
-            yield collate(row["input_ids"], row["labels"], pad)
-
-    checkpoint = ray.train.get_checkpoint()
-    with tempfile.TemporaryDirectory() as out_dir, (checkpoint.as_directory() if checkpoint else _null()) as ck:
-        resume_from = os.path.join(ck, RayTrainReportCallback.CHECKPOINT_NAME) if checkpoint else None
-        step = _resume_step(resume_from)
-        steps, accum = cfg["steps_per_epoch"], cfg["grad_accum"]
-        rows = ray_shard_rows(ray.train.get_dataset_shard("train"), cfg["seed"] * 1009 + ctx.get_world_rank())
-        passes = BatchPasses(rows, per_pass=steps * accum, pad_token_id=pad, skip=(step % steps) * accum,
-                             first_pass=step // steps)
-        trainer = make_trainer(cfg, model, tokenizer, passes, eval_batches, eval_pairs, out_dir,
-                               callbacks=[RayTrainReportCallback()])
-        trainer = prepare_trainer(trainer)
-        t0 = time.perf_counter()
-        if step >= steps * cfg["epochs"]:  # killed after its last checkpoint: nothing left to train
-            global_step, loss = step, float("nan")
-        else:
-            output = trainer.train(resume_from_checkpoint=resume_from)
-            global_step, loss = int(output.global_step), float(output.training_loss)
-        wall = time.perf_counter() - t0
-    tokens = torch.tensor([float(passes.tokens)], dtype=torch.float64)
-    if _dist():
-        _dist().all_reduce(tokens)
-    busy = wall - trainer.clock["eval_s"] - trainer.clock["save_s"]
-    summary = {
-        "global_step": global_step, "resumed_from_step": step, "workers": ctx.get_world_size(),
-        "train_tokens": int(tokens.item()), "train_wall_s": wall, "train_busy_s": busy,
-        "eval_s": trainer.clock["eval_s"], "save_s": trainer.clock["save_s"],
-        "tokens_per_s": float(tokens.item()) / busy if busy > 0 else 0.0,
-        "training_loss": loss,
-    }
-    if ctx.get_world_rank() == 0:  # Ray Train keeps metrics with checkpoints only: the summary goes in a file
-        storage.write_text(cfg["summary"], json.dumps(summary, sort_keys=True))
