@@ -199,7 +199,7 @@ def tiny_classifier(path: Path) -> Path:
     import torch
     from transformers import AutoTokenizer, ModernBertConfig, ModernBertForTokenClassification
 
-    from verbatim_batch.embed import DEFAULT_MODEL
+    from verbatim_batch.retrieval.embedder import DEFAULT_MODEL
 
     torch.manual_seed(0)
     cfg = ModernBertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
@@ -217,7 +217,7 @@ def tiny_cross_encoder(path: Path) -> Path:
     import torch
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
-    from verbatim_batch.embed import DEFAULT_MODEL
+    from verbatim_batch.retrieval.embedder import DEFAULT_MODEL
 
     torch.manual_seed(0)
     cfg = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
@@ -265,7 +265,7 @@ def extras() -> bool:
     if faiss.get_num_gpus() == 0:
         import numpy as np
 
-        from verbatim_batch.index.dense import DenseSpec, build_dense
+        from verbatim_batch.retrieval.index.dense import DenseSpec, build_dense
 
         x = np.random.default_rng(0).standard_normal((2000, 16), dtype=np.float32)
         try:
@@ -300,8 +300,8 @@ def main(work: Path) -> int:
     vllm_missing = extras()
 
     from verbatim_batch.cli import build_parser
-    from verbatim_batch.embed import DEFAULT_MODEL
-    from verbatim_batch.runs import read_table
+    from verbatim_batch.core.runs import read_table
+    from verbatim_batch.retrieval.embedder import DEFAULT_MODEL
 
     server, url = start_server()
     llm = ["--model", MODEL, "--base-url", url, "--max-in-flight", "2", "--timeout", "60"]

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import rapidfuzz  # noqa: E402
 
-from verbatim_batch.chunk import chunk_markdown  # noqa: E402
+from verbatim_batch.corpus.chunker import chunk_markdown  # noqa: E402
 from verbatim_batch.extract.align import ChunkIndex, align_spans  # noqa: E402
 from verbatim_batch.extract.sentences import sentence_segments  # noqa: E402
 from verbatim_synth.corpus import generate_paper  # noqa: E402

@@ -34,9 +34,9 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from verbatim_batch.chunk import ChunkerConfig, chunk_markdown  # noqa: E402
-from verbatim_batch.corpus import list_sources, read_md_files  # noqa: E402
-from verbatim_batch.ingest import DEFAULT_MAX_PAPER_BYTES, IngestStage  # noqa: E402
+from verbatim_batch.corpus.chunker import ChunkerConfig, chunk_markdown  # noqa: E402
+from verbatim_batch.corpus.ingest import DEFAULT_MAX_PAPER_BYTES, IngestStage  # noqa: E402
+from verbatim_batch.corpus.readers import list_sources, read_md_files  # noqa: E402
 from verbatim_synth import corpus as synth  # noqa: E402
 
 
@@ -150,7 +150,8 @@ def main() -> None:
         results["sequential_job_1proc"] = {"s": round(secs, 2), "MB_per_s": round(seq, 1),
                                            "chunks": n_chunks, "peak_rss_MB": round(mem.peak / 1e6)}
 
-        from verbatim_batch.pipeline import ChunkJob, init_ray, run_chunk
+        from verbatim_batch.engine.ray_env import init_ray
+        from verbatim_batch.stages.chunk import ChunkJob, run_chunk
 
         t0 = time.perf_counter()
         init_ray(num_cpus=args.num_cpus)

@@ -56,9 +56,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import numpy as np  # noqa: E402
 from devsets import DEFAULT_DEVSETS, FILES, load_devsets  # noqa: E402
 
-from verbatim_batch.evaluate import load_gold  # noqa: E402
 from verbatim_batch.extract.semantic import SemanticConfig, SemanticExtractor, _unit_evidence  # noqa: E402
-from verbatim_batch.metrics import _covered_words, word_spans  # noqa: E402
+from verbatim_batch.quality.evaluate import load_gold  # noqa: E402
+from verbatim_batch.quality.metrics import _covered_words, word_spans  # noqa: E402
 
 HELDOUT = ROOT / "benchmarks" / "gold" / "seeds-heldout.jsonl"
 QUESTIONS = ROOT / "benchmarks" / "gold" / "seeds-dev-questions.tsv"  # each dev query asked as a question

@@ -11,7 +11,7 @@ the same texts, the same max length and the same torch thread count:
 
   * sentence-transformers ``SentenceTransformer(path).encode(texts, batch_size=B)`` for each
     ``--st-batch-sizes`` (32 is its default; it sorts texts by character length);
-  * ``verbatim_batch.embed.Embedder`` for each ``--budgets`` token budget (texts sorted by
+  * ``verbatim_batch.retrieval.embedder.Embedder`` for each ``--budgets`` token budget (texts sorted by
     token length, ``rows * longest <= budget`` per forward pass).
 
 Every method is warmed up first; then the methods run interleaved (so background load hits
@@ -47,8 +47,8 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from verbatim_batch.chunk import build_context, chunk_markdown  # noqa: E402
-from verbatim_batch.embed import DEFAULT_MODEL, Embedder, EmbedderConfig, plan_batches  # noqa: E402
+from verbatim_batch.corpus.chunker import build_context, chunk_markdown  # noqa: E402
+from verbatim_batch.retrieval.embedder import DEFAULT_MODEL, Embedder, EmbedderConfig, plan_batches  # noqa: E402
 from verbatim_synth import corpus as synth  # noqa: E402
 
 

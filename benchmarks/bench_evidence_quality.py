@@ -48,7 +48,7 @@ import numpy as np  # noqa: E402
 from devsets import DEFAULT_DEVSETS, FILES, load_devsets  # noqa: E402
 
 from verbatim_batch.extract.semantic import SemanticConfig, SemanticExtractor, select_spans  # noqa: E402
-from verbatim_batch.metrics import _covered_words, word_spans  # noqa: E402
+from verbatim_batch.quality.metrics import _covered_words, word_spans  # noqa: E402
 
 BEFORE_REV = "3e21da25546ea6912a18e09d47381c295f8181de"  # the last revision before issue 35's extractor change
 FLOOR = 0.45  # every file at least this word F1 (issue 35)

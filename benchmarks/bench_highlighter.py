@@ -77,7 +77,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from verbatim_batch.chunk import chunk_markdown  # noqa: E402
+from verbatim_batch.corpus.chunker import chunk_markdown  # noqa: E402
 from verbatim_batch.extract.highlighter import Highlighter, HighlighterConfig  # noqa: E402
 from verbatim_batch.extract.highlighter_spans import TokenScores  # noqa: E402
 from verbatim_synth import corpus as synth  # noqa: E402
@@ -94,7 +94,7 @@ def make_model(path: Path, shape: str) -> str:
     """A random-weight ModernBERT token classifier of ``shape`` plus the MiniLM tokenizer, saved to ``path``."""
     from transformers import AutoTokenizer, ModernBertConfig, ModernBertForTokenClassification
 
-    from verbatim_batch.embed import DEFAULT_MODEL
+    from verbatim_batch.retrieval.embedder import DEFAULT_MODEL
 
     tok = AutoTokenizer.from_pretrained(DEFAULT_MODEL)
     tok.model_max_length = 8192

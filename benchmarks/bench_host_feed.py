@@ -68,7 +68,6 @@ import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from verbatim_batch.embed import DEFAULT_MODEL, Embedder, EmbedderConfig, EmbedTokenizer, plan_batches  # noqa: E402
 from verbatim_batch.extract.gate import PairExtractor, pack  # noqa: E402
 from verbatim_batch.extract.highlighter import Highlighter, HighlighterConfig, host_describe  # noqa: E402
 from verbatim_batch.extract.highlighter_spans import TokenScores  # noqa: E402
@@ -81,6 +80,7 @@ from verbatim_batch.extract.highlighter_stages import (  # noqa: E402
 )
 from verbatim_batch.extract.pairs import pairs_from_records  # noqa: E402
 from verbatim_batch.extract.spans import PairResult, postprocess, runs_above  # noqa: E402
+from verbatim_batch.retrieval.embedder import DEFAULT_MODEL, Embedder, EmbedderConfig, EmbedTokenizer, plan_batches  # noqa: E402
 
 CORPUS = ROOT / "verbatim_batch" / "examples"
 
@@ -176,7 +176,7 @@ def seed_pairs(n: int, tokenizer, target: int, seed: int = 0) -> pa.Table:
 
 
 def seed_chunks() -> pa.Table:
-    from verbatim_batch.chunk import build_context, chunk_markdown
+    from verbatim_batch.corpus.chunker import build_context, chunk_markdown
 
     rows = []
     for f in sorted(glob.glob(str(CORPUS / "corpus" / "*.md"))):
@@ -361,8 +361,8 @@ class LegacyActor:
 def ray_pipelines(config: HighlighterConfig, pattern: str, pairs: pa.Table, group: int, repeats: int) -> dict:
     import ray
 
-    from verbatim_batch.pipeline import extract as px
-    from verbatim_batch.pipeline.ray_env import init_ray
+    from verbatim_batch.engine.ray_env import init_ray
+    from verbatim_batch.stages import extract as px
 
     class StubForwardActor(px.HighlightForwardActor):
         def __init__(self, config, pattern) -> None:

@@ -50,8 +50,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from verbatim_batch.index import DenseSpec, build_dense, save_dense, search_dense, set_nprobe  # noqa: E402
-from verbatim_batch.index.dense import DENSE_FILE  # noqa: E402
+from verbatim_batch.retrieval.index import DenseSpec, build_dense, save_dense, search_dense, set_nprobe  # noqa: E402
+from verbatim_batch.retrieval.index.dense import DENSE_FILE  # noqa: E402
 
 
 class PeakRss:

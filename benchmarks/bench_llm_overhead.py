@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from llmserver import OpenAIServer, make_tiny_chat_model  # noqa: E402
 
-from verbatim_batch.chunk import chunk_markdown  # noqa: E402
+from verbatim_batch.corpus.chunker import chunk_markdown  # noqa: E402
 from verbatim_batch.extract.llm import LLMConfig, OpenAIClient, interpret, sampling  # noqa: E402
 from verbatim_batch.extract.prompts import build_messages  # noqa: E402
 from verbatim_batch.extract.sentences import sentence_segments  # noqa: E402

@@ -35,8 +35,8 @@ def main() -> None:
 
     import ray
 
-    from verbatim_batch.pipeline.ray_env import init_ray
-    from verbatim_batch.telemetry import accounting, perf
+    from verbatim_batch.engine.ray_env import init_ray
+    from verbatim_batch.engine.telemetry import accounting, perf
 
     init_ray(None, args.num_cpus)
 

@@ -52,8 +52,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 from devsets import DEFAULT_DEVSETS, FILES, load_devsets  # noqa: E402
 
-from verbatim_batch.evaluate import evaluate_predictions, gold_key  # noqa: E402
 from verbatim_batch.extract.semantic import SemanticConfig, SemanticExtractor, select_spans  # noqa: E402
+from verbatim_batch.quality.evaluate import evaluate_predictions, gold_key  # noqa: E402
 
 # Issue 35 added signals and selection rules (context, unit slack, paragraph select, a span bound); off here, so
 # these rows keep issue 16's meaning (on issue 35's units: references, TOC lines and author blocks left out).

@@ -60,9 +60,9 @@ def synth(root: Path, n_pairs: int, seed: int, previous: bool) -> dict[str, str]
     """Chunk run, query file, retrieval run (and a previous extract run) for ``n_pairs`` pairs under ``root``."""
     import pyarrow as pa
 
-    from verbatim_batch import storage
-    from verbatim_batch.runs import build_manifest, write_manifest
-    from verbatim_batch.tables import CHUNKS, PAIRS, RETRIEVAL, pair_id, pair_input_hash
+    from verbatim_batch.core import storage
+    from verbatim_batch.core.runs import build_manifest, write_manifest
+    from verbatim_batch.core.tables import CHUNKS, PAIRS, RETRIEVAL, pair_id, pair_input_hash
 
     rng = random.Random(seed)
     n_queries, n_chunks = n_pairs // TOP_K, max(1, n_pairs // 2)
@@ -149,12 +149,12 @@ def measure(runs: dict[str, str], staging: str, placement: str) -> dict:
     import pyarrow.compute as pc
     import ray
 
+    from verbatim_batch.engine.pair_plan import query_blocks
+    from verbatim_batch.engine.ray_env import init_ray
+    from verbatim_batch.engine.runner import StageContext
     from verbatim_batch.extract.llm import LLMConfig
     from verbatim_batch.extract.semantic import SemanticConfig
-    from verbatim_batch.pipeline import extract as ex
-    from verbatim_batch.pipeline.pair_plan import query_blocks
-    from verbatim_batch.pipeline.ray_env import init_ray
-    from verbatim_batch.pipeline.runner import StageContext
+    from verbatim_batch.stages import extract as ex
 
     def identity(setup, pairs):  # the pairs dataset as the extractor would read it
         if isinstance(pairs, pa.Table):  # the planner before issue 20's item 4: a table on the driver

@@ -48,7 +48,7 @@ def call(argv: list[str], log: Path, env: dict[str, str]) -> dict:
 
 
 def rows(lake: Path) -> dict[str, int]:
-    from verbatim_batch.publish import IcebergTarget, open_catalog
+    from verbatim_batch.engine.lake import IcebergTarget, open_catalog
 
     catalog = open_catalog(IcebergTarget(warehouse=str(lake)))
     out = {}

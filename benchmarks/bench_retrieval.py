@@ -20,18 +20,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from verbatim_batch.pipeline import (  # noqa: E402
-    ChunkJob,
-    EmbedJob,
-    IndexJob,
-    RetrieveJob,
-    run_chunk,
-    run_embed,
-    run_index,
-    run_retrieve,
-)
-from verbatim_batch.retrieve import recall_at  # noqa: E402
-from verbatim_batch.runs import read_table  # noqa: E402
+from verbatim_batch.core.runs import read_table  # noqa: E402
+from verbatim_batch.retrieval.retriever import recall_at  # noqa: E402
+from verbatim_batch.stages.chunk import ChunkJob, run_chunk
+from verbatim_batch.stages.embed import EmbedJob, run_embed
+from verbatim_batch.stages.index import IndexJob, run_index
+from verbatim_batch.stages.retrieve import RetrieveJob, run_retrieve
 from verbatim_synth import corpus as synth  # noqa: E402
 from verbatim_synth.labelled import make_labelled_queries  # noqa: E402
 

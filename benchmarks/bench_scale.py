@@ -360,9 +360,9 @@ def single_papers(sizes_mb: list[float], seed: int, work: Path, reps: int = 3) -
     """``verify.check_paper`` on one generated paper of each size (its rows made by the chunk stage's own
     reader and ingest, in this process): CPU-seconds, best of ``reps``."""
     sys.path.insert(0, str(REPO))
-    from verbatim_batch.corpus import list_sources, read_md_files
-    from verbatim_batch.ingest import DEFAULT_MAX_PAPER_BYTES, IngestStage
-    from verbatim_batch.verify import check_paper
+    from verbatim_batch.corpus.ingest import DEFAULT_MAX_PAPER_BYTES, IngestStage
+    from verbatim_batch.corpus.readers import list_sources, read_md_files
+    from verbatim_batch.quality.verify import check_paper
     from verbatim_synth.corpus import generate_paper
 
     out = []

@@ -36,11 +36,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pyarrow as pa  # noqa: E402
 
-from verbatim_batch.embed import EmbedderConfig  # noqa: E402
-from verbatim_batch.pipeline import ChunkJob, EmbedJob, IndexJob, run_chunk, run_embed, run_index  # noqa: E402
-from verbatim_batch.retrieval_eval import ChunkKeys, evaluate_run, read_qrels, run_from_table  # noqa: E402
-from verbatim_batch.retrieve import Retriever, RetrieverConfig  # noqa: E402
-from verbatim_batch.tables import query_id_for  # noqa: E402
+from verbatim_batch.core.tables import query_id_for  # noqa: E402
+from verbatim_batch.quality.retrieval_eval import ChunkKeys, evaluate_run, read_qrels, run_from_table  # noqa: E402
+from verbatim_batch.retrieval.embedder import EmbedderConfig  # noqa: E402
+from verbatim_batch.retrieval.retriever import Retriever, RetrieverConfig  # noqa: E402
+from verbatim_batch.stages.chunk import ChunkJob, run_chunk
+from verbatim_batch.stages.embed import EmbedJob, run_embed
+from verbatim_batch.stages.index import IndexJob, run_index  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -127,14 +129,14 @@ def seeds_index(corpus: Path, work: Path, max_windows: int | None) -> dict:
         assert counts["unplaced_gold_rows"] == 0, f"{name}: gold chunks not found in today's chunks: {counts}"
     queries = pa.table({"query_id": list(texts), "query": list(texts.values())})
     retriever = Retriever(RetrieverConfig(index_dir=index, k=10))
-    from verbatim_batch.runs import read_table
+    from verbatim_batch.core.runs import read_table
 
     table = read_table(chunks, "chunks", ["chunk_id", "text"]).to_pylist()
     kappa_chunk = next(r["chunk_id"] for r in table if KAPPA[1] in r["text"])
     defaults = {f.name: f.default for f in dataclasses.fields(RetrieverConfig) if f.name in ("rrf_k", "depth",
                                                                                             "fill_missing")}
     defaults["weights"] = RetrieverConfig(index_dir=index).weights
-    from verbatim_batch.runs import read_manifest
+    from verbatim_batch.core.runs import read_manifest
 
     pooled = {n: q for n, q in qrels.items() if n.endswith("+pooled")}
     qrels = {n: q for n, q in qrels.items() if not n.endswith("+pooled")}

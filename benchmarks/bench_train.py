@@ -33,7 +33,7 @@ def make_model(path: Path, hidden: int, layers: int) -> str:
     import torch
     from transformers import AutoTokenizer, ModernBertConfig, ModernBertForTokenClassification
 
-    from verbatim_batch.embed import DEFAULT_MODEL
+    from verbatim_batch.retrieval.embedder import DEFAULT_MODEL
 
     torch.manual_seed(0)
     cfg = ModernBertConfig(vocab_size=30522, hidden_size=hidden, num_hidden_layers=layers,
@@ -65,8 +65,8 @@ def plain(model: str, train: str, evalp: str, args, threads: int) -> dict:
     """The same data pipeline and Trainer, in this process, no Ray."""
     import torch
 
-    from verbatim_batch.train import data
-    from verbatim_batch.train.loop import BatchPasses, load_model, make_trainer, table_rows
+    from verbatim_batch.silver.train import data
+    from verbatim_batch.silver.train.loop import BatchPasses, load_model, make_trainer, table_rows
 
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
@@ -98,7 +98,7 @@ def plain(model: str, train: str, evalp: str, args, threads: int) -> dict:
 
 
 def ray_train(model: str, train: str, evalp: str, args, workers: int, cpus: float, tmp: Path) -> dict:
-    from verbatim_batch.train import TrainJob, run_train
+    from verbatim_batch.stages.train import TrainJob, run_train
 
     t0 = time.perf_counter()
     _, manifest = run_train(TrainJob(train=train, eval=evalp, output=str(tmp / f"ray-{workers}"), model=model,
@@ -134,7 +134,7 @@ def main() -> None:
         evalp = make_pairs(tmp / "eval.jsonl", max(8, args.pairs // 16), 2)
         results = [plain(model, train, evalp, args, args.cpus)]
         print(json.dumps(results[-1]), flush=True)
-        from verbatim_batch.pipeline.ray_env import init_ray
+        from verbatim_batch.engine.ray_env import init_ray
 
         init_ray(address="local", num_cpus=args.cpus, log_to_driver=False)
         results.append(ray_train(model, train, evalp, args, 1, float(args.cpus), tmp))

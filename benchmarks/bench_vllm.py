@@ -50,7 +50,7 @@ def tiny_model(path: Path) -> Path:
 
 
 def chunks(n: int) -> list[str]:
-    from verbatim_batch.chunk import chunk_markdown
+    from verbatim_batch.corpus.chunker import chunk_markdown
 
     out: list[str] = []
     for path in sorted((ROOT / "verbatim_batch/examples/corpus").glob("*.md")):
@@ -100,11 +100,11 @@ def in_cluster(model: Path, docs: list[str], structured: bool) -> dict:
     import pyarrow as pa
     import ray
 
+    from verbatim_batch.engine.ray_env import init_ray
+    from verbatim_batch.engine.vllm import LLMInterpret, vllm_dataset, vllm_requests
     from verbatim_batch.extract.gate import unpack
     from verbatim_batch.extract.llm import LLMConfig
     from verbatim_batch.extract.pairs import pairs_from_records
-    from verbatim_batch.extract.vllm import LLMInterpret, vllm_dataset, vllm_requests
-    from verbatim_batch.pipeline.ray_env import init_ray
 
     cfg = LLMConfig(model=str(model), backend="vllm", docs_per_request=1, max_tokens=64, engine_gpus=0,
                     kv_cache_gb=KV_CACHE_GB, enforce_eager=True, max_model_len=MAX_MODEL_LEN,

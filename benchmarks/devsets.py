@@ -12,7 +12,7 @@ DEFAULT_DEVSETS = Path(__file__).resolve().parents[2] / "shared" / "devsets"
 
 def load_devsets(folder: Path) -> dict[str, list[dict]] | None:
     """Each file's gold rows (``evaluate.load_gold``); None, saying which are missing, when any is."""
-    from verbatim_batch.evaluate import load_gold
+    from verbatim_batch.quality.evaluate import load_gold
 
     missing = [f for f in FILES if not (folder / f"{f}.jsonl").exists()]
     if missing:

@@ -6,7 +6,7 @@
 
 Needs only what the GPU image holds (torch, transformers, tokenizers, safetensors, accelerate, numpy, pyarrow)
 and the repository on ``sys.path`` (this script puts it there): no Ray, FAISS, bm25s, rapidfuzz, vLLM or the
-MiniLM package, no hub. It imports only project modules that import none of those (``verbatim_batch.train``'s
+MiniLM package, no hub. It imports only project modules that import none of those (``verbatim_batch.silver.train``'s
 ``__init__`` imports Ray, so its ``data`` and ``loop`` modules are loaded without running it).
 ``tests/test_gpu_day.py`` runs the rehearsal with those packages made unimportable.
 
@@ -222,10 +222,10 @@ def make_classifier_model(dest: Path, shape: dict, tok, device: str = "cpu") -> 
 
 
 def load_train_modules():
-    """``verbatim_batch.train.data`` and ``.loop`` without the package ``__init__`` (it imports the Ray job)."""
+    """``verbatim_batch.silver.train.data`` and ``.loop`` without the package ``__init__`` (it imports the Ray job)."""
     import verbatim_batch
 
-    name = "verbatim_batch.train"
+    name = "verbatim_batch.silver.train"
     if name not in sys.modules:
         pkg = types.ModuleType(name)
         pkg.__path__ = [str(Path(verbatim_batch.__file__).parent / "train")]
@@ -262,7 +262,7 @@ def seed_queries() -> list[str]:
 @functools.lru_cache(maxsize=1)
 def _seed_chunks() -> tuple:
     """The chunker's chunks (defaults) of the seed papers, with their context line."""
-    from verbatim_batch.chunk import build_context, chunk_markdown
+    from verbatim_batch.corpus.chunker import build_context, chunk_markdown
 
     rows = []
     for stem, text in seed_papers():
@@ -466,7 +466,7 @@ class Embed:
     def __init__(self, day: Day) -> None:
         import pyarrow as pa
 
-        from verbatim_batch.embed import EmbedderConfig, EmbedTokenizer
+        from verbatim_batch.retrieval.embedder import EmbedderConfig, EmbedTokenizer
 
         self.day, size = day, day.size
         self.model = day.model("embed")
@@ -492,7 +492,7 @@ class Embed:
         self.tokenize_cpu_s_per_token = tokenize_cpu / tokens
 
     def run(self, name: str, attn: str, budget: int, max_rows: int, repeats: int) -> None:
-        from verbatim_batch.embed import Embedder, EmbedderConfig, plan_batches
+        from verbatim_batch.retrieval.embedder import Embedder, EmbedderConfig, plan_batches
 
         day = self.day
         emb = Embedder(EmbedderConfig(model=self.model, device=day.args.device, dtype=day.dtype,
@@ -567,8 +567,8 @@ class Highlight:
     def _run(self, name: str, pairs, call: int, target: int | None) -> None:
         import pyarrow.compute as pc
 
-        from verbatim_batch.embed import plan_batches
         from verbatim_batch.extract.gate import pack
+        from verbatim_batch.retrieval.embedder import plan_batches
 
         day, hl, cfg = self.day, self.hl, self.day.shape_cls
         _, encode_table, forward_table, spans_table = highlighter_stages()
@@ -687,7 +687,7 @@ def step_train(day: Day, name: str, pack_kwargs: dict) -> None:
 
 def _padding(lengths_per_call: list[np.ndarray], budget: int, max_rows: int) -> dict:
     """Padding of the project's planner (``embedding.plan_batches``) over calls of these lengths."""
-    from verbatim_batch.embed import plan_batches
+    from verbatim_batch.retrieval.embedder import plan_batches
 
     real = padded = passes = 0
     for x in lengths_per_call:
@@ -705,8 +705,8 @@ def step_padding(day: Day) -> None:
     import pyarrow as pa
     from transformers import ModernBertConfig
 
-    from verbatim_batch.embed import embedding_texts, tokenize_texts
     from verbatim_batch.extract.highlighter import HighlighterConfig, HighlighterTokenizer
+    from verbatim_batch.retrieval.embedder import embedding_texts, tokenize_texts
 
     tok = load_tokenizer()
     chunks = seed_chunks()
@@ -769,8 +769,8 @@ def _overlap_f1(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> float:
 
 def step_agreement(day: Day) -> None:
     """The device path (its dtype) against fp32 on the CPU: same weights, same inputs."""
-    from verbatim_batch.embed import Embedder, EmbedderConfig
     from verbatim_batch.extract.highlighter import Highlighter, HighlighterConfig
+    from verbatim_batch.retrieval.embedder import Embedder, EmbedderConfig
 
     size = day.size
     chunks = seed_chunks()

@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     from gpu_embedding import GRANITE_R2
     from transformers import AutoTokenizer, ModernBertConfig, ModernBertModel
 
-    from verbatim_batch.embed import DEFAULT_MODEL, Embedder, EmbedderConfig, EmbedTokenizer
+    from verbatim_batch.retrieval.embedder import DEFAULT_MODEL, Embedder, EmbedderConfig, EmbedTokenizer
 
     shape = dict(GRANITE_R2)
     if args.tiny:

@@ -5,7 +5,7 @@
 
 Builds ``ModernBertModel`` from the architecture of ibm-granite/granite-embedding-english-r2
 (written out below as GRANITE_R2; 149M parameters) with random weights, in bf16, and runs
-it the way ``verbatim_batch.embed.Embedder`` does: sequences sorted by length (longest
+it the way ``verbatim_batch.retrieval.embedder.Embedder`` does: sequences sorted by length (longest
 first), packed into forward passes of at most ``--token-budget`` padded tokens, each pass
 padded to its own longest row, then mean-pooled and L2-normalised in float32.
 

@@ -59,10 +59,10 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from verbatim_batch.chunk import chunk_markdown  # noqa: E402
+from verbatim_batch.corpus.chunker import chunk_markdown  # noqa: E402
 from verbatim_batch.extract.semantic import SemanticConfig, SemanticExtractor  # noqa: E402
 from verbatim_batch.extract.sentences import sentence_segments  # noqa: E402
-from verbatim_batch.metrics import EvalRow, evaluate  # noqa: E402
+from verbatim_batch.quality.metrics import EvalRow, evaluate  # noqa: E402
 from verbatim_synth import corpus as synth  # noqa: E402
 from verbatim_synth.labelled import _WORD_RE, STOPWORDS, candidate_sentences, keywords  # noqa: E402
 

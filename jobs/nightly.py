@@ -7,7 +7,7 @@
 
 A dated --run-id: a rerun the same night after a crash resumes it (docs/cluster.md: Scheduled nights; exit codes 0
 committed, 2 refused, 130 interrupted, else failed). Readers load the current span table with
-verbatim_batch.runs.current_table("s3://bucket/nightly", "spans"), or, with --warehouse, from Iceberg tables
+verbatim_batch.core.runs.current_table("s3://bucket/nightly", "spans"), or, with --warehouse, from Iceberg tables
 (docs/publish.md).
 """
 

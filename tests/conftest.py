@@ -291,7 +291,7 @@ def pytest_runtest_protocol(item, nextitem):
 def _ensure_local_ray():
     import ray
 
-    from verbatim_batch.pipeline.ray_env import init_ray
+    from verbatim_batch.engine.ray_env import init_ray
 
     if not ray.is_initialized():
         os.environ.pop("RAY_ADDRESS", None)

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from verbatim_batch.tables import text_chunk_id
+from verbatim_batch.core.tables import text_chunk_id
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "verbatim_batch" / "examples"
@@ -116,7 +116,7 @@ def make_token_classifier(path: Path, num_labels: int = 2, max_positions: int = 
     import torch
     from transformers import AutoTokenizer, ModernBertConfig, ModernBertForTokenClassification
 
-    from verbatim_batch.embed import DEFAULT_MODEL
+    from verbatim_batch.retrieval.embedder import DEFAULT_MODEL
 
     torch.manual_seed(seed)
     cfg = ModernBertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
@@ -156,7 +156,7 @@ def tiny_model_dir(path: Path, arch: str, pooling: str | None = None) -> Path:
     import torch
     from transformers import AutoTokenizer, BertConfig, BertModel, ModernBertConfig, ModernBertModel
 
-    from verbatim_batch.embed import DEFAULT_MODEL
+    from verbatim_batch.retrieval.embedder import DEFAULT_MODEL
 
     torch.manual_seed(0)
     if arch == "bert":
@@ -187,7 +187,7 @@ def make_cross_encoder(path: Path, num_labels: int = 1, seed: int = 0) -> Path:
     import torch
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
-    from verbatim_batch.embed import DEFAULT_MODEL
+    from verbatim_batch.retrieval.embedder import DEFAULT_MODEL
 
     torch.manual_seed(seed)
     cfg = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
@@ -267,7 +267,7 @@ def reindex_files(run: Path) -> None:
     """Rewrite a run's ``files.json`` to what its table files now hold (size, digest): a test that edits a
     committed run's rows on purpose, to exercise the checks of the rows themselves, hides its edit from the
     byte check (``verify`` reports a file whose bytes differ from ``files.json`` on its own)."""
-    from verbatim_batch import storage
+    from verbatim_batch.core import storage
 
     run = Path(run)
     index = json.loads((run / "files.json").read_text(encoding="utf-8"))

@@ -59,7 +59,7 @@ def s3_server(bucket: str = "verbatim-test") -> Iterator[dict[str, str]]:
 @contextmanager
 def environment(env: dict[str, str]) -> Iterator[None]:
     """``env`` set in this process (for the test's own reads), restored after."""
-    from verbatim_batch import storage
+    from verbatim_batch.core import storage
 
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)

@@ -8,8 +8,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from verbatim_batch.abstention import abstention_curve, abstention_section
-from verbatim_batch.runs import build_manifest
+from verbatim_batch.core.runs import build_manifest
+from verbatim_batch.quality.abstention import abstention_curve, abstention_section
 
 CHUNKS = {"A": "alpha beta is the answer here.", "B": "the value is gamma today.", "C": "nothing to see in delta."}
 GOLD = [

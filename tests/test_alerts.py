@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from verbatim_batch.telemetry.declare import METRICS
+from verbatim_batch.engine.telemetry.declare import METRICS
 
 REPO = Path(__file__).resolve().parents[1]
 PROM = REPO / "deploy" / "prometheus"

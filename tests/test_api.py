@@ -15,8 +15,8 @@ import pytest
 import ray
 
 from verbatim_batch import api
-from verbatim_batch.chunk import ChunkerConfig
-from verbatim_batch.tables import CHUNKS, RETRIEVAL, embeddings_schema
+from verbatim_batch.core.tables import CHUNKS, RETRIEVAL, embeddings_schema
+from verbatim_batch.corpus.chunker import ChunkerConfig
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 EXAMPLE_PAGE = Path(__file__).resolve().parents[1] / "docs" / "api.md"
@@ -110,14 +110,14 @@ def _catch(fn, errors: list[BaseException]) -> None:
 def test_retrieve_over_an_index_folder_and_build_processor(ray_local, tmp_path):
     """api.retrieve over an index run folder (BM25 only, so no model: cheap), rows of tables.RETRIEVAL exactly;
     build_processor picks the processor from the config; a folder that is not an index run is refused."""
-    from verbatim_batch.index import Bm25Index
+    from verbatim_batch.retrieval.index import Bm25Index
 
     texts = {"c1": "the tagger is trained on annotated pairs", "c2": "results on the held-out set",
              "c3": "a baseline without pairs"}
     index = tmp_path / "index"
     Bm25Index.build(list(texts.values())).save(index / "bm25")
     pq.write_table(pa.table({"chunk_id": list(texts), "paper_id": ["P1", "P1", "P2"]}), index / "ids.parquet")
-    from verbatim_batch.runs import build_manifest
+    from verbatim_batch.core.runs import build_manifest
 
     manifest = build_manifest(run_id="index-test", command="index", config={}, inputs=[],
                               tables={"ids": {"rows": 3, "files": 1}}, counts={}, timings_s={})

@@ -9,8 +9,8 @@ import pytest
 from helpers import PAPERS, make_corpus
 
 from verbatim_batch.cli import main
-from verbatim_batch.pipeline import STAGES
-from verbatim_batch.runs import read_manifest, read_table
+from verbatim_batch.core.runs import read_manifest, read_table
+from verbatim_batch.stages.chains import STAGES
 
 pytestmark = pytest.mark.slow
 

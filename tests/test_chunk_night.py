@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import EXAMPLES, PAPERS, assert_tables_match
 
-from verbatim_batch.pipeline import ChunkJob, run_chunk
+from verbatim_batch.stages.chunk import ChunkJob, run_chunk
 
 pytestmark = pytest.mark.slow
 

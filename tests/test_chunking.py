@@ -6,7 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from verbatim_batch.chunk import (
+from verbatim_batch.core.tables import chunk_id
+from verbatim_batch.corpus.chunker import (
     FORCED_SPLIT,
     OVERSIZED_BLOCK,
     UNCLOSED_FENCE,
@@ -18,7 +19,6 @@ from verbatim_batch.chunk import (
     is_section_heading,
     verify_chunks,
 )
-from verbatim_batch.tables import chunk_id
 
 # --- generated markdown ------------------------------------------------------------
 

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from verbatim_batch import config
-from verbatim_batch.cli import build_parser, parse_args
+from verbatim_batch.cli import build_parser, config, parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -83,7 +82,8 @@ def test_python_callers_build_jobs_from_a_config_file(tmp_path):
     """``load_config`` and ``build_job`` give Python what the CLI gives the command line: values by name, the
     file's under the caller's, the job dataclasses' own defaults for everything unset."""
     from verbatim_batch.cli.commands import build_job
-    from verbatim_batch.pipeline import ExtractJob, NightlyJob
+    from verbatim_batch.stages.extract import ExtractJob
+    from verbatim_batch.stages.nightly import NightlyJob
 
     conf = _write(tmp_path, "batch-retries: 5\nextract:\n  extractor: highlighter\n  threshold: 0.25\n  top-k: 3\n")
     assert config.load_config(conf, "extract") == {"batch_retries": 5, "extractor": "highlighter",
@@ -138,11 +138,11 @@ def test_a_new_field_reaches_cli_yaml_api_and_reference(tmp_path, monkeypatch):
     a checked YAML key, a ``build_job`` argument and a row of the option reference."""
     import dataclasses
 
-    from verbatim_batch import options
     from verbatim_batch.cli import options as cli_options
     from verbatim_batch.cli import reference
     from verbatim_batch.cli.commands import build_job
-    from verbatim_batch.pipeline import extract
+    from verbatim_batch.core import options
+    from verbatim_batch.stages import extract
 
     @dataclasses.dataclass
     class Job(extract.ExtractJob):
@@ -184,7 +184,8 @@ def test_every_declared_option_has_help_and_a_unique_flag():
 
 def test_help_shows_the_declared_default_not_a_copy():
     from verbatim_batch.extract.highlighter import HighlighterConfig
-    from verbatim_batch.pipeline import EmbedJob, ExtractJob
+    from verbatim_batch.stages.embed import EmbedJob
+    from verbatim_batch.stages.extract import ExtractJob
 
     def helptext(command):
         return " ".join(build_parser().commands[command].format_help().split())

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import yaml
 
-from verbatim_batch import config, storage
-from verbatim_batch.cli import build_parser, parse_args
+from verbatim_batch.cli import build_parser, config, parse_args
 from verbatim_batch.cli.options import command_flags
-from verbatim_batch.runs import safe_run_id
+from verbatim_batch.core import storage
+from verbatim_batch.core.runs import safe_run_id
 
 ROOT = Path(__file__).resolve().parents[1]
 ALL_INTERFACES = {"0.0.0.0", "::", "[::]"}

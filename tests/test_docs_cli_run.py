@@ -441,7 +441,7 @@ def highlighter(tmp_path_factory) -> Path:
 
 
 def _run_planned(page: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from verbatim_batch.embed import DEFAULT_MODEL
+    from verbatim_batch.retrieval.embedder import DEFAULT_MODEL
 
     plan = PLANS[page]
     context = {"minilm": str(DEFAULT_MODEL)}

@@ -46,7 +46,7 @@ def _placeholders(command: str, argv: list[str]) -> list[str]:
     """``argv`` with a placeholder value of a typed option (``--k N``) replaced by the option's default, or the
     flag and its placeholder dropped when it has none: a placeholder stands for any valid value."""
     from verbatim_batch.cli.options import COMMANDS, command_flags, convert
-    from verbatim_batch.options import OptionError, show
+    from verbatim_batch.core.options import OptionError, show
 
     if command not in COMMANDS:
         return argv
@@ -177,7 +177,7 @@ def yaml_problems(block: Block, folder: Path) -> list[str]:
     """A job config that the config loader refuses (an unknown key, a bad value)."""
     import yaml
 
-    from verbatim_batch import config
+    from verbatim_batch.cli import config
     from verbatim_batch.cli.options import COMMANDS
 
     try:

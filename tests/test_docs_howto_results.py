@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from verbatim_batch.cli import main
-from verbatim_batch.runs import read_table
+from verbatim_batch.core.runs import read_table
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "howto-results.md"
 FOLDER_LINE = re.compile(r'^(run|root|lake) = "[^"]*"$', re.M)

@@ -37,9 +37,9 @@ def test_the_checker_finds_a_missing_path():
 
 
 def test_the_table_reference_is_current():
-    """docs/reference/tables.md is generated from verbatim_batch/tables.py; regenerate it with
-    `python -m verbatim_batch.tables_reference > docs/reference/tables.md`."""
-    from verbatim_batch.tables_reference import markdown
+    """docs/reference/tables.md is generated from verbatim_batch/core/tables.py; regenerate it with
+    `python -m verbatim_batch.core.tables_reference > docs/reference/tables.md`."""
+    from verbatim_batch.core.tables_reference import markdown
 
     assert (ROOT / "docs" / "reference" / "tables.md").read_text(encoding="utf-8") == markdown()
 
@@ -47,8 +47,8 @@ def test_the_table_reference_is_current():
 def test_the_table_reference_has_every_schema_and_its_notes():
     import pyarrow as pa
 
-    from verbatim_batch import tables
-    from verbatim_batch.tables_reference import markdown
+    from verbatim_batch.core import tables
+    from verbatim_batch.core.tables_reference import markdown
 
     text = markdown()
     for name, value in vars(tables).items():

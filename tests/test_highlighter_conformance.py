@@ -27,9 +27,9 @@ import numpy as np
 import pytest
 import torch
 
-from verbatim_batch.embed import DEFAULT_MODEL
 from verbatim_batch.extract.highlighter import Highlighter, HighlighterConfig
 from verbatim_batch.extract.highlighter_spans import TokenScores, highlight_spans
+from verbatim_batch.retrieval.embedder import DEFAULT_MODEL
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -118,7 +118,7 @@ def pair_rows() -> pa.Table:
 
 def split_path(config, batch: pa.Table, forward_actor=None) -> pa.Table:
     """The three stage callables of the extract job's split placement, as Ray runs them, without Ray."""
-    from verbatim_batch.pipeline.extract import HighlightForwardActor, _highlight_spans, _highlight_tokenize
+    from verbatim_batch.stages.extract import HighlightForwardActor, _highlight_spans, _highlight_tokenize
 
     tokens = _highlight_tokenize(batch, config, DEFAULT_MAX_CHUNK_CHARS)
     scored = (forward_actor or HighlightForwardActor(config, retries=0))(tokens)
@@ -126,7 +126,7 @@ def split_path(config, batch: pa.Table, forward_actor=None) -> pa.Table:
 
 
 def comparable(packed: pa.Table) -> dict[str, list]:
-    from verbatim_batch.pipeline.batches import strip_internal
+    from verbatim_batch.engine.batches import strip_internal
 
     tables = unpack(strip_internal(packed)[0])
     return {name: t.drop_columns([c for c in ("latency_ms",) if c in t.column_names]).to_pylist()
@@ -150,7 +150,7 @@ def test_split_stages_equal_the_in_process_extractor(config, hl):
 
 
 def test_split_stages_isolate_a_failing_pair_and_a_failed_batch(config, hl, monkeypatch):
-    from verbatim_batch.pipeline.extract import HighlightForwardActor
+    from verbatim_batch.stages.extract import HighlightForwardActor
 
     batch = pair_rows()
     actor = HighlightForwardActor(config, retries=0)
@@ -195,9 +195,9 @@ def test_embed_tokenize_stage_gives_the_in_actor_vectors(tmp_path):
     stage's time rides through the actor to the sink."""
     from helpers import SENTENCES, tiny_model_dir
 
-    from verbatim_batch.embed import EmbedderConfig
-    from verbatim_batch.pipeline.batches import strip_internal
-    from verbatim_batch.pipeline.embed import EmbedActor, embed_tokenize
+    from verbatim_batch.engine.batches import strip_internal
+    from verbatim_batch.retrieval.embedder import EmbedderConfig
+    from verbatim_batch.stages.embed import EmbedActor, embed_tokenize
 
     config = EmbedderConfig(model=str(tiny_model_dir(tmp_path / "bert", "bert")), max_length=16, token_budget=64)
     texts = SENTENCES * 3

@@ -15,11 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from verbatim_batch import config
-from verbatim_batch.cli import build_parser, main
+from verbatim_batch.cli import build_parser, config, main
+from verbatim_batch.core.runs import read_table
+from verbatim_batch.engine.ray_env import actor_pool
 from verbatim_batch.extract.pairs import pairs_from_records, read_pair_records
-from verbatim_batch.pipeline.ray_env import actor_pool
-from verbatim_batch.runs import read_table
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parents[1]
@@ -73,7 +72,7 @@ def test_cluster_resources_always_leave_room_to_make_progress():
 @pytest.mark.slow
 def test_embed_on_one_cpu_does_not_deadlock(ray_local, tmp_path):
     """`--num-cpus 1` used to hang: the embedding actor took the only CPU and the read could never run."""
-    from verbatim_batch.pipeline import ChunkJob, run_chunk
+    from verbatim_batch.stages.chunk import ChunkJob, run_chunk
 
     papers = tmp_path / "papers"
     papers.mkdir()

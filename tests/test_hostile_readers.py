@@ -27,13 +27,13 @@ from helpers import reindex_files
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from verbatim_batch import corpus
-from verbatim_batch.chunk import ChunkerConfig, chunk_markdown, verify_chunks
-from verbatim_batch.ingest import IngestStage
-from verbatim_batch.metadata import load_metadata
-from verbatim_batch.pipeline.listing import duplicate_winners
-from verbatim_batch.tables import RAW_RECORDS, QuarantineReason
-from verbatim_batch.verify import verify_run
+from verbatim_batch.core.tables import RAW_RECORDS, QuarantineReason
+from verbatim_batch.corpus import readers as corpus
+from verbatim_batch.corpus.chunker import ChunkerConfig, chunk_markdown, verify_chunks
+from verbatim_batch.corpus.ingest import IngestStage
+from verbatim_batch.corpus.metadata import load_metadata
+from verbatim_batch.engine.listing import duplicate_winners
+from verbatim_batch.quality.verify import verify_run
 
 PAPER = "# {title}\n\n## Introduction\n\nWe study {title} on real data. It works.\n\n## Method\n\nDetails here.\n"
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
@@ -354,7 +354,7 @@ def test_cr_only_and_bom_papers_keep_headings_and_exact_offsets():
 
 @pytest.fixture(scope="module")
 def chunk_run(ray_local, tmp_path_factory):
-    from verbatim_batch.pipeline import ChunkJob, run_chunk
+    from verbatim_batch.stages.chunk import ChunkJob, run_chunk
 
     root = tmp_path_factory.mktemp("verify")
     (root / "c").mkdir()
@@ -407,7 +407,7 @@ def test_verify_catches_tampering_and_reports_what_it_could_not_check(chunk_run,
 
 
 def test_previous_run_with_tampered_chunks_is_not_carried(chunk_run, tmp_path):
-    from verbatim_batch.pipeline import ChunkJob, run_chunk
+    from verbatim_batch.stages.chunk import ChunkJob, run_chunk
 
     root, out = chunk_run
     prev = tmp_path / "prev"

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from verbatim_batch.metadata import MAX_FIELD_CHARS, load_metadata, metadata_stats
+from verbatim_batch.corpus.metadata import MAX_FIELD_CHARS, load_metadata, metadata_stats
 
 BIG = 5 << 20  # a 5 MB title
 
@@ -63,9 +63,9 @@ def test_duplicate_ids_wrong_types_and_huge_fields_are_counted_and_ignored(tmp_p
 
 
 def test_a_huge_title_never_reaches_the_papers_or_chunks(tmp_path):
-    from verbatim_batch.chunk import ChunkerConfig
-    from verbatim_batch.ingest import IngestStage
-    from verbatim_batch.tables import RAW_RECORDS
+    from verbatim_batch.core.tables import RAW_RECORDS
+    from verbatim_batch.corpus.chunker import ChunkerConfig
+    from verbatim_batch.corpus.ingest import IngestStage
 
     meta = write_jsonl(tmp_path / "meta.jsonl", [{"paper_id": "p", "title": "t" * BIG, "authors": "A and B"}])
     stage = IngestStage(chunker=ChunkerConfig(min_chars=0), metadata_uri=meta)
@@ -79,8 +79,8 @@ def test_a_huge_title_never_reaches_the_papers_or_chunks(tmp_path):
 
 
 def test_chunk_manifest_counts_and_names_duplicate_metadata(ray_local, tmp_path):
-    from verbatim_batch.chunk import ChunkerConfig
-    from verbatim_batch.pipeline import ChunkJob, run_chunk
+    from verbatim_batch.corpus.chunker import ChunkerConfig
+    from verbatim_batch.stages.chunk import ChunkJob, run_chunk
 
     corpus = tmp_path / "c"
     corpus.mkdir()
@@ -151,14 +151,14 @@ CAPPED = textwrap.dedent("""
     import resource, sys
     cap = int(sys.argv[2])
     resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-    from verbatim_batch.report import write_report
+    from verbatim_batch.report.build import write_report
     write_report(sys.argv[1])
 """)
 
 
 @pytest.mark.parametrize("kind", ["retrieve", "extract"])
 def test_reports_are_bounded_whatever_the_fields_hold(tmp_path, kind):
-    from verbatim_batch.report_html import PAGE_BYTES
+    from verbatim_batch.report.html import PAGE_BYTES
 
     retrieval, extract = _fake_runs(tmp_path)
     run = retrieval if kind == "retrieve" else extract

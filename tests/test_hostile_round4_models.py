@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import make_token_classifier, tiny_model_dir
 
-from verbatim_batch import models
+from verbatim_batch.core import models
 
 
 @pytest.fixture(scope="module")
@@ -193,7 +193,7 @@ def test_every_model_loading_command_stops_with_one_line(good, tmp_path):
     ("[" * 100_000, "not a JSON file"),
 ])
 def test_sentence_transformers_files_never_lead_outside_the_folder(good, tmp_path, modules, says):
-    from verbatim_batch.embed import EmbedderConfig, embedder_fingerprint
+    from verbatim_batch.retrieval.embedder import EmbedderConfig, embedder_fingerprint
 
     def forge(folder: Path) -> None:
         (folder / "modules.json").write_text(modules if isinstance(modules, str) else json.dumps(modules))

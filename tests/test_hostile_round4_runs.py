@@ -23,9 +23,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from verbatim_batch import storage
-from verbatim_batch.pipeline.runner import Plan, RunOptions, StageContext, TableStage, Work, run_stage
-from verbatim_batch.runs import (
+from verbatim_batch.core import storage
+from verbatim_batch.core.runs import (
     RUNS_DIR,
     acquire_lock,
     completed_keys,
@@ -37,7 +36,8 @@ from verbatim_batch.runs import (
     read_writes,
     release_lock,
 )
-from verbatim_batch.verify import verify_run
+from verbatim_batch.engine.runner import Plan, RunOptions, StageContext, TableStage, Work, run_stage
+from verbatim_batch.quality.verify import verify_run
 
 ROWS = pa.schema([pa.field("key", pa.string(), nullable=False), pa.field("value", pa.int64())])
 VALUES = {f"k{i}": i for i in range(6)}
@@ -326,8 +326,8 @@ PAPER = "# {t}\n\n## Introduction\n\nWe study {t} on real data. It works.\n\n## 
 
 @pytest.fixture(scope="module")
 def chunk_run(ray_local, tmp_path_factory):
-    from verbatim_batch.chunk import ChunkerConfig
-    from verbatim_batch.pipeline import ChunkJob, run_chunk
+    from verbatim_batch.corpus.chunker import ChunkerConfig
+    from verbatim_batch.stages.chunk import ChunkJob, run_chunk
 
     root = tmp_path_factory.mktemp("round4-chunks")
     (root / "c").mkdir()
@@ -339,9 +339,9 @@ def chunk_run(ray_local, tmp_path_factory):
 
 @pytest.mark.parametrize("table", ["papers", "chunks"])
 def test_verify_and_chunk_previous_with_a_flipped_byte(chunk_run, tmp_path, capsys, table):
-    from verbatim_batch.chunk import ChunkerConfig
     from verbatim_batch.cli import main
-    from verbatim_batch.pipeline import ChunkJob, run_chunk
+    from verbatim_batch.corpus.chunker import ChunkerConfig
+    from verbatim_batch.stages.chunk import ChunkJob, run_chunk
 
     root, run = chunk_run
     damaged = tmp_path / "damaged"

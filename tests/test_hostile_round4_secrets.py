@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from verbatim_batch.redact import REDACTED, redact, redact_text, redact_url
+from verbatim_batch.core.redact import REDACTED, redact, redact_text, redact_url
 
 CANARY = "CANARY-r4-5f1c0de9"
 
@@ -46,8 +46,8 @@ def test_settings_in_urls_and_plain_text_are_kept():
 
 
 def test_manifests_and_reports_never_record_a_credential(tmp_path):
-    from verbatim_batch.report import write_report
-    from verbatim_batch.runs import build_manifest, read_manifest, write_manifest
+    from verbatim_batch.core.runs import build_manifest, read_manifest, write_manifest
+    from verbatim_batch.report.build import write_report
 
     url = f"http://user:{CANARY}@127.0.0.1:9/v1?api-key={CANARY}"
     config = {"extractor_config": {"base_url": url, "model": "m", "headers": {"Authorization": f"Bearer {CANARY}"}},
@@ -68,7 +68,7 @@ def test_log_lines_of_the_package_are_redacted(caplog):
     import verbatim_batch  # noqa: F401 - installs the redaction
 
     with caplog.at_level(logging.INFO):
-        logging.getLogger("verbatim_batch.pipeline.sink").warning("%s: unreadable", f"s3://b/x?sig={CANARY}")
+        logging.getLogger("verbatim_batch.engine.sink").warning("%s: unreadable", f"s3://b/x?sig={CANARY}")
         logging.getLogger("verbatim_batch.extract.llm").info(f"endpoint http://h/v1?key={CANARY}")
     assert CANARY not in caplog.text and "s3://b/x?sig=" in caplog.text
 

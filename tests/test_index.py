@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verbatim_batch.index import (
+from verbatim_batch.retrieval.index import (
     Bm25Index,
     DenseSpec,
     build_dense,
@@ -25,7 +25,7 @@ from verbatim_batch.index import (
     set_nprobe,
     tokenize,
 )
-from verbatim_batch.index.dense import DENSE_FILE, auto_pq_m
+from verbatim_batch.retrieval.index.dense import DENSE_FILE, auto_pq_m
 
 # ---------------------------------------------------------------------------- helpers
 
@@ -250,7 +250,7 @@ def test_use_gpu_yes_without_gpu_fails():
 @pytest.mark.parametrize("kind", ["ivf_flat", "ivf_pq"])
 def test_gpu_path_logic_with_cpu_stand_ins(monkeypatch, kind):
     """The GPU build path, with CPU copies standing in for GPU indexes: same index as the CPU path."""
-    import verbatim_batch.index.dense as dense
+    import verbatim_batch.retrieval.index.dense as dense
 
     x = clustered(4000, 16, seed=4)
     spec = DenseSpec(kind=kind, nlist=32, pq_m=4, train_size=2000)
@@ -301,7 +301,7 @@ def test_ivf_streams_twice_without_holding_all_vectors():
 
 
 def test_train_sample_is_seeded_and_uniform():
-    from verbatim_batch.index.dense import _train_sample
+    from verbatim_batch.retrieval.index.dense import _train_sample
 
     x = np.arange(10_000 * 4, dtype=np.float32).reshape(10_000, 4)
     spec = resolve_spec(DenseSpec(kind="ivf_flat", nlist=10, train_size=500, seed=5), 10_000, 4)
@@ -528,7 +528,7 @@ def test_bm25_deterministic(tmp_path: Path):
 
 def test_bm25_search_budget_split(monkeypatch, bm25):
     want = bm25.search(["transformer BLEU", "bert", "model", "dropout"], 4)
-    monkeypatch.setattr("verbatim_batch.index.bm25.SEARCH_BUDGET", 1)
+    monkeypatch.setattr("verbatim_batch.retrieval.index.bm25.SEARCH_BUDGET", 1)
     got = bm25.search(["transformer BLEU", "bert", "model", "dropout"], 4)
     np.testing.assert_array_equal(got[1], want[1])
     np.testing.assert_array_equal(got[0], want[0])

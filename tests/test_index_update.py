@@ -9,7 +9,7 @@ import faiss
 import numpy as np
 import pytest
 
-from verbatim_batch.index import (
+from verbatim_batch.retrieval.index import (
     DenseSpec,
     build_dense,
     load_dense,
@@ -18,7 +18,7 @@ from verbatim_batch.index import (
     search_dense,
     update_dense,
 )
-from verbatim_batch.index.dense import DENSE_FILE
+from verbatim_batch.retrieval.index.dense import DENSE_FILE
 
 DIM = 16
 N_OLD = 600

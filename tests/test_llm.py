@@ -7,10 +7,11 @@ import json
 import pyarrow as pa
 import pytest
 
+from verbatim_batch.core.tables import REJECTS
 from verbatim_batch.extract.gate import PairExtractor, pack, unpack
 from verbatim_batch.extract.llm import LLMConfig, group_requests, interpret, sampling
 from verbatim_batch.extract.prompts import build_messages, output_schema, system_prompt
-from verbatim_batch.querygen import (
+from verbatim_batch.silver.querygen import (
     TYPE_NAMES,
     QueryGenerator,
     clean_line,
@@ -18,7 +19,6 @@ from verbatim_batch.querygen import (
     pick_chunks,
     sample_papers,
 )
-from verbatim_batch.tables import REJECTS
 
 CFG = LLMConfig(model="m", base_url="http://127.0.0.1:1/v1")
 DOCS = [
@@ -187,8 +187,8 @@ def test_query_generator_runs_three_steps_and_records_failures():
 
 def test_vllm_backend_requests_and_interpretation_without_the_engine():
     """Everything around ray.data.llm: request rows in, generated text out -> the same tables."""
+    from verbatim_batch.engine.vllm import LLMInterpret, vllm_requests
     from verbatim_batch.extract.pairs import pairs_from_records
-    from verbatim_batch.extract.vllm import LLMInterpret, vllm_requests
 
     cfg = LLMConfig(model="Qwen/Qwen3-8B", backend="vllm", docs_per_request=2)
     records = [{"query": "lr", "chunk": DOCS[0]}, {"query": "lr", "chunk": DOCS[1]}, {"query": "lr", "chunk": DOCS[2]},
@@ -223,8 +223,8 @@ def test_vllm_backend_requests_and_interpretation_without_the_engine():
 
 def test_vllm_backend_honours_max_chunk_chars():
     """A chunk over ``--max-chunk-chars`` becomes an error row before any request is built (as with http)."""
+    from verbatim_batch.engine.vllm import vllm_requests
     from verbatim_batch.extract.pairs import pairs_from_records
-    from verbatim_batch.extract.vllm import vllm_requests
 
     cfg = LLMConfig(model="Qwen/Qwen3-8B", backend="vllm", docs_per_request=5)
     long_doc = max(DOCS, key=len)

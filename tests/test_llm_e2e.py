@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 from llmserver import OpenAIServer, make_tiny_chat_model, require_server
 
-from verbatim_batch.chunk import chunk_markdown
+from verbatim_batch.core.runs import read_manifest, read_table
+from verbatim_batch.core.tables import PAIRS, REJECTS, SPANS
+from verbatim_batch.corpus.chunker import chunk_markdown
 from verbatim_batch.extract.llm import LLMConfig, LLMExtractor, OpenAIClient
-from verbatim_batch.pipeline import ExtractJob, run_extract
-from verbatim_batch.runs import read_manifest, read_table
-from verbatim_batch.tables import PAIRS, REJECTS, SPANS
+from verbatim_batch.stages.extract import ExtractJob, run_extract
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytestmark = pytest.mark.slow

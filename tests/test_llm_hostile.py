@@ -385,7 +385,7 @@ def test_a_failing_request_never_resends_its_batch_mates(serve, bad):
 
 
 def test_a_batch_retried_after_a_later_failure_reuses_the_answers(serve):
-    from verbatim_batch.pipeline.batches import with_retries
+    from verbatim_batch.engine.batches import with_retries
 
     server = serve(lambda h, r: reply(h, GOOD))
     stage = PairExtractor(LLMExtractor(config(server)), "run")
@@ -445,7 +445,7 @@ def test_max_response_mb_is_a_runtime_setting():
 def test_querygen_rows_fail_alone_on_a_trickling_server(serve):
     import pyarrow as pa
 
-    from verbatim_batch.querygen import QueryGenerator
+    from verbatim_batch.silver.querygen import QueryGenerator
 
     server = serve(_trickle("body"))
     gen = QueryGenerator(OpenAIClient(config(server, timeout_s=0.5)).chat, "m")

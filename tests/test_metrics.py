@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from verbatim_batch.metrics import EvalRow, align_gold, align_prediction, evaluate, format_table, word_spans
+from verbatim_batch.quality.metrics import EvalRow, align_gold, align_prediction, evaluate, format_table, word_spans
 
 # ---------------------------------------------------------------------------
 # Worked example: 100 characters, two gold spans of 45 characters, a 10-character gap

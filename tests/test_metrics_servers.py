@@ -275,7 +275,7 @@ def test_no_successful_night_fires_when_nothing_was_pushed_and_stops_once_a_nigh
     """A new user's setup: Debian's Prometheus (deploy/prometheus/prometheus.yml, its rules) scraping an empty
     Pushgateway fires VerbatimNoSuccessfulNight; a committed nightly pushed by the CLI's own push ends it."""
     needs_servers()
-    from verbatim_batch.telemetry import push, session
+    from verbatim_batch.engine.telemetry import push, session
 
     with Pushgateway(tmp_path / "pushgateway") as gateway, \
             Prometheus(tmp_path / "prometheus", prometheus_config(gateway.url)) as prom:

@@ -21,7 +21,7 @@ import pytest
 from chain_digest import assert_demo_digests
 from raycluster import LocalRayCluster, ray_cli
 
-from verbatim_batch.runs import read_manifest, read_table
+from verbatim_batch.core.runs import read_manifest, read_table
 
 REPO = Path(__file__).resolve().parents[1]
 ACCELERATOR = "accelerator_type:L4"

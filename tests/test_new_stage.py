@@ -17,14 +17,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from verbatim_batch import storage
-from verbatim_batch.options import option, settings
-from verbatim_batch.pipeline import chains
-from verbatim_batch.pipeline.chains import Chain, Step, add_step, remove_step
-from verbatim_batch.pipeline.extract import ExtractJob, ExtractStage
-from verbatim_batch.pipeline.runner import Plan, RunOptions, Stage, StageContext, StageResult, run_stage
-from verbatim_batch.runs import committed_table_dir, read_manifest
-from verbatim_batch.tables import config_hash
+from verbatim_batch.core import storage
+from verbatim_batch.core.options import option, settings
+from verbatim_batch.core.runs import committed_table_dir, read_manifest
+from verbatim_batch.core.tables import config_hash
+from verbatim_batch.engine.runner import Plan, RunOptions, Stage, StageContext, StageResult, run_stage
+from verbatim_batch.stages import chains
+from verbatim_batch.stages.chains import Chain, Step, add_step, remove_step
+from verbatim_batch.stages.extract import ExtractJob, ExtractStage
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "verbatim_batch" / "examples"
@@ -140,7 +140,7 @@ def test_a_chain_with_the_new_step_resumes_and_carries(with_dedup, ray_local, tm
     """The chain with the dedup step on four bundled papers: the spans stage fails once (its runner replaced),
     the rerun with the same run id resumes (every committed stage left as it was), and a second chain built on
     the first carries every embedding (the same chunks, deduplicated the same way)."""
-    from verbatim_batch.pipeline.chains import run_chain
+    from verbatim_batch.stages.chains import run_chain
 
     corpus = tmp_path / "corpus"
     corpus.mkdir()

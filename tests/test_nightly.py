@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import EXAMPLES, PAPERS, assert_tables_match, canonical, make_corpus, nightly
 
-from verbatim_batch.runs import current_run, current_table, read_manifest
+from verbatim_batch.core.runs import current_run, current_table, read_manifest
 
 pytestmark = pytest.mark.slow
 

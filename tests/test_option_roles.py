@@ -14,13 +14,13 @@ import typing
 
 import pytest
 
-from verbatim_batch.options import OptionError, _base, check, is_runtime, options_of
-from verbatim_batch.pipeline.chains import SECTIONS, Chain, stage_keys
-from verbatim_batch.pipeline.chunk import ChunkJob, ChunkStage
-from verbatim_batch.pipeline.extract import ExtractJob, ExtractStage
-from verbatim_batch.pipeline.nightly import NightlyJob
-from verbatim_batch.tables import config_hash
-from verbatim_batch.train.job import TrainJob
+from verbatim_batch.core.options import OptionError, _base, check, is_runtime, options_of
+from verbatim_batch.core.tables import config_hash
+from verbatim_batch.stages.chains import SECTIONS, Chain, stage_keys
+from verbatim_batch.stages.chunk import ChunkJob, ChunkStage
+from verbatim_batch.stages.extract import ExtractJob, ExtractStage
+from verbatim_batch.stages.nightly import NightlyJob
+from verbatim_batch.stages.train import TrainJob
 
 # Values for options whose type alone does not give a second valid value (a parsed list, a model path).
 OTHER = {"heading_levels": (2, 3), "normalize": ("nfc",), "methods": ("dense",), "weights": {"dense": 1.0},
@@ -74,7 +74,7 @@ def _night(tmp_path, stages) -> str:
 
 @pytest.mark.parametrize("section", SECTIONS)
 def test_every_chain_stage_option_changes_a_night_exactly_when_it_decides_output(section, tmp_path):
-    from verbatim_batch.pipeline.chains import STAGE_JOBS
+    from verbatim_batch.stages.chains import STAGE_JOBS
 
     cls = next(c for name, c, _ in STAGE_JOBS.values() if name == section)
     base_stages = {"rerank": {"model": "some/cross-encoder"}} if section == "rerank" else {}
@@ -114,7 +114,7 @@ def test_chunk_plan_follows_the_roles(tmp_path):
     for key, value, runtime in _varied(ChunkJob):
         of = next(o for o in options_of(ChunkJob) if o.key == key)
         if of.group:
-            from verbatim_batch.chunk import ChunkerConfig
+            from verbatim_batch.corpus.chunker import ChunkerConfig
 
             kw = {"chunker": ChunkerConfig(**{of.field: value})}
         else:
@@ -168,7 +168,7 @@ def test_training_config_follows_the_roles(tmp_path):
 
 
 def test_metrics_and_run_options_are_runtime_everywhere():
-    from verbatim_batch.pipeline.runner import RunOptions
+    from verbatim_batch.engine.runner import RunOptions
 
     for f in dataclasses.fields(RunOptions):
         assert is_runtime(f), f"{f.name}: a run option never decides output"
@@ -177,13 +177,13 @@ def test_metrics_and_run_options_are_runtime_everywhere():
 # --- bounds: declared once, checked on construction ------------------------------------------------------------
 
 def _configs():
-    from verbatim_batch.chunk import ChunkerConfig
-    from verbatim_batch.embed import EmbedderConfig
+    from verbatim_batch.corpus.chunker import ChunkerConfig
     from verbatim_batch.extract.highlighter import HighlighterConfig
     from verbatim_batch.extract.llm import LLMConfig
     from verbatim_batch.extract.semantic import SemanticConfig
-    from verbatim_batch.rerank import RerankerConfig
-    from verbatim_batch.retrieve import RetrieverConfig
+    from verbatim_batch.retrieval.embedder import EmbedderConfig
+    from verbatim_batch.retrieval.reranker import RerankerConfig
+    from verbatim_batch.retrieval.retriever import RetrieverConfig
 
     return [(ChunkerConfig, {}), (EmbedderConfig, {}), (HighlighterConfig, {}), (SemanticConfig, {}),
             (RetrieverConfig, {}), (RerankerConfig, {"model": "m"}),
@@ -218,8 +218,8 @@ def test_python_built_configs_take_exactly_the_declared_bounds(cls, required):
 
 
 def test_choices_are_checked_when_built_in_python():
-    from verbatim_batch.embed import EmbedderConfig
     from verbatim_batch.extract.semantic import SemanticConfig
+    from verbatim_batch.retrieval.embedder import EmbedderConfig
 
     with pytest.raises(ValueError, match="output_dtype must be one of"):
         EmbedderConfig(output_dtype="int8")

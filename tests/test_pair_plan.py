@@ -12,12 +12,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from verbatim_batch import storage
-from verbatim_batch.pipeline import extract as ex
-from verbatim_batch.pipeline import pair_plan
-from verbatim_batch.pipeline.runner import StageContext
-from verbatim_batch.runs import build_manifest, read_table, write_manifest
-from verbatim_batch.tables import CHUNKS, PAIRS, RETRIEVAL
+from verbatim_batch.core import storage
+from verbatim_batch.core.runs import build_manifest, read_table, write_manifest
+from verbatim_batch.core.tables import CHUNKS, PAIRS, RETRIEVAL
+from verbatim_batch.engine import pair_plan
+from verbatim_batch.engine.runner import StageContext
+from verbatim_batch.stages import extract as ex
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -210,7 +210,7 @@ def test_vllm_extract_forms_requests_in_tasks_from_planned_blocks(ray_local, run
     this venv) is replaced by a map that answers each request the way ``ray.data.llm`` hands rows back
     (our postprocess's columns): the first 40 characters of each document as its span. The real engine runs
     this same path in tests/test_vllm.py (``pytest -m vllm``)."""
-    from verbatim_batch.extract import vllm
+    from verbatim_batch.engine import vllm
     from verbatim_batch.extract.llm import LLMConfig
 
     def no_gather(self, skip=None):

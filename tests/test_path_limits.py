@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from verbatim_batch.runs import check_output_names
+from verbatim_batch.core.runs import check_output_names
 
 
 def test_names_and_paths_that_cannot_hold_a_run_are_refused(tmp_path):

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from verbatim_batch.cli import main
-from verbatim_batch.runs import manifest_config
+from verbatim_batch.core.runs import manifest_config
 
 EXAMPLES = resources.files("verbatim_batch") / "examples"
 

@@ -14,11 +14,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from verbatim_batch.chunk import ChunkerConfig
-from verbatim_batch.pipeline import ChunkJob, run_chunk
-from verbatim_batch.runs import MANIFEST_FILE, OutputExistsError, load_manifests, read_manifest, read_table
-from verbatim_batch.tables import CHUNKS, PAPERS, QUARANTINE, SCHEMA_VERSION, schema_version_of
-from verbatim_batch.verify import verify_run
+from verbatim_batch.core.runs import MANIFEST_FILE, OutputExistsError, load_manifests, read_manifest, read_table
+from verbatim_batch.core.tables import CHUNKS, PAPERS, QUARANTINE, SCHEMA_VERSION, schema_version_of
+from verbatim_batch.corpus.chunker import ChunkerConfig
+from verbatim_batch.quality.verify import verify_run
+from verbatim_batch.stages.chunk import ChunkJob, run_chunk
 from verbatim_synth import corpus as synth
 
 REPO = Path(__file__).resolve().parents[1]

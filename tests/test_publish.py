@@ -23,9 +23,9 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import nightly
 
-from verbatim_batch import config, tables
-from verbatim_batch.cli import main
-from verbatim_batch.publish import (
+from verbatim_batch.cli import config, main
+from verbatim_batch.core import tables
+from verbatim_batch.engine.lake import (
     NIGHT,
     PUBLISHED,
     IcebergTarget,
@@ -273,7 +273,7 @@ def test_publishing_the_same_night_again_adds_nothing(published):
 
 
 def test_a_killed_publish_leaves_the_last_snapshot_and_a_rerun_completes(nightly_baseline, ray_local, tmp_path):
-    from verbatim_batch.pipeline.publish import PublishJob, run_publish
+    from verbatim_batch.stages.publish import PublishJob, run_publish
 
     root, lake = _copy_root(nightly_baseline, tmp_path), tmp_path / "lake"
     result = run_publish(PublishJob(source=str(root), target=IcebergTarget(warehouse=str(lake)), address="local"))

@@ -9,12 +9,12 @@ import dataclasses
 import numpy as np
 import pyarrow as pa
 
+from verbatim_batch.core.tables import PAIR_INPUT
+from verbatim_batch.engine.pair_plan import query_blocks
 from verbatim_batch.extract.gate import PairExtractor
 from verbatim_batch.extract.semantic import SemanticConfig, SemanticExtractor, UnitScores, select_query, select_spans
 from verbatim_batch.extract.spans import PairResult
-from verbatim_batch.pipeline.extract import judges_queries
-from verbatim_batch.pipeline.pair_plan import query_blocks
-from verbatim_batch.tables import PAIR_INPUT
+from verbatim_batch.stages.extract import judges_queries
 
 CHUNK = "First sentence about one thing.\n\nSecond sentence about another thing."
 

@@ -21,9 +21,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from verbatim_batch.embed import default_model_path
+from verbatim_batch.core.tables import PAIR_INPUT
 from verbatim_batch.extract.gate import PairExtractor
-from verbatim_batch.tables import PAIR_INPUT
+from verbatim_batch.retrieval.embedder import default_model_path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 GOLD = Path(__file__).resolve().parents[1] / "benchmarks" / "gold" / "seeds-heldout.jsonl"

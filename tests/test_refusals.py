@@ -114,7 +114,7 @@ def test_special_files_as_option_files_are_refused_before_they_are_opened(tmp_pa
 def test_a_pipe_named_in_a_manifest_is_never_opened(tmp_path):
     import os
 
-    from verbatim_batch.records import iter_records
+    from verbatim_batch.core.records import iter_records
 
     os.mkfifo(tmp_path / "q.jsonl")
     with pytest.raises(ValueError, match="not a regular file"):

@@ -17,10 +17,9 @@ import pytest
 from helpers import EXAMPLES, PAPERS, assert_tables_match, nightly
 from s3server import environment, s3_server
 
-from verbatim_batch import faults, storage
-from verbatim_batch.faults import InjectedFault
-from verbatim_batch.pipeline.runner import write_report
-from verbatim_batch.runs import (
+from verbatim_batch.core import faults, storage
+from verbatim_batch.core.faults import InjectedFault
+from verbatim_batch.core.runs import (
     RUNS_DIR,
     OutputExistsError,
     build_manifest,
@@ -33,7 +32,8 @@ from verbatim_batch.runs import (
     record_write,
     staged,
 )
-from verbatim_batch.verify import verify_run
+from verbatim_batch.engine.runner import write_report
+from verbatim_batch.quality.verify import verify_run
 
 BUCKET = "verbatim-test"
 
@@ -289,8 +289,8 @@ def test_evaluate_reads_gold_and_a_span_run_from_any_store(where, tmp_path):
     """`evaluate` on files in a store gives what it gives on the same files on a local disk."""
     from helpers import GOLD, SPAN_ROWS
 
-    from verbatim_batch.evaluate import evaluate_files
-    from verbatim_batch.tables import SPANS, to_table
+    from verbatim_batch.core.tables import SPANS, to_table
+    from verbatim_batch.quality.evaluate import evaluate_files
 
     gold = "".join(json.dumps(r) + "\n" for r in GOLD)
     spans = to_table(SPAN_ROWS, SPANS)
@@ -308,7 +308,7 @@ def test_two_writers_starting_together_on_any_store_one_wins(where):
     and only the token found then wins. Exactly one takes it; the others get OutputBusyError."""
     import threading
 
-    from verbatim_batch.runs.folder import OutputBusyError, acquire_lock, release_lock
+    from verbatim_batch.core.runs.folder import OutputBusyError, acquire_lock, release_lock
 
     out = storage.join(where, "contended")
     barrier = threading.Barrier(8)

@@ -13,8 +13,8 @@ import pytest
 from helpers import CHROMIUM, MARK, render
 
 from verbatim_batch.cli import main
-from verbatim_batch.report_html import highlight, in_context, windows
-from verbatim_batch.runs import read_manifest, read_table
+from verbatim_batch.core.runs import read_manifest, read_table
+from verbatim_batch.report.html import highlight, in_context, windows
 
 
 def test_highlight_escapes_text_and_marks_spans():
@@ -96,7 +96,7 @@ QUERIES = [
 
 @pytest.fixture(scope="module")
 def chain(ray_local, tmp_path_factory):
-    from verbatim_batch.pipeline import Chain, run_chain
+    from verbatim_batch.stages.chains import Chain, run_chain
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     root = tmp_path_factory.mktemp("chain")
@@ -277,7 +277,7 @@ def test_verify_checks_span_runs(chain, tmp_path, capsys):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from verbatim_batch.verify import verify_run
+    from verbatim_batch.quality.verify import verify_run
 
     out = chain["spans"]
     n = read_manifest(out)["tables"]["spans"]["rows"]
@@ -326,7 +326,7 @@ def test_chain_reports_render_in_chromium(chain, tmp_path):
 
 
 def test_check_spans_against_pair_chunks_and_papers():
-    from verbatim_batch.verify import check_spans
+    from verbatim_batch.quality.verify import check_spans
 
     chunk = {"text": "alpha beta gamma", "start": 100}
     paper = "x" * 100 + "alpha beta gamma"

@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import make_cross_encoder
 
-from verbatim_batch.runs import build_manifest, read_manifest, read_table
-from verbatim_batch.tables import RERANKED, RETRIEVAL
+from verbatim_batch.core.runs import build_manifest, read_manifest, read_table
+from verbatim_batch.core.tables import RERANKED, RETRIEVAL
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -49,7 +49,7 @@ def _candidates() -> pa.Table:
 
 
 def test_scores_do_not_depend_on_batching_and_rows_are_ranked_per_query(cross_encoder):
-    from verbatim_batch.rerank import Reranker, RerankerConfig
+    from verbatim_batch.retrieval.reranker import Reranker, RerankerConfig
 
     cands = _candidates()
     small = Reranker(RerankerConfig(model=str(cross_encoder), token_budget=64, max_batch_rows=2))
@@ -80,7 +80,7 @@ def test_scores_do_not_depend_on_batching_and_rows_are_ranked_per_query(cross_en
 def test_only_safetensors_and_no_remote_code(cross_encoder, tmp_path):
     import torch
 
-    from verbatim_batch.rerank import Reranker, RerankerConfig
+    from verbatim_batch.retrieval.reranker import Reranker, RerankerConfig
 
     pickled = tmp_path / "pickled"
     shutil.copytree(cross_encoder, pickled)
@@ -97,7 +97,7 @@ def test_only_safetensors_and_no_remote_code(cross_encoder, tmp_path):
 def test_chain_runs_rerank_between_retrieve_and_extract(monkeypatch, tmp_path):
     """With a reranker the chain runs the rerank stage after retrieval and extract reads its run (no Ray: the
     stage runners are stand-ins that record their jobs)."""
-    from verbatim_batch.pipeline import chains
+    from verbatim_batch.stages import chains
 
     jobs = {}
 
@@ -158,7 +158,7 @@ def test_rerank_stage_through_the_cli_then_extract_and_evaluate_read_it(ray_loca
                                                                       tmp_path, capsys):
     from verbatim_batch.cli import main
     from verbatim_batch.extract.semantic import SemanticConfig
-    from verbatim_batch.pipeline.extract import ExtractJob, build_pairs, pair_method
+    from verbatim_batch.stages.extract import ExtractJob, build_pairs, pair_method
 
     out = tmp_path / "reranked"
     argv = ["rerank", "--retrieval", retrieval_run, "--model", str(cross_encoder), "--top-k", "3",

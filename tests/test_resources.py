@@ -14,8 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from verbatim_batch.pipeline.model_actor import ModelActor, stage_failed
-from verbatim_batch.pipeline.resources import Cluster, Resources, ray_args
+from verbatim_batch.engine.model_actor import ModelActor, stage_failed
+from verbatim_batch.engine.resources import Cluster, Resources, ray_args
 
 PACKAGE = Path(__file__).resolve().parents[1] / "verbatim_batch"
 MODEL = Resources(cpus=1, gpus=1, batch_rows=64)
@@ -100,7 +100,7 @@ def test_io_actors_tasks_and_ray_tasks():
 def test_every_pool_and_task_is_bounded_by_the_jobs_worker_restarts():
     """Ray Data restarts a lost actor and retries a lost task forever by default (-1); every stage's are bounded
     by ``--worker-restarts`` (issue 44), whatever the cluster."""
-    from verbatim_batch.pipeline.embed import EmbedJob
+    from verbatim_batch.stages.embed import EmbedJob
 
     res = MODEL.with_job(EmbedJob(chunks="c", output="o", worker_restarts=5))
     for cluster in (Cluster(4, 0), Cluster(8, 2), Cluster(2, 0, user_pipeline=True)):
@@ -113,12 +113,12 @@ def test_every_pool_and_task_is_bounded_by_the_jobs_worker_restarts():
 
 
 def test_every_stage_declares_its_resources_with_the_jobs_defaults():
-    from verbatim_batch.pipeline.embed import EmbedJob, EmbedStage
-    from verbatim_batch.pipeline.extract import PLACEMENT_RESOURCES, ExtractJob, ExtractStage
-    from verbatim_batch.pipeline.index import IndexStage
-    from verbatim_batch.pipeline.querygen import QueryGenJob, QueryGenStage
-    from verbatim_batch.pipeline.rerank import RerankJob, RerankStage
-    from verbatim_batch.pipeline.retrieve import RetrieveJob, RetrieveStage
+    from verbatim_batch.stages.embed import EmbedJob, EmbedStage
+    from verbatim_batch.stages.extract import PLACEMENT_RESOURCES, ExtractJob, ExtractStage
+    from verbatim_batch.stages.index import IndexStage
+    from verbatim_batch.stages.querygen import QueryGenJob, QueryGenStage
+    from verbatim_batch.stages.rerank import RerankJob, RerankStage
+    from verbatim_batch.stages.retrieve import RetrieveJob, RetrieveStage
 
     assert EmbedStage.resources.gpus == 1 and EmbedStage.resources.batch_rows == EmbedJob.batch_rows
     assert RetrieveStage.resources.batch_rows == RetrieveJob.batch_rows
@@ -195,12 +195,12 @@ def test_a_stage_run_logs_no_ray_deprecation_warning(ray_local, tmp_path):
     import ray
 
     from verbatim_batch import api
-    from verbatim_batch.index import Bm25Index
-    from verbatim_batch.pipeline.batches import strip_internal_batch
-    from verbatim_batch.pipeline.retrieve import RetrieveJob, run_retrieve
-    from verbatim_batch.retrieve import RetrieverConfig
-    from verbatim_batch.runs import read_table
-    from verbatim_batch.tables import query_id_for
+    from verbatim_batch.core.runs import read_table
+    from verbatim_batch.core.tables import query_id_for
+    from verbatim_batch.engine.batches import strip_internal_batch
+    from verbatim_batch.retrieval.index import Bm25Index
+    from verbatim_batch.retrieval.retriever import RetrieverConfig
+    from verbatim_batch.stages.retrieve import RetrieveJob, run_retrieve
 
     texts = {"c1": "the tagger is trained on annotated pairs", "c2": "results on the held-out set",
              "c3": "a baseline without pairs"}
@@ -243,10 +243,10 @@ def test_api_highlighter_runs_the_jobs_split_and_gives_the_in_process_rows(ray_l
     from helpers import CHUNK, make_token_classifier
 
     from verbatim_batch import api
+    from verbatim_batch.core.tables import group_by
     from verbatim_batch.extract.gate import PairExtractor
     from verbatim_batch.extract.highlighter import Highlighter, HighlighterConfig
     from verbatim_batch.extract.pairs import pairs_from_records
-    from verbatim_batch.tables import group_by
 
     config = HighlighterConfig(model=str(make_token_classifier(tmp_path / "m")), max_length=64, stride=16,
                                max_query_tokens=16, token_budget=512, threshold=0.5)

@@ -1,7 +1,7 @@
 """Kill-and-resume: a nightly run killed with SIGKILL at several points, rerun with the same run id,
 ends with exactly the tables of an uninterrupted run; worker crashes and transient errors are absorbed.
 
-Faults are injected with VERBATIM_BATCH_FAULT (see verbatim_batch/faults.py): the process that reaches
+Faults are injected with VERBATIM_BATCH_FAULT (see verbatim_batch/core/faults.py): the process that reaches
 the named point (or, with target=driver, the driver) is sent SIGKILL, as the OOM killer would.
 """
 
@@ -13,7 +13,7 @@ import signal
 import pytest
 from helpers import assert_same_run, nightly
 
-from verbatim_batch.runs import read_manifest
+from verbatim_batch.core.runs import read_manifest
 
 pytestmark = pytest.mark.slow
 

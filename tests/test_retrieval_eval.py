@@ -9,15 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from verbatim_batch.cli import main
-from verbatim_batch.retrieval_eval import (
-    ChunkKeys,
-    evaluate_run,
-    read_qrels,
-    read_run,
-    run_from_table,
-)
-from verbatim_batch.runs import build_manifest
-from verbatim_batch.tables import RETRIEVAL, query_id_for
+from verbatim_batch.core.runs import build_manifest
+from verbatim_batch.core.tables import RETRIEVAL, query_id_for
+from verbatim_batch.quality.retrieval_eval import ChunkKeys, evaluate_run, read_qrels, read_run, run_from_table
 
 # The worked example of pytrec_eval's README (github.com/cvangysel/pytrec_eval): trec_eval gives
 # q1 ndcg 0.5, map 1/3 and q2 ndcg 0.6934264036172708, map 0.5833.
@@ -118,7 +112,7 @@ def test_cli_defaults_are_the_retriever_defaults():
     """The hybrid defaults are declared once (retrieval.py) and the CLI's are the same."""
     from verbatim_batch.cli import parse_args
     from verbatim_batch.cli.commands import job_of
-    from verbatim_batch.retrieve import DEFAULT_DEPTH, DEFAULT_RRF_K, DEFAULT_WEIGHTS, RetrieverConfig
+    from verbatim_batch.retrieval.retriever import DEFAULT_DEPTH, DEFAULT_RRF_K, DEFAULT_WEIGHTS, RetrieverConfig
 
     job = job_of(parse_args(["retrieve", "--index", "i", "--queries", "q", "--output", "o"]))
     default = RetrieverConfig()

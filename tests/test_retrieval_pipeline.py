@@ -11,20 +11,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from verbatim_batch.index import DenseSpec
-from verbatim_batch.pipeline import (
-    ChunkJob,
-    EmbedJob,
-    IndexJob,
-    RetrieveJob,
-    run_chunk,
-    run_embed,
-    run_index,
-    run_retrieve,
-)
-from verbatim_batch.retrieve import RetrieverConfig, recall_at
-from verbatim_batch.runs import MANIFEST_FILE, build_manifest, read_manifest, read_table
-from verbatim_batch.tables import RETRIEVAL, embeddings_schema
+from verbatim_batch.core.runs import MANIFEST_FILE, build_manifest, read_manifest, read_table
+from verbatim_batch.core.tables import RETRIEVAL, embeddings_schema
+from verbatim_batch.retrieval.index import DenseSpec
+from verbatim_batch.retrieval.retriever import RetrieverConfig, recall_at
+from verbatim_batch.stages.chunk import ChunkJob, run_chunk
+from verbatim_batch.stages.embed import EmbedJob, run_embed
+from verbatim_batch.stages.index import IndexJob, run_index
+from verbatim_batch.stages.retrieve import RetrieveJob, run_retrieve
 from verbatim_synth import corpus as synth
 from verbatim_synth.labelled import make_labelled_queries
 
@@ -148,7 +142,7 @@ def test_bad_vectors_fail_the_index_job_cleanly(built, tmp_path):
 def test_extract_from_retrieval_writes_verbatim_spans_with_paper_offsets(built, tmp_path):
     """retrieval x chunks -> semantic extraction; every span is the paper's text at its paper offsets."""
     from verbatim_batch.extract.semantic import SemanticConfig
-    from verbatim_batch.pipeline import ExtractJob, run_extract
+    from verbatim_batch.stages.extract import ExtractJob, run_extract
 
     retrieval, _ = run_retrieve(RetrieveJob(index=built["index"], queries=str(built["qfile"]),
                                             output=str(tmp_path / "r")))
@@ -193,7 +187,7 @@ def test_every_stage_resumes_by_run_id(built, tmp_path, monkeypatch):
     ``--run-id``, commits the same tables; resumable stages redo nothing, and a third call leaves the
     committed run as it is."""
     from verbatim_batch.cli import main
-    from verbatim_batch.faults import InjectedFault
+    from verbatim_batch.core.faults import InjectedFault
 
     q = str(built["qfile"])
     commands = {
@@ -249,7 +243,7 @@ def test_a_killed_run_resumed_with_other_settings_is_refused_never_mixed(built, 
     another setting. The rerun is refused with one line and exit 2, nothing is committed; the first settings
     still resume, and every committed row is of one setting."""
     from verbatim_batch.cli import main
-    from verbatim_batch.faults import InjectedFault
+    from verbatim_batch.core.faults import InjectedFault
 
     chunk_rows = read_table(built["chunks"], "chunks", ["chunk_id"]).slice(0, 6).to_pylist()
     pairs = tmp_path / "pairs.jsonl"

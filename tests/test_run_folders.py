@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from verbatim_batch import storage
 from verbatim_batch.cli import main
-from verbatim_batch.runs import (
+from verbatim_batch.core import storage
+from verbatim_batch.core.runs import (
     RUNS_DIR,
     OutputBusyError,
     OutputExistsError,
@@ -86,7 +86,7 @@ def test_a_symlinked_output_is_refused_and_what_it_points_to_is_untouched(tmp_pa
 
 HOLDER = """
 import sys, time
-from verbatim_batch.runs import acquire_lock
+from verbatim_batch.core.runs import acquire_lock
 acquire_lock(sys.argv[1], "first")
 print("held", flush=True)
 time.sleep(120)
@@ -134,7 +134,7 @@ def test_a_ray_address_with_nothing_behind_it_is_one_line_within_a_bound(tmp_pat
 
 
 def test_a_file_name_that_is_not_utf8_is_one_quarantine_row(tmp_path):
-    from verbatim_batch import corpus
+    from verbatim_batch.corpus import readers as corpus
 
     folder = tmp_path / "corpus"
     folder.mkdir()

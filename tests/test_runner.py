@@ -16,7 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from verbatim_batch.pipeline.runner import (
+from verbatim_batch.core.runs import SettingsChangedError, read_manifest
+from verbatim_batch.engine.runner import (
     CompositeStage,
     Outcome,
     Plan,
@@ -27,7 +28,6 @@ from verbatim_batch.pipeline.runner import (
     Work,
     run_stage,
 )
-from verbatim_batch.runs import SettingsChangedError, read_manifest
 
 ROWS = pa.schema([pa.field("key", pa.string(), nullable=False), pa.field("value", pa.int64()),
                   pa.field("factor", pa.int64())])
@@ -270,7 +270,7 @@ def test_compaction_bounds_files_across_nights_and_survives_a_kill(tmp_path, mon
     """Each night adds a few small files; compaction merges small files once there are more than
     ``max_small_files``, so the count stays bounded; killed right after a merge is recorded, a rerun with
     the same id ends with the same rows and no file counted twice."""
-    from verbatim_batch.faults import InjectedFault
+    from verbatim_batch.core.faults import InjectedFault
 
     values = {f"k{i:03d}": i for i in range(40)}
     tiny = {"target_file_mb": 0.02, "max_small_files": 4}  # files here are about 1 KB: all "small"

@@ -107,8 +107,8 @@ def test_prompt_without_marker_gets_default(server):
 
 def test_real_prompt_builders(server):
     """The repository's own prompts over synthetic papers, as the pipeline sends them (up to ~10k tokens)."""
-    from verbatim_batch import querygen
     from verbatim_batch.extract import prompts
+    from verbatim_batch.silver import querygen
     from verbatim_synth.corpus import generate_paper
 
     rng = random.Random(3)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from verbatim_batch.embed import default_model_path
-from verbatim_batch.evaluate import evaluate_predictions, gold_key, load_gold
+from verbatim_batch.quality.evaluate import evaluate_predictions, gold_key, load_gold
+from verbatim_batch.retrieval.embedder import default_model_path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 DEVSETS = Path(__file__).resolve().parents[2] / "shared" / "devsets"

@@ -10,9 +10,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from verbatim_batch import silver
-from verbatim_batch.embed import DEFAULT_MODEL
-from verbatim_batch.silver import (
+from verbatim_batch.retrieval.embedder import DEFAULT_MODEL
+from verbatim_batch.silver import dataset as silver
+from verbatim_batch.silver.dataset import (
     DROP_REASONS,
     SILVER_SCHEMA,
     SILVER_WINDOWS_SCHEMA,

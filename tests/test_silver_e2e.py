@@ -18,10 +18,13 @@ import pyarrow.parquet as pq
 import pytest
 from llmserver import OpenAIServer, make_scripted_chat_model, require_server
 
-from verbatim_batch.embed import DEFAULT_MODEL
+from verbatim_batch.core.runs import read_manifest, read_table
 from verbatim_batch.extract.llm import LLMConfig
-from verbatim_batch.pipeline import ChunkJob, EmbedJob, IndexJob, SilverJob, run_chunk, run_embed, run_index, run_silver
-from verbatim_batch.runs import read_manifest, read_table
+from verbatim_batch.retrieval.embedder import DEFAULT_MODEL
+from verbatim_batch.stages.chunk import ChunkJob, run_chunk
+from verbatim_batch.stages.embed import EmbedJob, run_embed
+from verbatim_batch.stages.index import IndexJob, run_index
+from verbatim_batch.stages.silver import SilverJob, run_silver
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytestmark = pytest.mark.slow

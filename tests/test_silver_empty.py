@@ -16,9 +16,12 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from verbatim_batch.core.runs import read_manifest, read_table
 from verbatim_batch.extract.llm import LLMConfig
-from verbatim_batch.pipeline import ChunkJob, EmbedJob, IndexJob, SilverJob, run_chunk, run_embed, run_index, run_silver
-from verbatim_batch.runs import read_manifest, read_table
+from verbatim_batch.stages.chunk import ChunkJob, run_chunk
+from verbatim_batch.stages.embed import EmbedJob, run_embed
+from verbatim_batch.stages.index import IndexJob, run_index
+from verbatim_batch.stages.silver import SilverJob, run_silver
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytestmark = pytest.mark.slow  # about a minute: chunk, embed, index and the four silver steps on two papers

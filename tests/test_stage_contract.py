@@ -11,9 +11,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from verbatim_batch.pipeline.resources import Resources
-from verbatim_batch.pipeline.runner import Stage, TableStage
-from verbatim_batch.runs import build_manifest, expect_tables, holding, write_manifest
+from verbatim_batch.core.runs import build_manifest, expect_tables, holding, write_manifest
+from verbatim_batch.engine.resources import Resources
+from verbatim_batch.engine.runner import Stage, TableStage
 
 
 def _run(path: Path, command: str, tables: dict, stages: dict | None = None, created: str = "") -> str:
@@ -95,13 +95,13 @@ def test_inconsistent_declarations_fail_when_the_class_is_defined():
 
 
 def test_every_shipped_stage_declares_what_it_reads():
-    from verbatim_batch.pipeline.embed import EmbedStage
-    from verbatim_batch.pipeline.extract import ExtractStage
-    from verbatim_batch.pipeline.index import IndexStage
-    from verbatim_batch.pipeline.querygen import QueryGenStage
-    from verbatim_batch.pipeline.rerank import RerankStage
-    from verbatim_batch.pipeline.retrieve import RetrieveStage
-    from verbatim_batch.pipeline.silver import SilverStage
+    from verbatim_batch.stages.embed import EmbedStage
+    from verbatim_batch.stages.extract import ExtractStage
+    from verbatim_batch.stages.index import IndexStage
+    from verbatim_batch.stages.querygen import QueryGenStage
+    from verbatim_batch.stages.rerank import RerankStage
+    from verbatim_batch.stages.retrieve import RetrieveStage
+    from verbatim_batch.stages.silver import SilverStage
 
     for stage in (EmbedStage, IndexStage, RetrieveStage, RerankStage, ExtractStage, QueryGenStage, SilverStage):
         assert stage.reads, stage.__name__
@@ -111,8 +111,8 @@ def test_evaluate_and_verify_take_a_chain_folder_or_a_nightly_root(tmp_path):
     """``evaluate --predictions`` reads the span table of an extract run, a chain's folder (its spans stage: the
     chain folder's own files.json was read as Parquet before) or a nightly root (its current run); ``verify``
     takes a nightly root for its current run."""
-    from verbatim_batch.evaluate import _span_table_path
-    from verbatim_batch.runs import run_of
+    from verbatim_batch.core.runs import run_of
+    from verbatim_batch.quality.evaluate import _span_table_path
 
     chain = tmp_path / "root" / "runs" / "n1"
     _run(chain / "chunks", "chunk", {"papers", "chunks", "quarantine"}, created="2026-11-28T01:00:00+00:00")
@@ -139,9 +139,9 @@ def test_the_runner_hands_a_stage_its_resources_with_the_jobs_options_and_record
     manifest's ``runtime``; one declared per placement is picked by the stage's ``placement()``."""
     import dataclasses
 
-    from verbatim_batch.options import option
-    from verbatim_batch.pipeline.runner import Plan, RunOptions, StageResult, run_stage
-    from verbatim_batch.runs import read_manifest
+    from verbatim_batch.core.options import option
+    from verbatim_batch.core.runs import read_manifest
+    from verbatim_batch.engine.runner import Plan, RunOptions, StageResult, run_stage
 
     @dataclasses.dataclass(kw_only=True)
     class ToyJob(RunOptions):
@@ -178,9 +178,9 @@ def test_every_shipped_stage_gets_its_declaration_with_the_jobs_options():
     """The index build's task took its declaration as it stood and so ignored ``--worker-restarts`` (a stage
     applied the options to its own declaration); the runner applies them for every stage alike now."""
     from verbatim_batch.extract.semantic import SemanticConfig
-    from verbatim_batch.pipeline.embed import EmbedJob, EmbedStage
-    from verbatim_batch.pipeline.extract import PLACEMENT_RESOURCES, ExtractJob, ExtractStage
-    from verbatim_batch.pipeline.index import IndexJob, IndexStage
+    from verbatim_batch.stages.embed import EmbedJob, EmbedStage
+    from verbatim_batch.stages.extract import PLACEMENT_RESOURCES, ExtractJob, ExtractStage
+    from verbatim_batch.stages.index import IndexJob, IndexStage
 
     assert IndexStage(IndexJob(embeddings="e", chunks="c", output="o", worker_restarts=7)).resolved().restarts == 7
     embed = EmbedStage(EmbedJob(chunks="c", output="o", batch_rows=9, worker_restarts=0)).resolved()

@@ -24,7 +24,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from verbatim_batch.pipeline.worker_faults import EXIT_CODE
+from verbatim_batch.engine.worker_faults import EXIT_CODE
 
 CORPUS = Path(__file__).parent.parent / "verbatim_batch" / "examples" / "corpus"
 
@@ -81,9 +81,9 @@ def _assert_bounded(ops: list[tuple[str, dict[str, Any]]], restarts: int) -> Non
 def test_the_embed_stage_plan_bounds_its_tasks_and_actors(ray_local: Any) -> None:
     import ray
 
-    from verbatim_batch.embed import EmbedderConfig
-    from verbatim_batch.pipeline.embed import embed_dataset
-    from verbatim_batch.pipeline.resources import Resources
+    from verbatim_batch.engine.resources import Resources
+    from verbatim_batch.retrieval.embedder import EmbedderConfig
+    from verbatim_batch.stages.embed import embed_dataset
 
     chunks = ray.data.from_arrow(pa.table({"chunk_id": ["a"], "text": ["x"]}))
     ops = _bounds(embed_dataset(chunks, EmbedderConfig(), Resources(gpus=1, restarts=2)))
@@ -98,7 +98,7 @@ def test_the_vllm_processor_bounds_every_actor_and_task(ray_local: Any, monkeypa
     import ray
     from ray.data.llm import build_processor, vLLMEngineProcessorConfig
 
-    from verbatim_batch.extract.vllm import bound_processor
+    from verbatim_batch.engine.vllm import bound_processor
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the build looks the model's config up; none is here
     config = vLLMEngineProcessorConfig(model_source="tiny-model-not-loaded", concurrency=1, batch_size=4,

@@ -15,8 +15,8 @@ import urllib.request
 import pytest
 from helpers import EXAMPLES, PAPERS, REPO
 
-from verbatim_batch.telemetry import accounting, session
-from verbatim_batch.telemetry.declare import BY_NAME, METRICS, OUTCOMES
+from verbatim_batch.engine.telemetry import accounting, session
+from verbatim_batch.engine.telemetry.declare import BY_NAME, METRICS, OUTCOMES
 
 CLI = [sys.executable, "-c", "import sys; from verbatim_batch.cli import main; sys.exit(main())"]
 
@@ -54,9 +54,9 @@ def test_row_outcomes_take_what_a_stage_declares():
 
 
 def test_every_stage_declares_known_outcomes():
-    from verbatim_batch import pipeline  # noqa: F401 - every stage class defined
-    from verbatim_batch.pipeline.runner import Stage
-    from verbatim_batch.train import job  # noqa: F401
+    from verbatim_batch import stages as pipeline  # noqa: F401 - every stage class defined
+    from verbatim_batch.engine.runner import Stage
+    from verbatim_batch.stages import train as job  # noqa: F401
 
     def subclasses(cls):
         for sub in cls.__subclasses__():
@@ -76,9 +76,9 @@ def test_metric_names_follow_prometheus_conventions():
 
 
 def test_the_metric_reference_is_current():
-    """docs/reference/metrics.md is generated: `python -m verbatim_batch.telemetry.reference >
+    """docs/reference/metrics.md is generated: `python -m verbatim_batch.engine.telemetry.reference >
     docs/reference/metrics.md`."""
-    from verbatim_batch.telemetry.reference import markdown
+    from verbatim_batch.engine.telemetry.reference import markdown
 
     assert (REPO / "docs" / "reference" / "metrics.md").read_text(encoding="utf-8") == markdown()
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from verbatim_batch import corpus
+from verbatim_batch.corpus import readers as corpus
 
 
 def _folder(tmp_path):

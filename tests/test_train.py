@@ -17,13 +17,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from verbatim_batch import silver
 from verbatim_batch.cli import parse_args
 from verbatim_batch.cli.commands import job_of
-from verbatim_batch.embed import DEFAULT_MODEL
-from verbatim_batch.runs import build_manifest, read_manifest, staged
-from verbatim_batch.train import TrainJob, run_train
-from verbatim_batch.train import data as tdata
+from verbatim_batch.core.runs import build_manifest, read_manifest, staged
+from verbatim_batch.retrieval.embedder import DEFAULT_MODEL
+from verbatim_batch.silver import dataset as silver
+from verbatim_batch.silver.train import data as tdata
+from verbatim_batch.stages.train import TrainJob, run_train
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parents[1]
@@ -192,7 +192,7 @@ def test_learns_then_extract_and_evaluate(ray_local, tiny, tmp_path):
     assert cli(["extract", "--pairs", str(gold), "--output", str(spans_dir), "--extractor", "highlighter",
                 "--model", str(model), "--max-length", "32", "--stride", "8"]) == 0
     result = tmp_path / "eval.json"
-    from verbatim_batch.evaluate import evaluate_files
+    from verbatim_batch.quality.evaluate import evaluate_files
 
     figures = evaluate_files(str(gold), str(spans_dir))
     result.write_text(json.dumps(figures))

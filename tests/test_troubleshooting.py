@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from verbatim_batch.cli import main
-from verbatim_batch.runs import build_manifest, write_manifest
+from verbatim_batch.core.runs import build_manifest, write_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "troubleshooting.md"

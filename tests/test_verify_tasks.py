@@ -13,8 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import reindex_files
 
-from verbatim_batch import tasks, verify
-from verbatim_batch.chunk import ChunkerConfig
+from verbatim_batch.core import tasks
+from verbatim_batch.corpus.chunker import ChunkerConfig
+from verbatim_batch.quality import verify
 
 
 def _paper(k: int) -> str:
@@ -30,7 +31,7 @@ def _small_groups(run: Path) -> None:
 
 @pytest.fixture(scope="module")
 def split_run(ray_local, tmp_path_factory):
-    from verbatim_batch.pipeline import ChunkJob, run_chunk
+    from verbatim_batch.stages.chunk import ChunkJob, run_chunk
 
     root = tmp_path_factory.mktemp("verify-tasks")
     (root / "c").mkdir()
@@ -59,7 +60,7 @@ def _set_text(t: pa.Table, row: int) -> pa.Table:
 def _both(run: str, monkeypatch, max_errors: int = 20) -> tuple[dict, dict, list[int]]:
     """``verify_run`` as Ray tasks (the session's local Ray is up), then in this process; and the number of
     calls each ``in_tasks`` was given."""
-    from verbatim_batch.pipeline import sink
+    from verbatim_batch.engine import sink
 
     calls: list[int] = []
     original = sink.in_tasks
@@ -127,7 +128,7 @@ def test_cli_verify_runs_in_process_unless_large_or_asked(split_run, monkeypatch
 
     _, run = split_run
     started = []
-    monkeypatch.setattr("verbatim_batch.pipeline.ray_env.init_ray", lambda *a: started.append(a))
+    monkeypatch.setattr("verbatim_batch.engine.ray_env.init_ray", lambda *a: started.append(a))
     assert main(["verify", str(run)]) == 0 and started == []  # a small run: no Ray started
     assert json.loads(capsys.readouterr().out)["papers"] == 7
     assert main(["verify", str(run), "--num-cpus", "1"]) == 0 and started == []

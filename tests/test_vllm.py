@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from llmserver import _LIVE, _LIVE_LOCK, OpenAIServer, _parent_death_hook, make_scripted_chat_model
 
-from verbatim_batch.runs import read_manifest, read_table
+from verbatim_batch.core.runs import read_manifest, read_table
 
 pytestmark = [
     pytest.mark.vllm,

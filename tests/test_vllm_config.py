@@ -10,9 +10,7 @@ import json
 import pyarrow as pa
 import pytest
 
-from verbatim_batch.extract.llm import LLMConfig, _about_format
-from verbatim_batch.extract.prompts import output_schema
-from verbatim_batch.extract.vllm import (
+from verbatim_batch.engine.vllm import (
     NEEDS_LLM_EXTRA,
     check_fits,
     engine_kwargs,
@@ -20,6 +18,8 @@ from verbatim_batch.extract.vllm import (
     helper_cpus,
     sampling_params,
 )
+from verbatim_batch.extract.llm import LLMConfig, _about_format
+from verbatim_batch.extract.prompts import output_schema
 
 GPU = LLMConfig(model="org/model", backend="vllm")
 CPU = LLMConfig(model="org/model", backend="vllm", engine_gpus=0, kv_cache_gb=2, enforce_eager=True)

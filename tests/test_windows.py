@@ -9,8 +9,8 @@ import pyarrow as pa
 import pytest
 from helpers import tiny_model_dir
 
-from verbatim_batch.embed import Embedder, EmbedderConfig, default_model_path, windows_from_table
-from verbatim_batch.index import best_window
+from verbatim_batch.retrieval.embedder import Embedder, EmbedderConfig, default_model_path, windows_from_table
+from verbatim_batch.retrieval.index import best_window
 
 WORDS = [f"w{i}" for i in range(200)]  # one token each after the first: "w", "##12"... (bert wordpiece)
 
@@ -97,7 +97,7 @@ def test_tokenized_on_cpu_or_in_the_actor_the_same_vectors(bert):
 
 
 def _parts(batch: pa.Table, emb: Embedder) -> tuple[list[str], list[str]]:
-    from verbatim_batch.embed import embedding_parts
+    from verbatim_batch.retrieval.embedder import embedding_parts
 
     prefixes, bodies, _ = embedding_parts(batch, emb.document_prompt)
     return prefixes, bodies
@@ -116,7 +116,7 @@ def test_best_window_ranks_chunks_by_their_best_vector():
 
 
 def test_a_damaged_row_map_is_refused(tmp_path):
-    from verbatim_batch.index.folder import OWNERS, read_owners, write_owners
+    from verbatim_batch.retrieval.index.folder import OWNERS, read_owners, write_owners
 
     write_owners(str(tmp_path), [1, 3, 1])
     assert read_owners(str(tmp_path), 5, 3).tolist() == [0, 1, 1, 1, 2]
@@ -135,9 +135,11 @@ def test_a_fact_at_the_end_of_a_long_chunk_is_found_densely(ray_local, tmp_path)
     """The issue's case: the sentence naming the embedding model sits past the first 256 tokens of its chunk.
     Dense retrieval through the real jobs (chunk, embed, index, Retriever) ranks that chunk first with
     windows, and not with one truncated window; the manifests count the windows."""
-    from verbatim_batch.pipeline import ChunkJob, EmbedJob, IndexJob, run_chunk, run_embed, run_index
-    from verbatim_batch.retrieve import Retriever, RetrieverConfig
-    from verbatim_batch.runs import read_manifest
+    from verbatim_batch.core.runs import read_manifest
+    from verbatim_batch.retrieval.retriever import Retriever, RetrieverConfig
+    from verbatim_batch.stages.chunk import ChunkJob, run_chunk
+    from verbatim_batch.stages.embed import EmbedJob, run_embed
+    from verbatim_batch.stages.index import IndexJob, run_index
 
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -175,7 +177,7 @@ def test_a_fact_at_the_end_of_a_long_chunk_is_found_densely(ray_local, tmp_path)
 def test_a_reference_list_keeps_one_window(bert):
     """Under a References heading a long chunk is embedded from its first window only (cited titles match
     many topics and answer none), unless ``reference_windows``; the heading path decides, not the words."""
-    from verbatim_batch.chunk import is_reference_heading
+    from verbatim_batch.corpus.chunker import is_reference_heading
 
     assert is_reference_heading("References") and is_reference_heading("## 7 Bibliography")
     assert not is_reference_heading("Related work") and not is_reference_heading("References to prior work in NLP")

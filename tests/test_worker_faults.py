@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from verbatim_batch.pipeline.worker_faults import EXIT_CODE
+from verbatim_batch.engine.worker_faults import EXIT_CODE
 
 CORPUS = Path(__file__).parent.parent / "verbatim_batch" / "examples" / "corpus"
 
@@ -146,7 +146,7 @@ def test_a_worker_out_of_memory_ends_with_the_figures_and_the_option_to_lower(ch
 def test_the_line_names_the_stage_s_worker_and_the_figures():
     """Ray's memory-monitor message, as Ray 2.60 words it: the stage's own worker is named (not Ray Data's
     bookkeeping actor killed with it), with the node's use against the threshold and what the worker held."""
-    from verbatim_batch.pipeline.worker_faults import _memory_detail, _worker_name
+    from verbatim_batch.engine.worker_faults import _memory_detail, _worker_name
 
     text = (
         "Memory on the node was 1.18GB used / 23.54GB limit\n"

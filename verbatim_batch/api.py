@@ -48,18 +48,18 @@ from typing import Any
 import pyarrow as pa
 import ray
 
-from verbatim_batch import storage
-from verbatim_batch.chunk import ChunkerConfig
-from verbatim_batch.embed import EmbedderConfig
+from verbatim_batch.core import storage
+from verbatim_batch.core.tables import RAW_RECORDS, SPAN_STRUCT
+from verbatim_batch.corpus.chunker import ChunkerConfig
+from verbatim_batch.engine.resources import Cluster
 from verbatim_batch.extract.highlighter import HighlighterConfig
 from verbatim_batch.extract.llm import LLMConfig
 from verbatim_batch.extract.semantic import SemanticConfig
-from verbatim_batch.pipeline.embed import EmbedJob
-from verbatim_batch.pipeline.extract import ExtractJob
-from verbatim_batch.pipeline.resources import Cluster
-from verbatim_batch.pipeline.retrieve import RetrieveJob
-from verbatim_batch.retrieve import RetrieverConfig
-from verbatim_batch.tables import RAW_RECORDS, SPAN_STRUCT
+from verbatim_batch.retrieval.embedder import EmbedderConfig
+from verbatim_batch.retrieval.retriever import RetrieverConfig
+from verbatim_batch.stages.embed import EmbedJob
+from verbatim_batch.stages.extract import ExtractJob
+from verbatim_batch.stages.retrieve import RetrieveJob
 
 __all__ = [
     "ChunkerConfig", "EmbedderConfig", "RetrieverConfig", "SemanticConfig", "HighlighterConfig", "LLMConfig",
@@ -144,7 +144,7 @@ def build_processor(config: Any, *, preprocess: RowFn | None = None, postprocess
 
 def _chunk_papers(batch: pa.Table, chunker: ChunkerConfig, store_text: bool) -> pa.Table:
     """Papers (``paper_id``, ``markdown``) -> rows of ``tables.CHUNKS``, with the chunk job's own code."""
-    from verbatim_batch.ingest import IngestStage
+    from verbatim_batch.corpus.ingest import IngestStage
 
     ids = batch["paper_id"].to_pylist()
     texts = batch["markdown"].to_pylist()
@@ -178,8 +178,8 @@ def chunk(papers: ray.data.Dataset, chunker: ChunkerConfig | None = None, *, sto
 
 def _bounds() -> dict[str, int]:
     """A processor's plain tasks retry as a stage's do (``--worker-restarts``' default), not forever."""
-    from verbatim_batch.pipeline.resources import task_bounds
-    from verbatim_batch.pipeline.restarts import Restarting
+    from verbatim_batch.engine.resources import task_bounds
+    from verbatim_batch.engine.restarts import Restarting
 
     return task_bounds(Restarting.worker_restarts)
 
@@ -191,8 +191,8 @@ def _user_pipeline() -> Cluster:
 
 def _embed(chunks: ray.data.Dataset, config: EmbedderConfig, *, batch_rows: int = EmbedJob.batch_rows,
            concurrency: int | None = None) -> ray.data.Dataset:
-    from verbatim_batch.pipeline.batches import strip_internal_batch
-    from verbatim_batch.pipeline.embed import EmbedStage, embed_dataset
+    from verbatim_batch.engine.batches import strip_internal_batch
+    from verbatim_batch.stages.embed import EmbedStage, embed_dataset
 
     res = EmbedStage.resources.with_(batch_rows=batch_rows, actors=concurrency)
     ds = embed_dataset(chunks, config, res,  # embed_tokenize keeps the columns it reads
@@ -213,8 +213,8 @@ def embed(chunks: ray.data.Dataset, config: EmbedderConfig | None = None, *, bat
 
 def _retrieve(queries: ray.data.Dataset, config: RetrieverConfig, *, batch_rows: int = RetrieveJob.batch_rows,
               concurrency: int | None = None, with_text: bool = False) -> ray.data.Dataset:
-    from verbatim_batch.pipeline.retrieve import RetrieveStage, retrieve_dataset
-    from verbatim_batch.runs import expect_tables
+    from verbatim_batch.core.runs import expect_tables
+    from verbatim_batch.stages.retrieve import RetrieveStage, retrieve_dataset
 
     config = dataclasses.replace(config, index_dir=storage.normalize(config.index_dir))  # actors run elsewhere
     expect_tables(config.index_dir, "api.retrieve", ("ids",))
@@ -252,7 +252,7 @@ def _pairs_of(batch: pa.Table) -> pa.Table:
     """The caller's rows -> ``PAIR_INPUT`` rows (``pairs_from_records``, as a pairs file's rows), each carrying
     the caller's own columns through the extract stages (``pipeline.extract.INPUT_PREFIX``)."""
     from verbatim_batch.extract.pairs import pairs_from_records
-    from verbatim_batch.pipeline.extract import INPUT_PREFIX
+    from verbatim_batch.stages.extract import INPUT_PREFIX
 
     pairs = pairs_from_records([{k: v for k, v in r.items() if k in PAIR_FIELDS} for r in batch.to_pylist()])
     for name in batch.column_names:
@@ -263,8 +263,8 @@ def _pairs_of(batch: pa.Table) -> pa.Table:
 def _rows_of(packed: pa.Table) -> pa.Table:
     """The extract stages' packed rows -> the caller's rows (its columns, in order) + ``spans`` (by start),
     ``relevance`` and ``error``."""
-    from verbatim_batch.pipeline.batches import strip_internal
-    from verbatim_batch.pipeline.extract import INPUT_PREFIX
+    from verbatim_batch.engine.batches import strip_internal
+    from verbatim_batch.stages.extract import INPUT_PREFIX
 
     packed = strip_internal(packed)[0]
     if "spans" not in packed.column_names:  # a block with nothing in it
@@ -284,7 +284,7 @@ def _extract(pairs: ray.data.Dataset, config: Any, *, batch_rows: int = ExtractJ
     """The extract job's placements (``pipeline.extract.PLACEMENTS``) over the caller's rows: the same actors and,
     for the highlighter, the same tokenize -> forward -> spans split."""
     from verbatim_batch.extract import registry
-    from verbatim_batch.pipeline.extract import PLACEMENT_RESOURCES, PLACEMENTS, ExtractSetup
+    from verbatim_batch.stages.extract import PLACEMENT_RESOURCES, PLACEMENTS, ExtractSetup
 
     where = registry.placement(config)
     if where == "vllm":

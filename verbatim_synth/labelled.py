@@ -13,7 +13,7 @@ import re
 
 import pyarrow as pa
 
-from verbatim_batch.tables import stable_hash
+from verbatim_batch.core.tables import stable_hash
 
 _SENTENCE_RE = re.compile(r"[^.!?\n]+(?:[.!?](?=\s|$))")
 _WORD_RE = re.compile(r"[^\W_][\w\-]*", re.UNICODE)

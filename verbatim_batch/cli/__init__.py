@@ -1,7 +1,7 @@
 """``verbatim-batch <command>``: the command-line entry point.
 
 Options are declared once in ``options`` and shared by the commands that take them; ``commands`` turns them
-into jobs. A ``--config FILE`` (YAML) supplies defaults that flags override (``verbatim_batch.config``).
+into jobs. A ``--config FILE`` (YAML) supplies defaults that flags override (``verbatim_batch.cli.config``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Parse the command line; a ``--config FILE`` supplies defaults that flags override."""
-    from verbatim_batch import config
+    from verbatim_batch.cli import config
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -69,7 +69,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from verbatim_batch.faults import mark_driver
+    from verbatim_batch.core.faults import mark_driver
 
     mark_driver()  # crash tests can aim a fault at this process from a worker
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return synth_main(argv[1:])
     args = parse_args(argv)
-    from verbatim_batch.telemetry import session
+    from verbatim_batch.engine.telemetry import session
 
     session.begin(args.command, push=getattr(args, "metrics_push", None), job=getattr(args, "metrics_job", None),
                   address=getattr(args, "address", None), joins=hasattr(args, "address"))
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         return rc
     except (FileNotFoundError, FileExistsError, PermissionError, ConnectionError, ValueError,
             NotImplementedError) as exc:
-        from verbatim_batch.redact import redact_text
+        from verbatim_batch.core.redact import redact_text
 
         status = "refused"
         print(f"verbatim-batch {args.command}: error: {redact_text(str(exc))}", file=sys.stderr)
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         return _ended(args.command, "error: out of memory in this process (MemoryError): raise its memory limit "
                       "(ulimit -v, the container's) or lower --batch-rows", 2)
     except BaseException as exc:
-        from verbatim_batch.pipeline.worker_faults import EXIT_CODE, StageStopped
+        from verbatim_batch.engine.worker_faults import EXIT_CODE, StageStopped
 
         if _TERM.is_set():  # SIGTERM (kill, a pod's shutdown, a scheduler's timeout): as a Ctrl-C, exit 143
             status = "interrupted"
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
 def _ended(command: str, what: str, code: int, resume: bool = True) -> int:
     """A command ended by a fault, a limit or a signal: Ray shut down first (its own lines come before ours),
     then one line, then ``code``."""
-    from verbatim_batch.pipeline.worker_faults import RESUME
+    from verbatim_batch.engine.worker_faults import RESUME
 
     stop_ray_quietly()
     print(f"verbatim-batch {command}: {what}{'; ' + RESUME if resume else ''}", file=sys.stderr)
@@ -147,7 +147,7 @@ def restore_signals() -> None:
             if handler is not None:
                 signal.signal(signum, handler)
     _SAVED.clear()
-    from verbatim_batch.pipeline import ray_env
+    from verbatim_batch.engine import ray_env
 
     ray_env.AFTER_START.clear()
 
@@ -169,7 +169,7 @@ def watch_ctrl_c() -> None:
 
     if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
         signal.signal(signal.SIGTERM, on_sigterm)
-        from verbatim_batch.pipeline import ray_env
+        from verbatim_batch.engine import ray_env
 
         def again() -> None:  # Ray's core worker installs its own SIGTERM handler when it starts
             if threading.current_thread() is threading.main_thread() and signal.SIGTERM in _SAVED:

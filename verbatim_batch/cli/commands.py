@@ -11,7 +11,7 @@ import tempfile
 from importlib import resources
 from typing import Any
 
-from verbatim_batch import storage
+from verbatim_batch.core import storage
 
 EXAMPLES = resources.files("verbatim_batch") / "examples"
 
@@ -31,7 +31,7 @@ def job_of(args: argparse.Namespace, **override: Any) -> Any:
     """The job (or options object) the parsed options describe: built from the command's option fields, the
     defaults declared there for everything unset, local paths made absolute."""
     from verbatim_batch.cli.options import COMMANDS, flag_of
-    from verbatim_batch.options import build
+    from verbatim_batch.core.options import build
 
     spec = COMMANDS[args.command]
     if spec.chain and getattr(args, "embed.model", None) is None:  # the bundled embedder needs no hub
@@ -74,7 +74,7 @@ def report(path: str, manifest: dict) -> None:
 
 def _run_and_report(run_name: str):
     def cmd(args: argparse.Namespace) -> int:
-        from verbatim_batch import pipeline
+        from verbatim_batch import stages as pipeline
 
         path, manifest = getattr(pipeline, run_name)(job_of(args))
         report(path, manifest)
@@ -84,9 +84,9 @@ def _run_and_report(run_name: str):
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from verbatim_batch.evaluate import evaluate_files, evaluate_predictions, format_sweep, gold_key, load_gold
     from verbatim_batch.extract import build_extractor
-    from verbatim_batch.metrics import format_table
+    from verbatim_batch.quality.evaluate import evaluate_files, evaluate_predictions, format_sweep, gold_key, load_gold
+    from verbatim_batch.quality.metrics import format_table
 
     kind = args.extractor or "semantic"
     if args.sweep_threshold is not None and kind not in ("highlighter", "semantic"):
@@ -124,14 +124,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def _evaluation_report(folder: str, result: dict, rows: list | None, sweep: dict | None, title: str,
                        quiet: bool) -> None:
-    from verbatim_batch.report import write_evaluation_report
+    from verbatim_batch.report.build import write_evaluation_report
 
     path = write_evaluation_report(storage.normalize(folder), result, rows or [], sweep, title)
     print(f"report: {path}", file=sys.stderr if quiet else sys.stdout)  # --json keeps stdout pure JSON
 
 
 def cmd_silver(args: argparse.Namespace) -> int:
-    from verbatim_batch.pipeline import run_silver
+    from verbatim_batch.stages.silver import run_silver
 
     path, manifest = run_silver(job_of(args))
     report(path, manifest)
@@ -141,8 +141,8 @@ def cmd_silver(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from verbatim_batch.pipeline import run_chain_job
-    from verbatim_batch.runs import read_manifest
+    from verbatim_batch.core.runs import read_manifest
+    from verbatim_batch.stages.chains import run_chain_job
 
     path, manifest = run_chain_job(job_of(args))
     for stage in manifest.get("stages", {}):
@@ -153,7 +153,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_nightly(args: argparse.Namespace) -> int:
-    from verbatim_batch.pipeline import run_nightly
+    from verbatim_batch.stages.nightly import run_nightly
 
     job = job_of(args)
     path, manifest = run_nightly(job)
@@ -174,7 +174,7 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     if manifest.get("published"):
         print_published(manifest["published"])
     if storage.is_remote(job.root):  # object stores have no `current` symlink: CURRENT names the run
-        print(f"  load the current span table: verbatim_batch.runs.current_table('{job.root}', 'spans')")
+        print(f"  load the current span table: verbatim_batch.core.runs.current_table('{job.root}', 'spans')")
     else:  # the night's own folder, not ROOT/current/...: a reader listing through the link while the next
         #     night moves it would open files of another night (FileNotFoundError)
         print(f"  load this night's span table: pandas.read_parquet('{os.path.join(path, 'spans', 'spans')}')")
@@ -182,7 +182,7 @@ def cmd_nightly(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from verbatim_batch.train import run_train
+    from verbatim_batch.stages.train import run_train
 
     path, manifest = run_train(job_of(args))
     t = manifest["training"]
@@ -199,7 +199,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def demo_chain(n_papers: int | None = None, scratch: str | None = None):
     """The demo's chain: the bundled example corpus and labelled queries, offline defaults. With ``n_papers``,
     the first N papers (by name) and the queries labelled with them, copied into ``scratch``."""
-    from verbatim_batch.pipeline import Chain
+    from verbatim_batch.stages.chains import Chain
 
     corpus_dir, queries = str(EXAMPLES / "corpus"), str(EXAMPLES / "queries.jsonl")
     if n_papers is not None and scratch is not None:
@@ -227,10 +227,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace, out: str, chain) -> int:
-    from verbatim_batch.pipeline import run_chain
-    from verbatim_batch.records import read_rows
-    from verbatim_batch.retrieve import recall_at
-    from verbatim_batch.runs import read_manifest, read_table
+    from verbatim_batch.core.records import read_rows
+    from verbatim_batch.core.runs import read_manifest, read_table
+    from verbatim_batch.retrieval.retriever import recall_at
+    from verbatim_batch.stages.chains import run_chain
 
     def show(stage: str) -> None:
         path = os.path.join(out, stage)
@@ -253,7 +253,7 @@ def _demo(args: argparse.Namespace, out: str, chain) -> int:
 
 def _show_spans(run_dir: str, n: int = 3) -> None:
     """A few extracted spans, best first, so a new user sees what the run produced."""
-    from verbatim_batch.runs import read_table
+    from verbatim_batch.core.runs import read_table
 
     spans = read_table(run_dir, "spans", ["query", "paper_id", "text", "score"]).to_pylist()
     spans.sort(key=lambda r: -(r["score"] or 0))
@@ -265,7 +265,7 @@ def _show_spans(run_dir: str, n: int = 3) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from verbatim_batch.report import REPORT_HTML, REPORT_JSON, write_report
+    from verbatim_batch.report.build import REPORT_HTML, REPORT_JSON, write_report
 
     result = write_report(args.run_dir, n_samples=args.samples)
     print(f"{result['command']} run {result['run_id']}:")
@@ -279,17 +279,17 @@ VERIFY_LOCAL_RAY_UNITS = 32
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from verbatim_batch.runs import run_of
-    from verbatim_batch.verify import paper_units, verify_run
+    from verbatim_batch.core.runs import run_of
+    from verbatim_batch.quality.verify import paper_units, verify_run
 
     args.run_dir = run_of(args.run_dir)  # a nightly root: its current run
     units = paper_units(args.run_dir)  # 0 for an extract run: its checks run in this process
     address = args.address or os.environ.get("RAY_ADDRESS")
     if units > 1 and args.num_cpus != 1 and (address or args.num_cpus or (
             units > VERIFY_LOCAL_RAY_UNITS and (os.cpu_count() or 1) > 1)):
-        from verbatim_batch.pipeline.ray_env import init_ray
-        from verbatim_batch.pipeline.sink import in_tasks
-        from verbatim_batch.tasks import install_runner
+        from verbatim_batch.core.tasks import install_runner
+        from verbatim_batch.engine.ray_env import init_ray
+        from verbatim_batch.engine.sink import in_tasks
 
         init_ray(args.address, args.num_cpus)
         install_runner(in_tasks)  # the checks then run as Ray tasks (verify.check_papers)
@@ -299,7 +299,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate_retrieval(args: argparse.Namespace) -> int:
-    from verbatim_batch.retrieval_eval import evaluate_retrieval, format_results
+    from verbatim_batch.quality.retrieval_eval import evaluate_retrieval, format_results
 
     opts = job_of(args)
     result = evaluate_retrieval(opts.retrieval, opts.qrels, level=opts.level, chunks=opts.chunks,
@@ -309,7 +309,7 @@ def cmd_evaluate_retrieval(args: argparse.Namespace) -> int:
 
 
 def cmd_rerank(args: argparse.Namespace) -> int:
-    from verbatim_batch.pipeline.rerank import run_rerank
+    from verbatim_batch.stages.rerank import run_rerank
 
     path, manifest = run_rerank(job_of(args))
     report(path, manifest)
@@ -327,7 +327,7 @@ def print_published(result: dict[str, Any]) -> None:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    from verbatim_batch.pipeline.publish import run_publish
+    from verbatim_batch.stages.publish import run_publish
 
     print_published(run_publish(job_of(args, source=args.source)))
     return 0
@@ -349,11 +349,11 @@ def build_job(command: str, config: str | None = None, **options: Any):
     it to the stage's ``run_*``.
 
         job = build_job("extract", config="conf.yaml", retrieval="runs/retrieval", output="runs/spans")
-        path, manifest = verbatim_batch.pipeline.run_extract(job)
+        path, manifest = verbatim_batch.stages.extract.run_extract(job)
     """
-    from verbatim_batch import config as configs
+    from verbatim_batch.cli import config as configs
     from verbatim_batch.cli.options import COMMANDS, command_flags, convert
-    from verbatim_batch.options import OptionError
+    from verbatim_batch.core.options import OptionError
 
     jobs = [c for c in COMMANDS if c not in ("demo", "report", "verify")]
     spec = COMMANDS.get(command)

@@ -1,4 +1,4 @@
-"""The commands and their options, derived from the jobs' option fields (``verbatim_batch.options``).
+"""The commands and their options, derived from the jobs' option fields (``verbatim_batch.core.options``).
 
 A command names the dataclass whose options it takes (a stage's job, or the small option classes below for the
 commands that run no job); its flags, ``--help`` text, YAML keys and checks all come from those fields. A chain
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from verbatim_batch.options import OptionError, OptionField, check, option, options_of
-from verbatim_batch.telemetry.options import MetricsOptions
+from verbatim_batch.core.options import OptionError, OptionField, check, option, options_of
+from verbatim_batch.engine.telemetry.options import MetricsOptions
 
 
 def _thresholds(value: str) -> tuple[float, ...]:
@@ -41,7 +41,7 @@ def _cutoffs(value: str) -> tuple[int, ...]:
 
 
 def _extractor() -> Any:
-    from verbatim_batch.pipeline.extract import extractor_group
+    from verbatim_batch.stages.extract import extractor_group
 
     return extractor_group()
 
@@ -123,7 +123,7 @@ class Command:
         return getattr(mod, name)
 
 
-_P, _CLI = "verbatim_batch.pipeline.", "verbatim_batch.cli.options:"
+_P, _CLI = "verbatim_batch.stages.", "verbatim_batch.cli.options:"
 _NOT_INCREMENTAL = ("previous", "target_file_mb", "max_small_files")
 COMMANDS: dict[str, Command] = {
     "chunk": Command("chunk a corpus into papers/chunks/quarantine Parquet tables",
@@ -152,7 +152,7 @@ COMMANDS: dict[str, Command] = {
                    "Ray start, each stage its run folder under --output", _P + "chains:ChainJob",
                    omit=("target_file_mb", "max_small_files"), chain=True),
     "train": Command("fine-tune the highlighter (a ModernBERT token classifier) on silver data with Ray Train",
-                     "verbatim_batch.train.job:TrainJob", omit=_NOT_INCREMENTAL + ("batch_retries",)),
+                     "verbatim_batch.stages.train:TrainJob", omit=_NOT_INCREMENTAL + ("batch_retries",)),
     "demo": Command("run the pipeline on the bundled example corpus (offline, CPU)",
                     _CLI + "DemoOptions"),
     "report": Command("(re)write report.json and report.html of a run folder", _CLI + "ReportOptions",
@@ -199,7 +199,7 @@ def command_flags(command: str) -> dict[str, Flag]:
         if of.key not in spec.omit:
             out[of.key] = Flag(of.key, of, (of.flag,))
     if spec.chain:
-        from verbatim_batch.pipeline.chains import STAGE_JOBS, stage_keys
+        from verbatim_batch.stages.chains import STAGE_JOBS, stage_keys
 
         for stage, cls, _ in STAGE_JOBS.values():
             fields = {of.key: of for of in options_of(cls)}
@@ -235,7 +235,7 @@ class Parser(argparse.ArgumentParser):
 def add_options(parser: argparse.ArgumentParser, command: str) -> set[str]:
     """Add ``command``'s options to its parser; returns the keys that are required. They are checked after
     a config file's values are in (``cli.parse_args``), so a required option may come from the file."""
-    from verbatim_batch.pipeline.runner import RunOptions
+    from verbatim_batch.engine.runner import RunOptions
 
     spec = COMMANDS[command]
     for name, text in spec.positional:

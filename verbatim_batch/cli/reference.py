@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 
 from verbatim_batch.cli.options import COMMANDS, command_flags
-from verbatim_batch.options import show
+from verbatim_batch.core.options import show
 
 
 def _cell(text: str) -> str:

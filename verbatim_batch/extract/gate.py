@@ -14,8 +14,8 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
+from verbatim_batch.core.tables import PAIR_INPUT, PAIRS, REJECTS, SPANS, group_by, pair_input_hash
 from verbatim_batch.extract.spans import PairResult, verbatim_spans
-from verbatim_batch.tables import PAIR_INPUT, PAIRS, REJECTS, SPANS, group_by, pair_input_hash
 
 DEFAULT_MAX_CHUNK_CHARS = 200_000
 DEFAULT_MAX_QUERY_CHARS = 2_000

@@ -57,10 +57,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from verbatim_batch.extract.highlighter_spans import ContextScores, TokenScores, highlight_spans
-from verbatim_batch.extract.registry import ExtractorKind
-from verbatim_batch.extract.spans import PairResult
-from verbatim_batch.models import (
+from verbatim_batch.core.models import (
     fingerprint,
     load_model,
     resolve_device,
@@ -68,7 +65,10 @@ from verbatim_batch.models import (
     resolve_model_dir,
     safetensors_files,
 )
-from verbatim_batch.options import Declared, option, runtime
+from verbatim_batch.core.options import Declared, option, runtime
+from verbatim_batch.extract.highlighter_spans import ContextScores, TokenScores, highlight_spans
+from verbatim_batch.extract.registry import ExtractorKind
+from verbatim_batch.extract.spans import PairResult
 
 HIGHLIGHTER_VERSION = "2"  # 2: merge-then-drop per-window runs, as the released process()
 PAPER_STUDENT = "KRLabsOrg/acl-verbatim-modernbert"
@@ -114,7 +114,7 @@ class HighlighterConfig(Declared):
 
     @property
     def hash(self) -> str:
-        from verbatim_batch.embed import model_config_hash
+        from verbatim_batch.retrieval.embedder import model_config_hash
 
         return model_config_hash(self, highlighter_version=HIGHLIGHTER_VERSION)
 
@@ -193,7 +193,7 @@ class HighlighterTokenizer:
     def __init__(self, config: HighlighterConfig, model_dir: Path | None = None, model_config: Any = None) -> None:
         from transformers import AutoTokenizer
 
-        from verbatim_batch.embed import portable_model_id
+        from verbatim_batch.retrieval.embedder import portable_model_id
 
         self.config = config
         model_dir = model_dir or resolve_model_dir(config.model, config.revision, "highlighter model")
@@ -334,7 +334,7 @@ class Highlighter:
         import torch
         from transformers import AutoModelForTokenClassification, ModernBertForTokenClassification
 
-        from verbatim_batch.embed import portable_model_id
+        from verbatim_batch.retrieval.embedder import portable_model_id
 
         self.config = config = config or HighlighterConfig()
         self.device = resolve_device(config.device)
@@ -384,7 +384,7 @@ class Highlighter:
     def forward_probs(self, ids: np.ndarray, window_lengths: np.ndarray) -> np.ndarray:
         """Positive probability (float32) of every token of every window, flat like ``ids``; windows are
         sorted by length and packed into forward passes under the token budget."""
-        from verbatim_batch.embed import plan_batches
+        from verbatim_batch.retrieval.embedder import plan_batches
 
         torch = self._torch
         lengths = np.asarray(window_lengths, dtype=np.int64)
@@ -456,7 +456,7 @@ class Highlighter:
 
 def host_describe(config: HighlighterConfig) -> dict[str, Any]:
     """What ``Highlighter.describe`` puts into rows (model id, weights hash, config hash), without loading it."""
-    from verbatim_batch.embed import portable_model_id
+    from verbatim_batch.retrieval.embedder import portable_model_id
 
     return {"extractor": "highlighter", "model_id": portable_model_id(config.model),
             "model_revision": _fingerprint(config), "config_hash": config.hash}

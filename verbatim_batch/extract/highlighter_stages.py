@@ -145,7 +145,7 @@ def scores_of(batch: pa.Table) -> ContextScores:
 def spans_table(batch: pa.Table, stage: Any, config: HighlighterConfig) -> dict[str, pa.Table]:
     """The span stage: spans (runs, merge, drop, trim) of every pair of a forward stage's batch, then the
     verbatim gate and the rows (``PairExtractor.tables`` of ``stage``)."""
-    from verbatim_batch.tables import PAIR_INPUT
+    from verbatim_batch.core.tables import PAIR_INPUT
 
     t0 = time.perf_counter()
     results = scores_of(batch).results(batch["chunk"].to_pylist(), config.threshold, config.min_chars,

@@ -39,11 +39,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
-from verbatim_batch import tables
+from verbatim_batch.core import tables
+from verbatim_batch.core.options import Declared, option, runtime, settings
 from verbatim_batch.extract.prompts import STYLES, build_messages, output_schema
 from verbatim_batch.extract.registry import ExtractorKind
 from verbatim_batch.extract.spans import PairResult, Reject, Span
-from verbatim_batch.options import Declared, option, runtime, settings
 
 LLM_VERSION = "1"
 BACKENDS = ("http", "vllm")

@@ -15,9 +15,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.dataset as pads
 
-from verbatim_batch import storage
-from verbatim_batch.records import iter_records
-from verbatim_batch.tables import PAIR_INPUT, pair_id, query_id_for, text_chunk_id
+from verbatim_batch.core import storage
+from verbatim_batch.core.records import iter_records
+from verbatim_batch.core.tables import PAIR_INPUT, pair_id, query_id_for, text_chunk_id
 
 # Fields of a pairs file that have a column of their own; everything else goes to ``extra``.
 KNOWN_FIELDS = ("query", "chunk", "query_id", "paper_id", "chunk_index", "chunk_id", "relevant", "gold_spans", "rank")

@@ -49,11 +49,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from verbatim_batch import tables
+from verbatim_batch.core import tables
+from verbatim_batch.core.options import Declared, option, runtime, settings
 from verbatim_batch.extract.registry import ExtractorKind
 from verbatim_batch.extract.sentences import CAPTION, NON_BODY, RUN_IN, TABLE_ROW, Unit, units
 from verbatim_batch.extract.spans import PairResult, Span, postprocess
-from verbatim_batch.options import Declared, option, runtime, settings
 
 SEMANTIC_VERSION = "3"  # 2: lexical and paragraph signals, paragraph fill, defaults from real text;
 # 3: unit kinds (no evidence from references, TOC, front matter, bare headings), table rows the query names, bounds
@@ -200,7 +200,7 @@ class SemanticConfig(Declared):
         return asdict(self)
 
     def embedder_config(self):
-        from verbatim_batch.embed import EmbedderConfig
+        from verbatim_batch.retrieval.embedder import EmbedderConfig
 
         kw = {"device": self.device, "token_budget": self.token_budget}
         return EmbedderConfig(model=self.model, **kw) if self.model else EmbedderConfig(**kw)
@@ -358,7 +358,7 @@ class SemanticExtractor:
     name = "semantic"
 
     def __init__(self, config: SemanticConfig | None = None, embedder=None) -> None:
-        from verbatim_batch.embed import Embedder
+        from verbatim_batch.retrieval.embedder import Embedder
 
         self.config = config = config or SemanticConfig()
         self.embedder = embedder or Embedder(config.embedder_config())
@@ -471,7 +471,7 @@ class SemanticExtractor:
 
 
 def _fingerprint(config: SemanticConfig) -> str:
-    from verbatim_batch.embed import embedder_fingerprint
+    from verbatim_batch.retrieval.embedder import embedder_fingerprint
 
     return embedder_fingerprint(config.embedder_config())
 

@@ -1,0 +1,392 @@
+"""Options, each declared once: a dataclass field carrying its default, its bounds or choices and its help.
+
+    top_k: int = option(5, "retrieved chunks per query to extract from", low=1)
+
+A job's (or a config's) option fields are the single source of everything derived from them: the CLI flags and
+their ``--help`` with the real default (``cli.options``), the YAML keys and their checks (``config``), the
+Python API (the dataclasses themselves and ``cli.commands.build_job``) and the option reference
+(``cli.reference``). A field whose value is a nested config (``ChunkJob.chunker``) is a ``group``: its own option
+fields are the command's options too; a group may choose among several configs by a selector option (the
+extractor: ``--extractor semantic|highlighter|llm``).
+
+Values are checked the same way whatever they come from (a flag's text, a YAML value, a Python argument):
+``check`` converts and bounds them and raises ``OptionError`` with a one-line message naming the option. A class
+that derives from ``Declared`` checks every declared bound and choice of its own fields when it is built
+(``validate``), so a config built in Python is refused as its flag would be; its ``__post_init__`` keeps only
+what a single declaration cannot say (one option against another).
+
+Every field has a role: by default a value decides the output (it is part of the run's settings, bound to its run
+id and compared by the nights); ``runtime=True`` (``option(..., runtime=True)``, or ``runtime(default)`` for a
+plain field) marks one that only decides how the run goes (workers, batch sizes that do not change results,
+retries, addresses, where metrics go). ``settings`` derives a job's or config's settings from the roles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, field
+from functools import cache
+from typing import Any
+
+from verbatim_batch.core import storage
+
+
+class OptionError(ValueError):
+    """An option value that cannot be used (one line, naming the option and what it takes)."""
+
+
+@dataclass(frozen=True)
+class Option:
+    """What a field declares as an option, besides its type and default (those are the field's own)."""
+
+    help: str
+    name: str | None = None  # the option's key and flag when not the field's name
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    choices: tuple[str, ...] | None = None
+    parse: Callable[[str], Any] | None = None  # a flag's text (a YAML list: joined by commas) -> the value
+    path: bool = False  # a local path (made absolute where it is read) or a URI: an input, unless ``writes``
+    writes: bool = False  # a location the command writes (its output), not one it reads
+    invert: bool = False  # a flag --no-x that sets the bool field x to False
+    default_help: str | None = None  # the default in words, where the value alone says little
+    metavar: str | None = None
+    runtime: bool = False  # only how the run goes (workers, batch sizes, retries, addresses), never its output
+
+
+@dataclass(frozen=True)
+class Group:
+    """A field holding a nested config whose option fields the command takes too."""
+
+    kinds: tuple[type, ...]
+    select: str | None = None  # the option choosing among ``kinds`` by their ``kind`` attribute
+    select_default: str | None = None
+    select_help: str = ""
+    only: tuple[str, ...] | None = None  # of the nested options, only these
+    fixed: tuple[tuple[str, Any], ...] = ()  # values the job sets itself (e.g. the HTTP backend)
+
+
+def option(default: Any = MISSING, help: str = "", *, default_factory: Any = MISSING, **settings: Any) -> Any:
+    """A dataclass field that is an option (``settings``: the fields of ``Option``)."""
+    return field(default=default, default_factory=default_factory, metadata={"option": Option(help, **settings)})
+
+
+def runtime(default: Any = MISSING, *, default_factory: Any = MISSING) -> Any:
+    """A plain (not an option) dataclass field that only decides how the run goes, never its output."""
+    return field(default=default, default_factory=default_factory, metadata={"runtime": True})
+
+
+def is_runtime(f: dataclasses.Field) -> bool:
+    """Whether a dataclass field only decides how the run goes (``option(..., runtime=True)`` or ``runtime``)."""
+    return bool(f.metadata.get("runtime")) or ("option" in f.metadata and f.metadata["option"].runtime)
+
+
+@cache
+def runtime_fields(cls: type) -> frozenset[str]:
+    """The names of ``cls``'s fields that only decide how the run goes."""
+    return frozenset(f.name for f in dataclasses.fields(cls) if is_runtime(f))
+
+
+def settings(obj: Any) -> dict[str, Any]:
+    """What decides the output of a job or config: every field but the runtime ones, nested dataclasses (a
+    group's config) by their own settings, in declaration order."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        if is_runtime(f):
+            continue
+        value = getattr(obj, f.name)
+        out[f.name] = settings(value) if dataclasses.is_dataclass(value) and not isinstance(value, type) else value
+    return out
+
+
+def validate(obj: Any) -> None:
+    """Every declared bound and choice of ``obj``'s own option fields checked on the value it holds (a nested
+    config checks itself when built): ``OptionError`` naming the option, as its flag would be refused."""
+    for of in options_of(type(obj)):
+        if of.group is not None:
+            continue
+        value = getattr(obj, of.field)
+        if of.option.invert or (of.option.path and value == ""):
+            continue
+        try:
+            check(of, value)
+        except OptionError as exc:
+            raise OptionError(f"{of.key} {exc}") from None
+
+
+class Declared:
+    """A dataclass whose option fields check themselves when it is built (``validate``). A subclass's own
+    ``__post_init__`` calls ``super().__post_init__()`` first and adds only checks across options."""
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+
+def group(*kinds: type, default: Any = None, default_factory: Any = MISSING, required: bool = False,
+          select: str | None = None, select_default: str | None = None, select_help: str = "",
+          only: tuple[str, ...] | None = None, fixed: dict[str, Any] | None = None) -> Any:
+    """A dataclass field holding a nested config (one of ``kinds``) whose options the command takes (None by
+    default; ``required``: no default, the job is built with one)."""
+    if required or default_factory is not MISSING:
+        default = MISSING
+    spec = Group(tuple(kinds), select, select_default, select_help, only, tuple((fixed or {}).items()))
+    return field(default=default, default_factory=default_factory, metadata={"group": spec})
+
+
+@dataclass(frozen=True)
+class OptionField:
+    """One option of a job, as found by ``options_of``."""
+
+    key: str  # the YAML key and the flag's name (``top_k`` -> ``--top-k``)
+    field: str  # the dataclass field it sets
+    option: Option
+    type: Any  # the field's type hint
+    defaults: tuple[tuple[str, Any], ...]  # (kind, default) per config class that has it ("" for a plain field)
+    group: str | None = None  # the job field holding the nested config, if any
+    kinds: tuple[str, ...] = ()  # the selector values whose configs take it (a selected group)
+    required: bool = False
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.key.replace("_", "-")
+
+    @property
+    def default(self) -> Any:
+        return self.defaults[0][1] if self.defaults else None
+
+    @property
+    def is_bool(self) -> bool:
+        return _base(self.type)[0] is bool
+
+    def help_text(self) -> str:
+        """The help with the default, as declared (never a literal copy)."""
+        text = self.option.help
+        if self.option.default_help is not None:
+            return f"{text} (default: {self.option.default_help})"
+        if self.is_bool or self.required:
+            return text
+        shown = [(k, v) for k, v in self.defaults if v is not None]
+        if not shown:
+            return text
+        if len({repr(v) for _, v in shown}) == 1 and len(shown) == len(self.defaults):
+            return f"{text} (default: {show(shown[0][1])})"
+        return f"{text} (default: " + ", ".join(f"{k} {show(v)}" for k, v in shown) + ")"
+
+
+def show(value: Any) -> str:
+    """A default as a user would type it."""
+    if isinstance(value, (tuple, list)):
+        return ",".join(map(str, value))
+    if isinstance(value, dict):
+        return ",".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in value.items())
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def _field_default(f: dataclasses.Field) -> Any:
+    if f.default is not MISSING:
+        return f.default
+    if f.default_factory is not MISSING:
+        return f.default_factory()
+    return None
+
+
+def _required(f: dataclasses.Field) -> bool:
+    return f.default is MISSING and f.default_factory is MISSING
+
+
+@cache
+def options_of(cls: type) -> tuple[OptionField, ...]:
+    """Every option a job (or config) class takes, its groups' included, in declaration order. Raises if two
+    options would share a key (a declaration error, caught by the tests)."""
+    hints = typing.get_type_hints(cls)
+    out: dict[str, OptionField] = {}
+
+    def add(of: OptionField) -> None:
+        if of.key in out:
+            old = out[of.key]
+            if old.group is None or old.group != of.group or old.field != of.field:
+                raise TypeError(f"{cls.__name__}: option {of.key!r} declared twice ({old.field}, {of.field})")
+            out[of.key] = dataclasses.replace(old, defaults=old.defaults + of.defaults, kinds=old.kinds + of.kinds,
+                                              required=old.required and of.required)
+            return
+        out[of.key] = of
+
+    for f in dataclasses.fields(cls):
+        if "option" in f.metadata:
+            opt = f.metadata["option"]
+            add(OptionField(opt.name or f.name, f.name, opt, hints[f.name], (("", _field_default(f)),),
+                            required=_required(f)))
+        elif "group" in f.metadata:
+            spec: Group = f.metadata["group"]
+            fixed = dict(spec.fixed)
+            if spec.select:
+                names = tuple(k.kind for k in spec.kinds)
+                add(OptionField(spec.select, spec.select, Option(spec.select_help, choices=names), str,
+                                (("", spec.select_default),), group=f.name))
+            for kind in spec.kinds:
+                label = getattr(kind, "kind", "") if spec.select else ""
+                for inner in options_of(kind):
+                    if (spec.only is not None and inner.key not in spec.only) or inner.field in fixed:
+                        continue
+                    add(dataclasses.replace(inner, group=f.name, defaults=((label, inner.default),),
+                                            kinds=(label,) if spec.select else ()))
+    return tuple(out.values())
+
+
+def _base(hint: Any) -> tuple[Any, bool]:
+    """``(type, optional)`` of a field's hint: ``int | None`` -> ``(int, True)``."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        rest = [a for a in args if a is not type(None)]
+        return (rest[0] if len(rest) == 1 else Any), len(rest) < len(args)
+    return hint, False
+
+
+def check(of: OptionField, value: Any, text: bool = False) -> Any:
+    """``value`` converted and checked as option ``of`` takes it (``text``: a flag's text). None stays None
+    (not given)."""
+    opt = of.option
+    if value is None:
+        return None
+    kind, _ = _base(of.type)
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise OptionError(f"must be true or false, got {value!r}")
+        return value
+    if opt.parse is not None:
+        if isinstance(value, (list, tuple)) and not text:
+            value = ",".join(str(v) for v in value)
+        elif isinstance(value, dict) and not text:
+            value = ",".join(f"{k}={v}" for k, v in value.items())
+        elif not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise OptionError(f"expected text, got {value!r}")
+        try:
+            value = opt.parse(str(value))
+        except (TypeError, ValueError) as exc:
+            raise OptionError(str(exc)) from None
+    elif kind in (int, float):
+        value = _number(kind, value, text)
+    elif not isinstance(value, str):
+        raise OptionError(f"must be a string, got {value!r}")
+    elif opt.path and not value.strip():
+        raise OptionError("must be a path, got an empty string")
+    if opt.choices is not None and value not in opt.choices:
+        raise OptionError(f"must be one of {', '.join(map(str, opt.choices))}, got {value!r}")
+    if opt.low is not None or opt.high is not None:
+        _bounds(opt, value)
+    return value
+
+
+def _number(kind: type, value: Any, text: bool) -> int | float:
+    word = "an integer" if kind is int else "a number"
+    if text:
+        try:
+            value = kind(value)
+        except (TypeError, ValueError):
+            raise OptionError(f"expected {word}, got {value!r}") from None
+    elif isinstance(value, bool) or not isinstance(value, int) and not (kind is float and isinstance(value, float)):
+        raise OptionError(f"must be {word}, got {value!r}")
+    value = kind(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise OptionError(f"expected a finite number, got {value!r}")
+    return value
+
+
+def _bounds(opt: Option, value: Any) -> None:
+    low_bad = opt.low is not None and (value < opt.low or (opt.low_open and value == opt.low))
+    high_bad = opt.high is not None and (value > opt.high or (opt.high_open and value == opt.high))
+    if low_bad or high_bad:
+        lo = "" if opt.low is None else f"{'>' if opt.low_open else '>='} {opt.low:g}"
+        hi = "" if opt.high is None else f"{'<' if opt.high_open else '<='} {opt.high:g}"
+        raise OptionError(f"must be {' and '.join(x for x in (lo, hi) if x)}, got {value!r}")
+
+
+def resolve_path(value: str | None) -> str | None:
+    """A local path made absolute (a URI as given): what manifests record, whatever the working directory. An
+    existing local path that is neither a regular file nor a folder (a named pipe, a device, a socket) is
+    refused here, before anything opens it: reading one can hang or never end."""
+    if value is None or storage.is_remote(value):
+        return value
+    try:
+        storage.refuse_special(value)
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
+    return storage.normalize(value)
+
+
+def build(cls: type, values: dict[str, Any], label: Callable[[OptionField], str] | None = None) -> Any:
+    """An instance of ``cls`` from option values by key (None or absent: the field's default). Values are
+    assumed checked (``check``); what only a combination can break (an option the chosen extractor does not
+    take, a required option missing) raises ``OptionError``."""
+    label = label or (lambda of: of.flag)
+    kwargs: dict[str, Any] = {}
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    own = [of for of in options_of(cls) if of.group is None]
+    for of in own:
+        value = values.get(of.key)
+        if value is None:
+            if of.required:
+                raise OptionError(f"{label(of)} is required")
+            continue
+        if of.option.path:
+            value = resolve_path(value)
+        kwargs[of.field] = (not value) if of.option.invert else value
+    for name, f in fields.items():  # plain fields (not options) pass through when given, e.g. a chain's stages
+        if "option" not in f.metadata and "group" not in f.metadata and name in values and f.init:
+            kwargs[name] = values[name]
+    for name, f in fields.items():
+        if "group" not in f.metadata:
+            continue
+        spec: Group = f.metadata["group"]
+        inner = [of for of in options_of(cls) if of.group == name and of.key != spec.select]
+        given = {of.key: values[of.key] for of in inner if values.get(of.key) is not None}
+        if spec.select:
+            chosen = values.get(spec.select) or spec.select_default
+            kinds = {k.kind: k for k in spec.kinds}
+            kind = kinds[chosen]
+            stray = [label(of) for of in inner if of.key in given and chosen not in of.kinds]
+            if stray:
+                raise OptionError(f"{', '.join(stray)} do(es) not apply to the {chosen} {spec.select}")
+        else:
+            kind = spec.kinds[0]
+            if not given and not spec.fixed and f.default is None:
+                continue  # the job's own default (None: its offline default)
+        sub = {of.key: given.get(of.key) for of in options_of(kind)} | dict(spec.fixed)
+        sub |= {f.name: values[f.name] for f in dataclasses.fields(kind)
+                if "option" not in f.metadata and "group" not in f.metadata and f.name in values}
+        missing = [of for of in options_of(kind) if of.required and sub.get(of.key) is None]
+        if missing:
+            what = f"the {chosen} {spec.select}" if spec.select else name
+            raise OptionError(f"{what} needs {', '.join(label(of) for of in missing)}")
+        try:
+            kwargs[name] = build(kind, sub, label)
+        except OptionError:
+            raise
+        except (TypeError, ValueError) as exc:
+            raise OptionError(f"{name}: {exc}") from None
+    return cls(**kwargs)
+
+
+def input_paths(job: Any) -> list[str]:
+    """The locations a job reads, by its declared path options (nested configs' included)."""
+    out = []
+    for of in options_of(type(job)):
+        if not of.option.path or of.option.writes:
+            continue
+        owner = getattr(job, of.group, None) if of.group else job
+        value = getattr(owner, of.field, None) if owner is not None else None
+        if isinstance(value, str) and value:
+            out.append(value)
+    return out
+
+
+def defaults(cls: type) -> dict[str, Any]:
+    """``{key: default}`` of every option of ``cls`` (a selected group's options: the default kind's)."""
+    return {of.key: of.default for of in options_of(cls)}

@@ -1,0 +1,187 @@
+"""Progress a person can read: rows done of the rows to do, rows/s and an ETA, for every keyed stage.
+
+Ray Data's own progress counts what passes through each operator, so on a stage whose input is a few large
+blocks it reads ``Total Progress: 0/?`` and ``MapBatches(...): 0/1`` until the very end; a stage job turns it
+off (``ray_env.quiet_ray_data``) and reports from what the run itself knows instead. The runner knows how
+many rows it has to do, and the sink records every completed write in the staging folder
+(``_writes/part-*.json``, with the row keys it covers), whatever node wrote it. ``Progress`` is a thread in
+the driver that polls that folder (each record is read once), so it needs no hook in the write path and counts
+exactly what is done: rows whose files are written.
+
+On a terminal it draws one bar, redrawn in place every second; otherwise (a log, ``ray job submit``'s output)
+it writes one line every ``VERBATIM_PROGRESS_INTERVAL`` seconds (5) when something changed, and at least every
+six intervals while nothing does, then a last line with the total time. ``VERBATIM_PROGRESS`` chooses:
+``auto`` (default), ``bar``, ``log``, ``off``, or ``ray`` (Ray Data's own progress bars instead of these).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from typing import Any, TextIO
+
+from verbatim_batch.core import storage
+from verbatim_batch.core.runs import WRITES_DIR
+from verbatim_batch.engine import live
+
+MODES = ("auto", "bar", "log", "off", "ray")
+HEARTBEAT = 6  # intervals without a change before a log line says so anyway
+BAR_WIDTH = 24
+
+
+def mode() -> str:
+    value = os.environ.get("VERBATIM_PROGRESS", "auto").strip().lower() or "auto"
+    if value not in MODES:
+        raise ValueError(f"VERBATIM_PROGRESS must be one of {', '.join(MODES)}, got {value!r}")
+    return value
+
+
+def interval_s() -> float:
+    return max(0.5, float(os.environ.get("VERBATIM_PROGRESS_INTERVAL", "5")))
+
+
+def duration(seconds: float) -> str:
+    """``42s``, ``3m05s``, ``2h07m``."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def _rate_eta(done: int, total: int, elapsed: float) -> tuple[float, str]:
+    rate = done / elapsed if elapsed > 0 else 0.0
+    return rate, duration((total - done) / rate) if rate > 0 and total >= done else "?"
+
+
+def status(done: int, total: int, elapsed: float, live: dict[str, int] | None = None) -> str:
+    """``1,234/5,000 rows (24.7%) in 30s, 41.2 rows/s, ETA 1m31s``: rows/s over the stage so far (model
+    loading included, so the ETA errs long). Before the first write, ``live`` (the model actors' reports:
+    ``loaded`` models, ``rows`` through a model, ``pipeline.live``) says what the time is spent on."""
+    live = live or {}
+    through = min(total, live.get("rows", 0))
+    if not done:  # nothing written yet: say what that time is spent on
+        if through:
+            rate, eta = _rate_eta(through, total, elapsed)
+            return (f"0/{total:,} rows written; {through:,} through the model ({100 * through / total:.1f}%) in "
+                    f"{duration(elapsed)}, {rate:.1f} rows/s, ETA {eta}")
+        if live.get("loaded"):
+            return (f"0/{total:,} rows: {live['loaded']} model{'s' if live['loaded'] > 1 else ''} loaded, first "
+                    f"batch running for {duration(elapsed)}")
+        return f"0/{total:,} rows: starting (workers start, models load) for {duration(elapsed)}"
+    rate, eta = _rate_eta(done, total, elapsed)
+    share = f" ({100 * done / total:.1f}%)" if total else ""
+    return f"{done:,}/{total:,} rows{share} in {duration(elapsed)}, {rate:.1f} rows/s, ETA {eta}"
+
+
+class Progress:
+    """``with Progress("extract", staging, total, unique=True): <write the stage's rows>``.
+
+    ``total`` is the rows this run has to do. ``unique``: a write's keys are input keys, counted once each
+    (keyed stages; the retrieval table repeats a query's id on each of its rows); else every key is one
+    input record (chunk: one papers or quarantine row per record), and records already in the folder when
+    the stage starts (a resumed or carried part) count against the total.
+    """
+
+    def __init__(self, what: str, staging: str, total: int, *, unique: bool = True, stream: TextIO | None = None,
+                 how: str | None = None, every: float | None = None) -> None:
+        self.what, self.folder, self.total, self.unique = what, storage.join(staging, WRITES_DIR), total, unique
+        self.stream = stream or sys.stderr
+        how = how or mode()
+        if how == "auto":
+            how = "bar" if getattr(self.stream, "isatty", lambda: False)() else "log"
+        self.how = how if how in ("bar", "log") else "off"
+        self.every = every or interval_s()
+        self.seen: set[str] = set()
+        self.done = 0
+        self.t0 = time.monotonic()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._live: Any | None = None  # the model actors' live counter (``live``), while this stage runs
+
+    def poll(self) -> int:
+        """Rows done: read the write records that appeared since the last poll."""
+        for name in storage.listdir(self.folder):
+            if not name.endswith(".json") or name in self.seen:
+                continue
+            try:
+                record = json.loads(storage.read_text(storage.join(self.folder, name)))
+                keys = record.get("keys", [])
+                n = len(set(keys)) if self.unique else len(keys)
+                if record.get("keys_file"):  # a carried file's keys, beside the record (only their number)
+                    n += storage.parquet_file(storage.join(self.folder, record["keys_file"])).metadata.num_rows
+            except (OSError, ValueError):
+                continue  # gone or not readable yet: next poll
+            self.seen.add(name)
+            self.done += n
+        return self.done
+
+    def start(self) -> Progress:
+        already = self.poll()  # a resumed run's writes and carried files: not this run's work
+        self.done = 0
+        if not self.unique:
+            self.total = max(0, self.total - already)
+        self.t0 = time.monotonic()
+        if self.how != "off" and self.total:
+            self._live = live.open_counter()
+            self._thread = threading.Thread(target=self._run, name=f"progress-{self.what}", daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        last_line, last_done = 0.0, None
+        tick = 1.0 if self.how == "bar" else min(2.0, self.every)
+        while not self._stop.wait(tick):
+            try:
+                done = self.poll()
+            except Exception:  # noqa: BLE001 - progress must never break a run (a flaky store: next poll)
+                continue
+            now = time.monotonic()
+            if self.how == "bar":
+                self._write("\r" + self._bar(done, now - self.t0), end="")
+            elif now - last_line >= self.every:
+                figures = live.read(self._live) if not done else {}  # the model's count until rows are written
+                moved = (done, figures.get("rows", 0), figures.get("loaded", 0))
+                if moved != last_done or now - last_line >= HEARTBEAT * self.every:
+                    self._write(f"[{self.what}] {status(done, self.total, now - self.t0, figures)}")
+                    last_line, last_done = now, moved
+
+    def _bar(self, done: int, elapsed: float) -> str:
+        filled = int(BAR_WIDTH * min(done, self.total) / self.total) if self.total else BAR_WIDTH
+        figures = live.read(self._live) if not done else {}
+        return (f"[{self.what}] |{'#' * filled}{'.' * (BAR_WIDTH - filled)}| "
+                f"{status(done, self.total, elapsed, figures)}  ")
+
+    def _write(self, text: str, end: str = "\n") -> None:
+        try:
+            self.stream.write(text + end)
+            self.stream.flush()
+        except (OSError, ValueError):
+            pass
+
+    def stop(self, failed: bool = False) -> None:
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self._thread = None
+        try:
+            done = self.poll()
+        except Exception:  # noqa: BLE001
+            done = self.done
+        elapsed = time.monotonic() - self.t0
+        rate = done / elapsed if elapsed > 0 else 0.0
+        end = "stopped at" if failed else "done:"
+        if self.how == "bar":
+            self._write("\r" + self._bar(done, elapsed))
+        self._write(f"[{self.what}] {end} {done:,}/{self.total:,} rows in {duration(elapsed)} ({rate:.1f} rows/s)")
+
+    def __enter__(self) -> Progress:
+        return self.start()
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.stop(failed=exc_type is not None)

@@ -1,0 +1,93 @@
+"""Ends a local Ray's processes when the driver that started it dies, however it dies.
+
+``ray.init`` starts the GCS, the raylet and their agents as children of the driver. On ``kill -9`` of the
+driver the GCS and raylet go, but the dashboard and runtime-env agents are left to init and, trying to report
+to a GCS that is gone, stay. The reaper is a small process in its own session that watches the driver:
+every half second it notes the driver's descendants, and once the driver is gone it kills those still alive
+(matching pid and start time, so a reused pid is never hit), then exits. A driver that ends normally has
+shut its Ray down already; the reaper then finds nothing to kill.
+
+    python verbatim_batch/engine/reaper.py DRIVER_PID
+
+It runs as a plain script (only psutil imported, not the package), and ``start`` waits until it has taken
+its first look at the driver's processes, so even a driver killed right after ``ray.init`` leaves nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+
+INTERVAL_S = 0.5  # how often the driver's liveness is checked (cheap)
+REFRESH_S = 5.0  # how often its process tree is walked (reads /proc: costs CPU in proportion to wall time)
+
+
+def start(driver_pid: int | None = None, timeout_s: float = 30.0) -> subprocess.Popen:
+    """Start the reaper for ``driver_pid`` (this process by default) in a session of its own; returns once it
+    watches (or after ``timeout_s``, if the machine is that slow)."""
+    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), str(driver_pid or os.getpid())],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            start_new_session=True, close_fds=True)
+    import select
+
+    if select.select([proc.stdout], [], [], timeout_s)[0]:
+        proc.stdout.readline()
+    proc.stdout.close()
+    return proc
+
+
+def _descendants(proc: psutil.Process) -> dict[int, float]:
+    try:
+        return {p.pid: p.create_time() for p in proc.children(recursive=True) if p.pid != os.getpid()}
+    except psutil.Error:
+        return {}
+
+
+def watch(driver_pid: int) -> int:
+    """Watch ``driver_pid``; after it dies, kill what it left; returns how many processes were killed."""
+    try:
+        driver = psutil.Process(driver_pid)
+        started = driver.create_time()
+    except psutil.Error:
+        print("gone", flush=True)
+        return 0
+    seen: dict[int, float] = _descendants(driver)
+    print("watching", flush=True)
+    walked = time.monotonic()
+    while True:
+        try:
+            alive = driver.is_running() and driver.create_time() == started and driver.status() != "zombie"
+        except psutil.Error:
+            alive = False
+        if not alive:
+            break
+        if time.monotonic() - walked >= REFRESH_S:
+            seen.update(_descendants(driver))
+            seen = {pid: t for pid, t in seen.items() if psutil.pid_exists(pid)}
+            walked = time.monotonic()
+        time.sleep(INTERVAL_S)
+    for pid, created in list(seen.items()):  # what the driver's children started since the last walk
+        try:
+            proc = psutil.Process(pid)
+            if proc.create_time() == created:
+                seen.update(_descendants(proc))
+        except psutil.Error:
+            pass
+    killed = 0
+    for pid, created in seen.items():
+        try:
+            proc = psutil.Process(pid)
+            if proc.create_time() == created:
+                proc.kill()
+                killed += 1
+        except psutil.Error:
+            pass
+    return killed
+
+
+if __name__ == "__main__":
+    watch(int(sys.argv[1]))

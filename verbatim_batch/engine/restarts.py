@@ -1,0 +1,17 @@
+"""The bound on a stage's lost workers, declared once: a run option of every stage job, applied to every actor pool
+and task (``resources.ray_args``) and to a local Ray's retries of tasks killed for memory (``ray_env``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from verbatim_batch.core.options import Declared, option
+
+
+@dataclass(kw_only=True)
+class Restarting(Declared):
+    """The bound on a stage's lost workers (a run option of every stage job, declared once, here)."""
+
+    worker_restarts: int = option(3, "restarts of a stage's worker that crashed or was killed (the OOM killer, "
+                                  "Ray's memory monitor) before the stage stops with one line, resumable with "
+                                  "--run-id (Ray Data's own default is to restart forever)", low=0, runtime=True)

@@ -1,0 +1,287 @@
+"""The chain chunk -> embed -> index -> retrieve -> extract, defined once.
+
+The demo, nightly runs, benchmarks and tests all run it through ``run_chain``: each stage is its own
+committed run folder under one output folder (``chunks/``, ``embeddings/``, ``index/``, ``retrieval/``,
+``spans/``), optionally building on the same stages of an earlier chain (``previous``). With a ``reranker`` the
+chain reranks the retrieval into ``reranked/`` and extracts from that.
+
+The chain is a list of steps (``STEPS``; ``add_step`` inserts one). Its wiring is derived, not listed: each run a
+stage reads (``Stage.reads``: a job field and the tables it must hold) is the folder of the last step before it
+that writes those tables (``Stage.writes``), and the chain's own options (``input``, ``queries``, ...) go to the
+first step whose job has a field of that name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from verbatim_batch.core import storage
+from verbatim_batch.core.options import Declared, OptionError, check, group, is_runtime, option, options_of, settings
+from verbatim_batch.core.records import read_queries
+from verbatim_batch.core.runs import jsonable
+from verbatim_batch.corpus import readers as corpus
+from verbatim_batch.engine.runner import CompositeStage, Plan, RunOptions, Stage, StageContext, StageResult, run_stage
+from verbatim_batch.stages.chunk import ChunkJob, ChunkStage, run_chunk  # noqa: F401 - runners looked up by name (STEPS)
+from verbatim_batch.stages.embed import EmbedJob, EmbedStage, run_embed  # noqa: F401 - runners looked up by name (STEPS)
+from verbatim_batch.stages.extract import ExtractJob, ExtractStage, run_extract  # noqa: F401 - runners looked up by name (STEPS)
+from verbatim_batch.stages.index import IndexJob, IndexStage, run_index  # noqa: F401 - runners looked up by name (STEPS)
+from verbatim_batch.stages.rerank import RerankJob, RerankStage, run_rerank  # noqa: F401 - runners looked up by name (STEPS)
+from verbatim_batch.stages.retrieve import RetrieveJob, RetrieveStage, run_retrieve  # noqa: F401 - runners looked up by name (STEPS)
+
+RERANK_STAGE = "reranked"  # between retrieval and spans, when the chain has a reranker
+
+
+@dataclass(frozen=True)
+class Step:
+    """One stage of the chain: its folder in a chain run, the command whose options it takes (a config section
+    of that name), its job and stage classes (what it reads and writes), and its runner: a name in this module
+    (tests replace one) or a callable ``job -> (path, manifest)``. ``when``: a step the chain runs only when it
+    says so (the reranker, with a model)."""
+
+    folder: str
+    command: str
+    job: type
+    stage: type[Stage]
+    runner: str | Callable[[Any], tuple[str, dict[str, Any]]]
+    when: Callable[[Chain], bool] | None = None
+
+
+STEPS: list[Step] = [
+    Step("chunks", "chunk", ChunkJob, ChunkStage, "run_chunk"),
+    Step("embeddings", "embed", EmbedJob, EmbedStage, "run_embed"),
+    Step("index", "index", IndexJob, IndexStage, "run_index"),
+    Step("retrieval", "retrieve", RetrieveJob, RetrieveStage, "run_retrieve"),
+    Step(RERANK_STAGE, "rerank", RerankJob, RerankStage, "run_rerank", when=lambda chain: chain.reranks),
+    Step("spans", "extract", ExtractJob, ExtractStage, "run_extract"),
+]
+STAGES = tuple(s.folder for s in STEPS if s.when is None)  # the stages every chain runs
+# each stage: the command whose options it takes, its job, its runner (derived from STEPS; ``add_step`` keeps it)
+STAGE_JOBS: dict[str, tuple[str, type, Any]] = {}
+SECTIONS: tuple[str, ...] = ()
+
+
+def _derive() -> None:
+    global SECTIONS
+    STAGE_JOBS.clear()
+    STAGE_JOBS.update({s.folder: (s.command, s.job, s.runner) for s in STEPS})
+    SECTIONS = tuple(s.command for s in STEPS)
+
+
+def add_step(step: Step, after: str) -> None:
+    """Insert ``step`` into the chain after the step whose folder is ``after``. Its wiring is derived from its
+    stage's declarations; its options become a config section named after its command."""
+    if any(s.folder == step.folder or s.command == step.command for s in STEPS):
+        raise ValueError(f"the chain already has a step {step.folder!r} or a {step.command!r} section")
+    index = next(i for i, s in enumerate(STEPS) if s.folder == after)
+    STEPS.insert(index + 1, step)
+    _derive()
+
+
+def remove_step(folder: str) -> None:
+    """Take a step added with ``add_step`` out of the chain again."""
+    STEPS[:] = [s for s in STEPS if s.folder != folder]
+    _derive()
+
+
+_derive()
+
+
+@dataclass
+class Chain(Declared):
+    """What a chain run reads, and each stage's options by its command's name (``{"extract": {"threshold":
+    0.3}}``: a config file's sections; unset options keep the stage job's defaults). A ``rerank`` section with a
+    ``model`` adds the rerank stage between retrieval and extraction."""
+
+    input: str = option(help="the corpus: a folder of .md or .txt files, or a Parquet/JSONL file or "
+                       "folder", path=True)
+    queries: str = option(help="query file (JSONL, Parquet or CSV) with query (and query_id)", path=True)
+    metadata: str | None = option(None, "metadata table (.parquet/.jsonl/.csv) joined by paper id", path=True)
+    format: str = option("auto", "input format (auto: from file extensions)", choices=("auto", *corpus.FORMATS))
+    stages: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()  # the declared bounds and choices
+        self.stages = {name: stage_options(name, values) for name, values in self.stages.items()}
+
+    def check(self) -> None:
+        """Everything the chain reads, checked before its first stage (a missing query file found after hours
+        of chunking is hours lost): the corpus, metadata and query files, and every stage's options. Raises
+        with one line."""
+
+        for what, path in (("input", self.input), ("metadata", self.metadata)):
+            if path and not storage.exists(path):
+                raise FileNotFoundError(f"{what} not found: {path}")
+        read_queries(self.queries)  # missing, unreadable or without a query column: refused here
+        self.stage_jobs()
+
+    @property
+    def reranks(self) -> bool:
+        return self.stages.get("rerank", {}).get("model") is not None
+
+    def stage_jobs(self, output: str = "", **common: Any) -> dict[str, Any]:
+        """``{stage folder: job}`` of every stage this chain runs, built from its section over the defaults
+        (``output``: the chain's folder; ``common``: run options every stage shares)."""
+        from verbatim_batch.core.options import build
+
+        out = storage.normalize(output) if output else ""
+        at = (lambda stage: storage.join(out, stage)) if out else (lambda stage: stage)
+        jobs = {}
+        for stage, wiring in self.wiring().items():
+            step = next(s for s in STEPS if s.folder == stage)
+            wired = {name: (at(value) if name in step.stage.reads else value) for name, value in wiring.items()}
+            values = self.stages.get(step.command, {}) | wired | common | {"output": at(stage)}
+            jobs[stage] = build(step.job, values, lambda of, c=step.command: f"{of.flag} ({c}.{of.key})")
+        return jobs
+
+    def wiring(self) -> dict[str, dict[str, Any]]:
+        """``{stage folder: {job field: value}}``: each run a stage reads, the folder of the last step before it
+        that writes the tables it needs (``Stage.reads``, ``Stage.writes``); the chain's own options
+        (``input``, ``format``, ``metadata``, ``queries``), to the first step whose job has a field of that name."""
+        own = {of.field: getattr(self, of.field) for of in options_of(Chain)}
+        written: dict[str, str] = {}
+        out: dict[str, dict[str, Any]] = {}
+        for stage in chain_stages(self):
+            step = next(s for s in STEPS if s.folder == stage)
+            names = {f.name for f in dataclasses.fields(step.job)}
+            values = {name: own.pop(name) for name in list(own) if name in names}
+            for name, tables in step.stage.reads.items():
+                if all(t in written for t in tables):
+                    values[name] = written[tables[0]]
+            for table in step.stage.writes:
+                written[table] = stage
+            out[stage] = values
+        return out
+
+
+def stage_keys(command: str) -> tuple[str, ...]:
+    """The options of stage ``command`` a chain takes from its section: all but what the chain wires (inputs,
+    outputs and run options, which are the chain's own)."""
+    cls = next(c for name, c, _ in STAGE_JOBS.values() if name == command)
+    own = {of.key for of in options_of(RunOptions)} | {of.key for of in options_of(Chain)}
+    return tuple(of.key for of in options_of(cls) if of.key not in own and not of.option.path)
+
+
+def stage_options(command: str, values: dict[str, Any]) -> dict[str, Any]:
+    """A stage section's values, each checked as the option takes it (raises ``OptionError``)."""
+    if command not in SECTIONS:
+        raise OptionError(f"a chain has no stage {command!r} (its stages: {', '.join(SECTIONS)})")
+    cls = next(c for name, c, _ in STAGE_JOBS.values() if name == command)
+    fields = {of.key: of for of in options_of(cls)}
+    keys = stage_keys(command)
+    out = {}
+    for key, value in values.items():
+        if key not in keys:
+            raise OptionError(f"{command}: {key!r} is not an option a chain's {command} stage takes")
+        try:
+            out[key] = check(fields[key], value)
+        except OptionError as exc:
+            raise OptionError(f"{command}.{key} {exc}") from None
+    return out
+
+
+def run_chain(chain: Chain, output: str, *, previous: str | None = None, run_id: str | None = None,
+              overwrite: bool = False, address: str | None = None, num_cpus: int | None = None,
+              batch_retries: int = RunOptions.batch_retries, after_stage: Callable[[str], None] | None = None,
+              ) -> tuple[dict[str, tuple[str, dict[str, Any]]], dict[str, float]]:
+    """Run every stage into ``output/<stage>``; returns ``({stage: (path, manifest)}, {stage: seconds})``."""
+    common = {"run_id": run_id, "overwrite": overwrite, "address": address, "num_cpus": num_cpus,
+              "batch_retries": batch_retries}
+    jobs = chain.stage_jobs(output, **common)
+    results: dict[str, tuple[str, dict[str, Any]]] = {}
+    timings: dict[str, float] = {}
+    for name, job in jobs.items():
+        # a step the earlier chain did not run (no reranker then, a step added since) starts without one
+        if previous and storage.exists(storage.join(previous, name, "manifest.json")):
+            job.previous = storage.join(previous, name)
+        t = time.perf_counter()
+        runner = STAGE_JOBS[name][2]
+        results[name] = (globals()[runner] if isinstance(runner, str) else runner)(job)  # tests replace one
+        timings[name] = time.perf_counter() - t
+        if after_stage is not None:
+            after_stage(name)
+    return results, timings
+
+
+def chain_stages(chain: Chain) -> tuple[str, ...]:
+    """The chain's stages in order (``STEPS``; a step with ``when`` only when it says so: ``reranked`` before
+    ``spans`` when the chain reranks)."""
+    return tuple(s.folder for s in STEPS if s.when is None or s.when(chain))
+
+
+def chain_settings(chain: Chain) -> dict[str, Any]:
+    """What decides a chain's outputs: its inputs and every stage job's output-deciding options
+    (``options.settings``; a model's config by its hash, which holds the model as a portable id), so a runtime
+    option (workers, batch sizes, retries) given to a stage changes nothing here. The stages' paths are the
+    chain's wiring (its inputs are recorded once; the rest are its own folders)."""
+    stages = {name: {f.name: _setting(getattr(job, f.name), f) for f in dataclasses.fields(job)
+                     if not is_runtime(f) and not ("option" in f.metadata and f.metadata["option"].path)}
+              for name, job in chain.stage_jobs().items()}
+    return {"input": chain.input, "queries": chain.queries, "metadata": chain.metadata, "format": chain.format,
+            "stages": stages}
+
+
+def _setting(value: Any, f: dataclasses.Field) -> Any:
+    """A stage job's setting as a chain records it: a model config by its hash, a nested config by its settings;
+    a group left unset (None: the stage's own default config) as that default's."""
+    if value is None and "group" in f.metadata:
+        try:
+            value = f.metadata["group"].kinds[0]()
+        except (TypeError, ValueError):  # a config with no default (a reranker needs its model): unset
+            return None
+    if hasattr(value, "hash") and dataclasses.is_dataclass(value):
+        return value.hash
+    return jsonable(settings(value)) if dataclasses.is_dataclass(value) else jsonable(value)
+
+
+def chain_result(results: dict[str, tuple[str, dict[str, Any]]], timings: dict[str, float],
+                 table_prefix: bool, **manifest: Any) -> StageResult:
+    """A composite run's result (``run``, ``nightly``): every stage's tables and counts as ``<stage>.<count>``
+    (time spent is in each stage's own manifest)."""
+    manifests = {name: m for name, (_, m) in results.items()}
+    return StageResult(
+        tables={(f"{stage}/{name}" if table_prefix else name): info for stage, m in manifests.items()
+                for name, info in m["tables"].items()},
+        counts=stage_counts(manifests), timings_s=timings,
+        manifest={"stages": {name: name for name in manifests}} | manifest)
+
+
+def stage_counts(manifests: dict[str, dict[str, Any]]) -> dict[str, int]:
+    """Every stage's counts as ``<stage>.<count>`` (time spent is in each stage's own manifest)."""
+    return {f"{stage}.{key}": int(value) for stage, m in manifests.items() for key, value in m["counts"].items()
+            if not key.startswith("time_ms.")}
+
+
+@dataclass(kw_only=True)
+class ChainJob(RunOptions):
+    """``verbatim-batch run``: the whole chain on one corpus and query file, into ``output/<stage>``."""
+
+    chain: Chain = group(Chain, required=True)
+
+
+class ChainStage(CompositeStage):
+    """The chain as one run: one Ray start for every stage, each stage its usual committed run folder under
+    ``output`` (all under one run id, so a rerun after a kill skips committed stages and resumes the one that
+    was interrupted), and a manifest and report for the whole."""
+
+    command = "run"
+
+    def plan(self) -> Plan:
+        c: Chain = self.job.chain
+        c.check()
+        config = chain_settings(c)
+        return Plan(config=config, inputs=(c.input, c.queries, *([c.metadata] if c.metadata else [])))
+
+    def execute(self, plan: Plan, ctx: StageContext) -> StageResult:
+        job: ChainJob = self.job
+        results, timings = run_chain(job.chain, ctx.staging, previous=job.previous, run_id=ctx.run_id,
+                                     address=job.address, num_cpus=job.num_cpus, batch_retries=job.batch_retries)
+        return chain_result(results, timings, table_prefix=True)
+
+
+def run_chain_job(job: ChainJob) -> tuple[str, dict[str, Any]]:
+    """``verbatim-batch run``: the chain as one committed, resumable run."""
+    return run_stage(ChainStage(job))
