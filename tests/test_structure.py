@@ -1,4 +1,5 @@
-"""The package's shape: no import circles inside ``verbatim_batch`` and no module over 700 lines (no Ray, fast).
+"""The package's shape: its floors (import-linter), no import circles inside ``verbatim_batch`` and no module over
+700 lines (no Ray, fast).
 
 The circle checker reads every ``import`` / ``from ... import`` of a ``verbatim_batch`` module with ``ast``,
 wherever it stands (module level, inside a function, under ``if TYPE_CHECKING``): an import moved into a function
@@ -13,7 +14,12 @@ module A needing module B needing module A, through any chain.
 from __future__ import annotations
 
 import ast
+import shutil
+import sys
 from pathlib import Path
+
+import pytest
+import tomllib
 
 PACKAGE = "verbatim_batch"
 ROOT = Path(__file__).resolve().parents[1] / PACKAGE
@@ -194,3 +200,55 @@ def test_the_checker_sees_circles_and_resolves_imports(tmp_path):
     assert describe(circles[0], graph) == "pkg.a (line 1) -> pkg.b (line 2) -> pkg.c (line 1) -> pkg.a"
     (pkg / "big.py").write_text("x = 1\n" * 701)
     assert long_modules(pkg, 700) == [("pkg/big.py", 701)]
+
+
+# The floors (pyproject.toml's [tool.importlinter] contracts, which import-linter checks over every import,
+# function-level ones included): a module imports its own floor and the floors below it only.
+PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+
+
+def floors() -> list[set[str]]:
+    """The layers contract's floors, highest first, each a set of top-level names (``cli | api`` is two)."""
+    config = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["tool"]["importlinter"]["contracts"]
+    layers = next(c for c in config if c["id"] == "floors")["layers"]
+    return [{name.strip().removeprefix(PACKAGE + ".") for name in layer.split("|")} for layer in layers]
+
+
+def _lint(root: Path, config: Path, monkeypatch) -> int:
+    """import-linter's exit code for the package under ``root`` (its own import, not the installed one)."""
+    from importlinter.cli import lint_imports
+
+    monkeypatch.syspath_prepend(str(root))
+    for name in [m for m in sys.modules if m == PACKAGE or m.startswith(PACKAGE + ".")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.chdir(root)
+    return lint_imports(config_filename=str(config), no_cache=True, no_logo=True)
+
+
+def test_the_floors_hold(monkeypatch):
+    """Every import in the package goes down the floors (or stays on its own), and nothing below the engine
+    imports Ray: import-linter's layers and forbidden contracts, as declared in pyproject.toml."""
+    assert _lint(ROOT.parent, PYPROJECT, monkeypatch) == 0
+
+
+def test_every_top_level_name_is_a_floor():
+    """The package's top level holds the floors and nothing else: a module or package added beside them (not
+    in the contract) would escape it."""
+    top = {p.stem for p in ROOT.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()} - {"__init__"}
+    named = set().union(*floors())
+    assert top == named, f"not a floor: {sorted(top - named)}; a floor with no package: {sorted(named - top)}"
+    assert len(floors()) >= 8
+
+
+@pytest.mark.parametrize("floor, climb", [
+    ("core/tables.py", "def _f():\n    from verbatim_batch.stages import chains\n"),  # inside a function
+    ("retrieval/retriever.py", "from verbatim_batch.extract import spans\n"),
+    ("quality/metrics.py", "import ray\n"),
+])
+def test_a_climbing_import_breaks_the_floors(tmp_path, monkeypatch, floor, climb):
+    """The contracts fail when a lower floor imports a higher one (even inside a function) or Ray."""
+    copy = tmp_path / PACKAGE
+    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns("examples", "__pycache__"))
+    path = copy / floor
+    path.write_text(path.read_text(encoding="utf-8") + "\n\n" + climb, encoding="utf-8")
+    assert _lint(tmp_path, PYPROJECT, monkeypatch) == 1
