@@ -45,7 +45,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from verbatim_batch.core import storage
-from verbatim_batch.core.options import input_paths, option, options_of
+from verbatim_batch.core.options import input_paths, option, options_of, settings
 from verbatim_batch.core.redact import redact
 from verbatim_batch.core.runs import (
     acquire_lock,
@@ -124,6 +124,15 @@ class Plan:
     inputs: tuple[str, ...]  # paths the run reads (an output inside one of them is refused)
     facts: Any = None  # read-only facts the stage's later steps need (resolved paths, a schema)
     runtime: Mapping[str, Any] = field(default_factory=dict)  # how it runs (recorded, never hashed or bound)
+
+
+def bound_settings(job: Any, **resolved: Any) -> dict[str, Any]:
+    """The settings a run id is bound to (``Plan.config``), derived, never listed: the job's output-deciding
+    options (``options.settings``: every field but the runtime ones, a nested config by its own settings), then
+    what the plan resolved (a model's revision and config hash, a vector width, a config left to its default),
+    which replaces the job's own value of the same name. A runtime option (a batch size, workers, retries,
+    addresses) is in neither, so a killed run resumed with another value of one resumes."""
+    return jsonable(settings(job)) | jsonable(resolved)
 
 
 @dataclass(frozen=True)

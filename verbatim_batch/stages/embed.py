@@ -10,13 +10,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from verbatim_batch.core import storage
-from verbatim_batch.core.options import group, option
+from verbatim_batch.core.options import group, option, settings
 from verbatim_batch.core.runs import committed_table_dir, manifest_config
 from verbatim_batch.core.tables import embeddings_schema
 from verbatim_batch.engine.batches import drop_keys, strip_internal, with_counts
 from verbatim_batch.engine.model_actor import ModelActor, host
 from verbatim_batch.engine.resources import Cluster, Resources, ray_args, task_bounds
-from verbatim_batch.engine.runner import Plan, RunOptions, StageContext, TableStage, Work, run_stage
+from verbatim_batch.engine.runner import Plan, RunOptions, StageContext, TableStage, Work, bound_settings, run_stage
 from verbatim_batch.retrieval.embedder import EmbedderConfig
 
 if TYPE_CHECKING:
@@ -138,8 +138,7 @@ class EmbedStage(TableStage):
         revision = embedder_fingerprint(cfg)  # the model folder checked (models.check_model_dir) before it is read
         dim = int(AutoConfig.from_pretrained(cfg.model, revision=cfg.revision,
                                              trust_remote_code=cfg.trust_remote_code).hidden_size)
-        config = {"chunks": job.chunks, "embedder": cfg.to_dict(), "embedder_hash": cfg.hash, "dim": dim,
-                  "model_revision": revision}
+        config = bound_settings(job, embedder=settings(cfg), embedder_hash=cfg.hash, dim=dim, model_revision=revision)
         schema = embeddings_schema(dim, pa.float16() if cfg.output_dtype == "float16" else pa.float32())
         return Plan(config=config, inputs=(job.chunks,), facts=EmbedFacts(cfg, chunks_dir, schema))
 

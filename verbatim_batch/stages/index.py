@@ -14,7 +14,7 @@ from verbatim_batch.core import storage
 from verbatim_batch.core.options import group, option
 from verbatim_batch.core.runs import committed_table_dir, manifest_config, read_manifest
 from verbatim_batch.engine.resources import Resources, ray_args
-from verbatim_batch.engine.runner import Plan, RunOptions, Stage, StageContext, StageResult, run_stage
+from verbatim_batch.engine.runner import Plan, RunOptions, Stage, StageContext, StageResult, bound_settings, run_stage
 from verbatim_batch.retrieval.index.dense import DenseSpec
 from verbatim_batch.retrieval.index.folder import build_index_files, index_fingerprint, update_index_files
 
@@ -48,9 +48,7 @@ class IndexStage(Stage):
         facts = IndexFacts(emb_dir=committed_table_dir(job.embeddings, "embeddings"),
                            chunks_dir=committed_table_dir(job.chunks, "chunks"),
                            embed_config=manifest_config(job.embeddings))
-        config = {"embeddings": job.embeddings, "chunks": job.chunks, "bm25": job.bm25,
-                  "embedder": facts.embed_config["embedder"]}
-        return Plan(config=config | ({"max_drift": job.max_drift} if job.previous else {}),
+        return Plan(config=bound_settings(job, embedder=facts.embed_config["embedder"]),
                     inputs=(job.embeddings, job.chunks), facts=facts)
 
     def _update(self, facts: IndexFacts, staging: str) -> dict[str, Any] | None:

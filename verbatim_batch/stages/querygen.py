@@ -11,11 +11,20 @@ import pyarrow as pa
 
 from verbatim_batch.core import storage
 from verbatim_batch.core.options import group, option, runtime
-from verbatim_batch.core.runs import committed_table_dir, jsonable, read_table
+from verbatim_batch.core.runs import committed_table_dir, read_table
 from verbatim_batch.core.tables import GENERATED_QUERIES
 from verbatim_batch.engine.batches import drop_keys
 from verbatim_batch.engine.resources import Resources, ray_args
-from verbatim_batch.engine.runner import Outcome, Plan, RunOptions, StageContext, TableStage, Work, run_stage
+from verbatim_batch.engine.runner import (
+    Outcome,
+    Plan,
+    RunOptions,
+    StageContext,
+    TableStage,
+    Work,
+    bound_settings,
+    run_stage,
+)
 from verbatim_batch.extract.llm import LLMConfig
 
 if TYPE_CHECKING:
@@ -65,8 +74,7 @@ class QueryGenStage(TableStage):
         if job.llm.backend != "http":
             raise ValueError("querygen talks to an OpenAI-compatible endpoint (e.g. `vllm serve` on the cluster): "
                              "use the http backend")
-        config = {"chunks": job.chunks, "n_papers": job.n_papers, "seed": job.seed, "llm": jsonable(job.llm.to_dict())}
-        return Plan(config=config, inputs=(job.chunks,))
+        return Plan(config=bound_settings(job), inputs=(job.chunks,))
 
     def work(self, plan: Plan, ctx: StageContext) -> Work:
         from verbatim_batch.silver.querygen import pick_chunks, sample_papers

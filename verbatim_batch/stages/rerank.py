@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from verbatim_batch.core.options import group, option
 from verbatim_batch.core.records import read_queries
-from verbatim_batch.core.runs import committed_table_dir, jsonable, manifest_config, read_table
+from verbatim_batch.core.runs import committed_table_dir, manifest_config, read_table
 from verbatim_batch.core.tables import RERANKED, stable_hash
 from verbatim_batch.engine.batches import drop_keys
 from verbatim_batch.engine.model_actor import ModelActor
@@ -32,6 +32,7 @@ from verbatim_batch.engine.runner import (
     StageResult,
     TableStage,
     Work,
+    bound_settings,
     run_stage,
 )
 from verbatim_batch.retrieval.reranker import RerankerConfig
@@ -96,17 +97,14 @@ class RerankStage(TableStage):
         from verbatim_batch.retrieval.reranker import weights_fingerprint
 
         job: RerankJob = self.job
-        if job.top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {job.top_k}")
         source = manifest_config(job.retrieval)
         queries = job.queries or source["queries"]
         chunks = job.chunks or manifest_config(source["index"])["chunks"]
         cfg = job.reranker
         revision = weights_fingerprint(cfg)
         key = stable_hash(source.get("key") or job.retrieval, job.method, str(job.top_k), cfg.hash, revision)
-        config = {"retrieval": job.retrieval, "queries": queries, "index": source.get("index"), "chunks": chunks,
-                  "method": job.method, "top_k": job.top_k, "reranker": jsonable(cfg.to_dict()),
-                  "reranker_hash": cfg.hash, "model_revision": revision, "key": key}
+        config = bound_settings(job, queries=queries, index=source.get("index"), chunks=chunks,
+                                reranker_hash=cfg.hash, model_revision=revision, key=key)
         return Plan(config=config, inputs=(job.retrieval, queries, chunks), facts=RerankFacts(queries, chunks))
 
     def work(self, plan: Plan, ctx: StageContext) -> Work:

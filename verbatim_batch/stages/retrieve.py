@@ -11,13 +11,22 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from verbatim_batch.core import storage
-from verbatim_batch.core.options import group, option
+from verbatim_batch.core.options import group, option, settings
 from verbatim_batch.core.records import read_queries
 from verbatim_batch.core.runs import jsonable, manifest_config
 from verbatim_batch.core.tables import RETRIEVAL, query_id_for, stable_hash
 from verbatim_batch.engine.batches import drop_keys
 from verbatim_batch.engine.resources import Cluster, Resources, ray_args
-from verbatim_batch.engine.runner import Outcome, Plan, RunOptions, StageContext, TableStage, Work, run_stage
+from verbatim_batch.engine.runner import (
+    Outcome,
+    Plan,
+    RunOptions,
+    StageContext,
+    TableStage,
+    Work,
+    bound_settings,
+    run_stage,
+)
 from verbatim_batch.retrieval.retriever import RetrieverConfig
 
 if TYPE_CHECKING:
@@ -73,8 +82,8 @@ class RetrieveJob(RunOptions):
 
 def retrieval_key(index: str, queries: pa.Table, cfg) -> str:
     """Same key, same retrieval table: the index's fingerprint, the queries, the retriever settings."""
-    settings = {k: v for k, v in jsonable(dataclasses.asdict(cfg)).items() if k not in ("index_dir", "device")}
-    return stable_hash(manifest_config(index).get("fingerprint") or index, json.dumps(settings, sort_keys=True),
+    chosen = {k: v for k, v in jsonable(settings(cfg)).items() if k != "index_dir"}  # the index: by fingerprint
+    return stable_hash(manifest_config(index).get("fingerprint") or index, json.dumps(chosen, sort_keys=True),
                        *queries["query_id"].to_pylist(), *queries["query"].to_pylist())
 
 
@@ -106,8 +115,7 @@ class RetrieveStage(TableStage):
         cfg = dataclasses.replace(cfg, index_dir=storage.normalize(job.index))
         queries, rejected = read_queries(job.queries)  # the key covers the queries: a small file
         key = retrieval_key(job.index, queries, cfg)
-        config = {"index": job.index, "queries": job.queries, "retriever": jsonable(dataclasses.asdict(cfg)),
-                  "key": key}
+        config = bound_settings(job, retriever=settings(cfg), key=key)
         return Plan(config=config, inputs=(job.index, job.queries), facts=RetrieveFacts(cfg, queries, rejected))
 
     def work(self, plan: Plan, ctx: StageContext) -> Work:

@@ -17,10 +17,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from verbatim_batch.core import storage
-from verbatim_batch.core.options import group, option
-from verbatim_batch.core.runs import committed_table_dir, jsonable, read_table
+from verbatim_batch.core.options import group, option, settings
+from verbatim_batch.core.runs import committed_table_dir, read_table
 from verbatim_batch.core.tables import group_by
-from verbatim_batch.engine.runner import CompositeStage, Plan, RunOptions, Stage, StageContext, StageResult, run_stage
+from verbatim_batch.engine.runner import (
+    CompositeStage,
+    Plan,
+    RunOptions,
+    Stage,
+    StageContext,
+    StageResult,
+    bound_settings,
+    run_stage,
+)
 from verbatim_batch.extract.highlighter import HighlighterConfig
 from verbatim_batch.extract.llm import LLMConfig
 from verbatim_batch.stages.extract import ExtractJob, run_extract
@@ -76,8 +85,7 @@ class SilverDataStage(Stage):
 
     def plan(self) -> Plan:
         job: SilverJob = self.job
-        config = {"teacher_run": self.steps["teacher"][0], "dev_fraction": job.dev_fraction, "seed": job.seed,
-                  "tokenizer": job.tokenizer, "max_length": job.max_length, "stride": job.stride}
+        config = bound_settings(job, teacher_run=self.steps["teacher"][0])
         return Plan(config=config, inputs=tuple(path for path, _ in self.steps.values()))
 
     def execute(self, plan: Plan, ctx: StageContext) -> StageResult:
@@ -117,9 +125,7 @@ class SilverStage(CompositeStage):
 
             load_tokenizer(job.tokenizer, "--tokenizer")
         teacher = dataclasses.replace(job.llm, style="paragraph")
-        config = {"chunks": job.chunks, "index": job.index, "n_papers": job.n_papers, "seed": job.seed,
-                  "top_k": job.top_k, "dev_fraction": job.dev_fraction, "teacher": jsonable(teacher.to_dict()),
-                  "tokenizer": job.tokenizer, "max_length": job.max_length, "stride": job.stride}
+        config = bound_settings(job, llm=settings(teacher))
         return Plan(config=config, inputs=(job.chunks, job.index))
 
     def execute(self, plan: Plan, ctx: StageContext) -> StageResult:

@@ -1,0 +1,154 @@
+"""The settings a run id is bound to are derived from the options' roles, for every stage (issue 51).
+
+Each stage's ``plan().config`` (hashed and bound to the run id: a killed run resumed with other settings is
+refused) is built by ``runner.bound_settings`` from the job's output-deciding options plus what the plan
+resolved. Here every stage of the registry plans over small committed runs made by hand (manifests written by
+the real code, tables where a plan reads them), and each of its options is changed in turn: a runtime option
+never changes the bound settings (a resumed run with another value resumes), an output option always does.
+No Ray: plans are cheap by contract. ``test_resume_with_another_token_budget`` then kills a real embed run and
+resumes it with another ``--token-budget``, the case the option reference promises.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from helpers import assert_tables_match, tiny_model_dir
+from test_option_roles import TURNED_ON_BY, _varied
+
+from verbatim_batch.core import storage
+from verbatim_batch.core.options import OptionError, options_of
+from verbatim_batch.core.runs import build_manifest, read_manifest, read_table, write_manifest
+from verbatim_batch.core.tables import config_hash
+from verbatim_batch.extract.llm import LLMConfig
+from verbatim_batch.retrieval.reranker import RerankerConfig
+from verbatim_batch.stages.embed import EmbedJob, EmbedStage
+from verbatim_batch.stages.index import IndexJob, IndexStage
+from verbatim_batch.stages.querygen import QueryGenJob, QueryGenStage
+from verbatim_batch.stages.rerank import RerankJob, RerankStage
+from verbatim_batch.stages.retrieve import RetrieveJob, RetrieveStage
+from verbatim_batch.stages.silver import SilverJob, SilverStage
+
+
+def _committed(path: Path, command: str, config: dict) -> str:
+    write_manifest(str(path), build_manifest(run_id=path.name, command=command, config=config, inputs=[],
+                                             tables={}, counts={}, timings_s={}))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> dict[str, str]:
+    """A chunk run (one chunk), an embed run, an index run, a retrieval run, a query file and a tiny model."""
+    root = tmp_path_factory.mktemp("plans")
+    model = str(tiny_model_dir(root / "model", "bert"))
+    storage.write_parquet(pa.table({"chunk_id": ["c0"], "text": ["a chunk"]}),  # plans read no rows
+                          str(root / "chunks" / "chunks" / "part-0.parquet"))
+    chunks = _committed(root / "chunks", "chunk", {})
+    emb = root / "embeddings"
+    storage.write_parquet(pa.table({"chunk_id": ["c0"]}), str(emb / "embeddings" / "part-0.parquet"))
+    embeddings = _committed(emb, "embed", {"chunks": chunks, "embedder": {"model": model}, "embedder_hash": "h",
+                                           "dim": 32, "model_revision": "r"})
+    index = _committed(root / "index", "index", {"chunks": chunks, "embeddings": embeddings,
+                                                 "embedder": {"model": model}, "fingerprint": "f"})
+    queries = root / "queries.jsonl"
+    queries.write_text(json.dumps({"query_id": "q0", "query": "a question"}) + "\n", encoding="utf-8")
+    retrieval = _committed(root / "retrieval", "retrieve", {"queries": str(queries), "index": index, "key": "k"})
+    return {"root": str(root), "model": model, "chunks": chunks, "embeddings": embeddings, "index": index,
+            "queries": str(queries), "retrieval": retrieval}
+
+
+def _jobs(i: dict[str, str]) -> dict[str, tuple[type, type, dict]]:
+    """Every keyed or plain stage that binds settings: (job class, stage class, the job's base arguments)."""
+    from verbatim_batch.retrieval.embedder import EmbedderConfig
+
+    out = lambda name: os.path.join(i["root"], "out", name)  # noqa: E731
+    llm = LLMConfig(model="teacher", base_url="http://127.0.0.1:9/v1")
+    return {
+        "embed": (EmbedJob, EmbedStage, {"chunks": i["chunks"], "output": out("e"),
+                                         "embedder": EmbedderConfig(model=i["model"])}),
+        "index": (IndexJob, IndexStage, {"embeddings": i["embeddings"], "chunks": i["chunks"], "output": out("i")}),
+        "retrieve": (RetrieveJob, RetrieveStage, {"index": i["index"], "queries": i["queries"], "output": out("r")}),
+        "rerank": (RerankJob, RerankStage, {"retrieval": i["retrieval"], "chunks": i["chunks"], "output": out("k"),
+                                            "reranker": RerankerConfig(model=i["model"])}),
+        "querygen": (QueryGenJob, QueryGenStage, {"chunks": i["chunks"], "llm": llm, "output": out("q")}),
+        "silver": (SilverJob, SilverStage, {"chunks": i["chunks"], "index": i["index"], "llm": llm,
+                                            "output": out("s")}),
+    }
+
+
+def _with(job_cls: type, base: dict, key: str, value) -> object:
+    """The job of ``base`` with option ``key`` set to ``value`` (a nested config's option on that config)."""
+    of = next(o for o in options_of(job_cls) if o.key == key)
+    kw = dict(base)
+    if of.group:
+        cfg = kw.get(of.group) or next(f for f in dataclasses.fields(job_cls) if f.name == of.group) \
+            .metadata["group"].kinds[0]()
+        extra = TURNED_ON_BY.get(key, {})
+        kw[of.group] = dataclasses.replace(cfg, **extra, **{of.field: (not value) if of.option.invert else value})
+    else:
+        kw[of.field] = (not value) if of.option.invert else value
+    return job_cls(**kw)
+
+
+@pytest.mark.parametrize("stage", ["embed", "index", "retrieve", "rerank", "querygen", "silver"])
+def test_plan_settings_follow_the_roles(inputs, stage):
+    job_cls, stage_cls, base = _jobs(inputs)[stage]
+    before = config_hash(stage_cls(job_cls(**base)).plan().config)
+    tried = {True: [], False: []}
+    for key, value, runtime in _varied(job_cls, skip={"model", "revision", "tokenizer", "backend"}):
+        try:
+            job = _with(job_cls, base, key, value)
+        except (OptionError, ValueError, TypeError):
+            continue  # a value this job refuses with its other settings (checked where it is declared)
+        after = config_hash(stage_cls(job).plan().config)
+        tried[runtime].append(key)
+        if runtime:
+            assert after == before, f"{stage}: --{key} is a runtime option but changed the settings bound to the run id"
+        else:
+            assert after != before, f"{stage}: --{key} decides the output but the bound settings ignore it"
+    assert tried[False], f"{stage}: no output option tried"
+    if stage != "index":  # the index job has no runtime option of its own
+        assert tried[True], f"{stage}: no runtime option tried"
+
+
+def _embed(chunks: str, output: str, model: str, run_id: str, budget: int, env: dict | None = None):
+    cmd = [sys.executable, "-c", "import sys; from verbatim_batch.cli import main; sys.exit(main())", "embed",
+           "--chunks", chunks, "--output", output, "--run-id", run_id, "--model", model, "--num-cpus", "2",
+           "--batch-rows", "4", "--token-budget", str(budget)]
+    base = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "VERBATIM_BATCH_FAULT")}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=base | (env or {}))
+
+
+@pytest.mark.slow
+def test_resume_with_another_token_budget(tmp_path):
+    """An embed run killed after some writes, rerun with the same run id and only --token-budget (a runtime
+    option) changed, resumes, keeps the rows it had written, and ends with the tables of a clean run."""
+    from helpers import PAPERS, make_corpus
+
+    from verbatim_batch.cli import main
+
+    corpus = make_corpus(tmp_path / "corpus", PAPERS[:2])
+    assert main(["chunk", "--input", str(corpus), "--output", str(tmp_path / "chunks"), "--num-cpus", "1"]) == 0
+    model = str(tiny_model_dir(tmp_path / "model", "bert", pooling="mean"))
+    chunks = str(tmp_path / "chunks")
+    marker = tmp_path / "fired"
+    killed = _embed(chunks, str(tmp_path / "e"), model, "e1", 512,
+                    env={"VERBATIM_BATCH_FAULT": f"sink.recorded:embeddings#2@{marker};target=driver"})
+    assert killed.returncode == -signal.SIGKILL, (killed.stdout + killed.stderr)[-3000:]
+    resumed = _embed(chunks, str(tmp_path / "e"), model, "e1", 4096)
+    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
+    assert "other settings" not in resumed.stderr
+    counts = read_manifest(str(tmp_path / "e"))["counts"]
+    assert counts["rows_resumed"] > 0, counts
+    clean = _embed(chunks, str(tmp_path / "clean"), model, "e2", 4096)
+    assert clean.returncode == 0, (clean.stdout + clean.stderr)[-3000:]
+    assert_tables_match(read_table(str(tmp_path / "e"), "embeddings"),
+                        read_table(str(tmp_path / "clean"), "embeddings"), "embeddings")
