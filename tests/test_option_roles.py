@@ -228,3 +228,23 @@ def test_choices_are_checked_when_built_in_python():
     with pytest.raises(ValueError, match="top_k must be >= 1"):
         ExtractJob(output="/tmp/o", pairs="p.jsonl", top_k=0)
     assert typing.get_type_hints(ExtractJob)  # the hints resolve without Ray-only names
+
+
+@pytest.mark.parametrize("argv", [
+    ["silver", "--chunks", "{t}/c", "--index", "{t}/i", "--model", "m", "--output", "{t}/o", "--stride", "100000"],
+    ["train", "--train", "{t}/t.jsonl", "--output", "{t}/o", "--stride", "5000"],
+    ["extract", "--pairs", "{t}/p.jsonl", "--output", "{t}/o", "--extractor", "highlighter", "--model", "m",
+     "--stride", "4096"],
+    ["silver", "--chunks", "{t}/c", "--index", "{t}/i", "--model", "m", "--output", "{t}/o", "--max-length", "16",
+     "--stride", "7"],  # fits max_length / 2, but leaves the query's share (4) no context
+])
+def test_the_window_rule_is_declared_once_and_refuses_before_any_work(argv, tmp_path, capsys):
+    """The highlighter's window rule (``highlighter_spans.window_problem``) refuses a stride the windows cannot
+    hold in every command that cuts such windows, in one line before any input is read (silver before its
+    first LLM call: its inputs here do not even exist) and before any folder is written."""
+    from verbatim_batch.cli import main
+
+    assert main([a.format(t=tmp_path) for a in argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "stride" in err and "Traceback" not in err, err
+    assert not (tmp_path / "o").exists()

@@ -66,7 +66,13 @@ from verbatim_batch.core.models import (
     safetensors_files,
 )
 from verbatim_batch.core.options import Declared, option, runtime
-from verbatim_batch.extract.highlighter_spans import ContextScores, TokenScores, highlight_spans
+from verbatim_batch.extract.highlighter_spans import (
+    ContextScores,
+    TokenScores,
+    default_query_tokens,
+    highlight_spans,
+    window_problem,
+)
 from verbatim_batch.extract.registry import ExtractorKind
 from verbatim_batch.extract.spans import PairResult
 
@@ -99,13 +105,10 @@ class HighlighterConfig(Declared):
 
     def __post_init__(self) -> None:
         super().__post_init__()  # the declared bounds and choices
-        if not 0 <= self.stride < self.max_length // 2:
-            raise ValueError(f"stride must be in [0, max_length / 2), got {self.stride}: with --max-length "
-                             f"{self.max_length}, pass a --stride below {self.max_length // 2}")
+        if problem := window_problem(self.max_length, self.stride, self.max_query_tokens):
+            raise ValueError(problem)
         if self.max_query_tokens is None:
-            object.__setattr__(self, "max_query_tokens", min(512, self.max_length // 4))
-        if not 0 < self.max_query_tokens < self.max_length - self.stride - 8:
-            raise ValueError("max_query_tokens must leave room for the stride and some context in each window")
+            object.__setattr__(self, "max_query_tokens", default_query_tokens(self.max_length))
         if self.max_batch_rows <= 0:
             raise ValueError("max_batch_rows must be positive")
 

@@ -13,6 +13,25 @@ import numpy as np
 from verbatim_batch.extract.spans import PairResult, Span, flat_runs, merge_runs, trimmed_spans
 
 
+def default_query_tokens(max_length: int) -> int:
+    """The query's share of a window when none is given: ``min(512, max_length // 4)``."""
+    return min(512, max_length // 4)
+
+
+def window_problem(max_length: int, stride: int, max_query_tokens: int | None = None) -> str | None:
+    """Why windows of ``max_length`` tokens overlapping by ``stride``, with ``max_query_tokens`` for the query,
+    cannot hold context, or None. The one rule of the highlighter's windows: the highlighter, the silver windows
+    it is trained on and training itself check it when their config is built."""
+    if not 0 <= stride < max_length // 2:
+        return (f"stride must be in [0, max_length / 2), got {stride}: with --max-length {max_length}, pass a "
+                f"--stride below {max_length // 2}")
+    query = default_query_tokens(max_length) if max_query_tokens is None else max_query_tokens
+    if not 0 < query < max_length - stride - 8:
+        return (f"max_query_tokens ({query}) must leave room for the stride ({stride}) and some context in each "
+                f"window of {max_length} tokens")
+    return None
+
+
 @dataclass
 class TokenScores:
     """Positive probabilities of a pair's context tokens, window by window.

@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from verbatim_batch.core import storage, tables
+from verbatim_batch.extract.highlighter_spans import default_query_tokens, window_problem
 
 # --- thresholds --------------------------------------------------------------------------------------------
 # A retrieved pair deeper than this rank is dropped: the teacher rarely finds real evidence there, and the
@@ -478,10 +479,10 @@ def tokenized_windows(rows: Iterable[Mapping[str, Any]], tokenizer: Any, max_len
     """
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError("a fast tokenizer (with offsets) is required")
+    if problem := window_problem(max_length, stride, max_query_tokens):
+        raise ValueError(problem)
     if max_query_tokens is None:
-        max_query_tokens = min(512, max_length // 4)
-    if not 0 <= stride < max_length - max_query_tokens - 8:
-        raise ValueError("stride and max_query_tokens leave no room for context in a window")
+        max_query_tokens = default_query_tokens(max_length)
     counts = stats if stats is not None else {}
     for key in ("pairs", "windows", "skipped_long_query"):
         counts.setdefault(key, 0)

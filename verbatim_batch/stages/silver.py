@@ -31,6 +31,7 @@ from verbatim_batch.engine.runner import (
     run_stage,
 )
 from verbatim_batch.extract.highlighter import HighlighterConfig
+from verbatim_batch.extract.highlighter_spans import window_problem
 from verbatim_batch.extract.llm import LLMConfig
 from verbatim_batch.stages.extract import ExtractJob, run_extract
 from verbatim_batch.stages.querygen import HTTP_OPTIONS, QueryGenJob, run_querygen
@@ -52,6 +53,11 @@ class SilverJob(RunOptions):
     tokenizer: str | None = option(None, "write tokenized windows for this tokenizer (hub id or path)")
     max_length: int = option(HighlighterConfig.max_length, "tokens per window of the tokenized windows", low=16)
     stride: int = option(HighlighterConfig.stride, "tokens shared by neighbouring windows", low=0)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()  # the declared bounds and choices
+        if problem := window_problem(self.max_length, self.stride):  # now, not after the LLM steps were paid for
+            raise ValueError(problem)
 
 
 def silver_pairs(queries: pa.Table, retrieval: pa.Table, top_k: int) -> list[dict[str, Any]]:

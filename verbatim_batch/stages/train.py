@@ -28,6 +28,7 @@ from typing import Any
 from verbatim_batch.core import storage
 from verbatim_batch.core.options import option, settings
 from verbatim_batch.engine.runner import Plan, RunOptions, Stage, StageContext, StageResult, run_stage
+from verbatim_batch.extract.highlighter_spans import window_problem
 from verbatim_batch.silver.train import data
 from verbatim_batch.silver.train.data import collate
 from verbatim_batch.silver.train.loop import (
@@ -77,8 +78,8 @@ class TrainJob(RunOptions):
         super().__post_init__()  # the declared bounds and choices
         if not self.batch_tokens and not self.batch_size:
             raise ValueError("give a positive batch_size or batch_tokens")
-        if not 0 <= self.stride < self.max_length // 2:
-            raise ValueError(f"stride must be in [0, max_length / 2), got {self.stride}")
+        if problem := window_problem(self.max_length, self.stride):
+            raise ValueError(problem)
         local = os.path.expanduser(self.model)
         if os.path.isdir(local):  # workers run elsewhere (another cwd, another node): an absolute path
             self.model = os.path.abspath(local)
