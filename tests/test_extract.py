@@ -16,11 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from verbatim_batch.core.tables import PAIRS, SPANS, text_chunk_id
-from verbatim_batch.extract import build_extractor, extractor_config
 from verbatim_batch.extract.gate import PairExtractor, pack, unpack
 from verbatim_batch.extract.highlighter import Highlighter, HighlighterConfig
 from verbatim_batch.extract.highlighter_spans import TokenScores
 from verbatim_batch.extract.pairs import pairs_from_records, read_pair_records
+from verbatim_batch.extract.registry import build_extractor, extractor_config
 from verbatim_batch.extract.sentences import sentence_segments
 from verbatim_batch.extract.spans import PairResult, Span, postprocess, runs_above, trim, verbatim_spans
 from verbatim_batch.retrieval.embedder import default_model_path

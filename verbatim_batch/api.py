@@ -52,6 +52,7 @@ from verbatim_batch.core import storage
 from verbatim_batch.core.tables import RAW_RECORDS, SPAN_STRUCT
 from verbatim_batch.corpus.chunker import ChunkerConfig
 from verbatim_batch.engine.resources import Cluster
+from verbatim_batch.extract import registry
 from verbatim_batch.extract.highlighter import HighlighterConfig
 from verbatim_batch.extract.llm import LLMConfig
 from verbatim_batch.extract.semantic import SemanticConfig
@@ -68,7 +69,7 @@ __all__ = [
 
 Row = dict[str, Any]
 RowFn = Callable[[Row], Row]
-EXTRACTOR_CONFIGS = (SemanticConfig, HighlighterConfig, LLMConfig)
+EXTRACTOR_CONFIGS = registry.CONFIGS  # the extractor registry's, semantic first
 # each processor: the config types it takes and the columns its input rows must have
 TAKES: dict[str, tuple[tuple[type, ...], tuple[str, ...]]] = {
     "chunk": ((ChunkerConfig,), ("paper_id", "markdown")),
@@ -283,7 +284,6 @@ def _extract(pairs: ray.data.Dataset, config: Any, *, batch_rows: int = ExtractJ
              concurrency: int | None = None) -> ray.data.Dataset:
     """The extract job's placements (``pipeline.extract.PLACEMENTS``) over the caller's rows: the same actors and,
     for the highlighter, the same tokenize -> forward -> spans split."""
-    from verbatim_batch.extract import registry
     from verbatim_batch.stages.extract import PLACEMENT_RESOURCES, PLACEMENTS, ExtractSetup
 
     where = registry.placement(config)

@@ -84,7 +84,7 @@ def _run_and_report(run_name: str):
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from verbatim_batch.extract import build_extractor
+    from verbatim_batch.extract.registry import build_extractor
     from verbatim_batch.quality.evaluate import evaluate_files, evaluate_predictions, format_sweep, gold_key, load_gold
     from verbatim_batch.quality.metrics import format_table
 
@@ -318,11 +318,17 @@ def cmd_rerank(args: argparse.Namespace) -> int:
 
 def print_published(result: dict[str, Any]) -> None:
     """What a publish did, a line per table."""
+    for c in result.get("converted", []):
+        print(f"{c['table']} converted to a current-state table: {c['nights']} nights as tags")
     print(f"night {result['night']} published from {result['source']}")
     for t in result["tables"]:
-        what = (f"snapshot {t['snapshot']}: {t['rows']} rows in {t['files']} files (written by {t['written_by']})"
-                if t["published"]
-                else f"already published (snapshot {t['snapshot']}): nothing to do")
+        if not t["published"]:
+            what = f"already published (snapshot {t['snapshot']}): nothing to do"
+        elif not (t["rows"] or t["deleted"]):
+            what = f"nothing changed: tagged the current snapshot {t['snapshot']}"
+        else:
+            what = (f"snapshot {t['snapshot']}: {t['rows']} rows added in {t['files']} files (written by "
+                    f"{t['written_by']}), {t['deleted']} deleted")
         print(f"  {t['table']:<18} {what}")
 
 

@@ -73,7 +73,7 @@ from verbatim_batch.extract.highlighter_spans import (
     highlight_spans,
     window_problem,
 )
-from verbatim_batch.extract.registry import ExtractorKind
+from verbatim_batch.extract.kind import ExtractorKind
 from verbatim_batch.extract.spans import PairResult
 
 HIGHLIGHTER_VERSION = "2"  # 2: merge-then-drop per-window runs, as the released process()

@@ -41,8 +41,8 @@ from typing import Any, ClassVar
 
 from verbatim_batch.core import tables
 from verbatim_batch.core.options import Declared, option, runtime, settings
+from verbatim_batch.extract.kind import ExtractorKind
 from verbatim_batch.extract.prompts import STYLES, build_messages, output_schema
-from verbatim_batch.extract.registry import ExtractorKind
 from verbatim_batch.extract.spans import PairResult, Reject, Span
 
 LLM_VERSION = "1"

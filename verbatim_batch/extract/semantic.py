@@ -51,7 +51,7 @@ import numpy as np
 
 from verbatim_batch.core import tables
 from verbatim_batch.core.options import Declared, option, runtime, settings
-from verbatim_batch.extract.registry import ExtractorKind
+from verbatim_batch.extract.kind import ExtractorKind
 from verbatim_batch.extract.sentences import CAPTION, NON_BODY, RUN_IN, TABLE_ROW, Unit, units
 from verbatim_batch.extract.spans import PairResult, Span, postprocess
 

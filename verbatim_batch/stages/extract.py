@@ -44,9 +44,9 @@ from verbatim_batch.engine.runner import (
     Work,
     run_stage,
 )
+from verbatim_batch.extract import registry
 from verbatim_batch.extract.gate import DEFAULT_MAX_CHUNK_CHARS
 from verbatim_batch.extract.highlighter import HighlighterConfig
-from verbatim_batch.extract.llm import LLMConfig
 from verbatim_batch.extract.semantic import SemanticConfig
 
 if TYPE_CHECKING:
@@ -93,9 +93,7 @@ class ExtractActor(ModelActor):
 
     def load(self, config):
         from verbatim_batch.extract.gate import PairExtractor
-        from verbatim_batch.extract.registry import build_extractor
-
-        return PairExtractor(build_extractor(config), self.run_id, self.max_chunk_chars)
+        return PairExtractor(registry.build_extractor(config), self.run_id, self.max_chunk_chars)
 
     @property
     def stage(self):
@@ -129,7 +127,7 @@ class ExtractActor(ModelActor):
 
 def extractor_group() -> Any:
     """The extractor options: one of three configs, chosen by ``--extractor``."""
-    return group(SemanticConfig, HighlighterConfig, LLMConfig, select="extractor", select_default=SemanticConfig.kind,
+    return group(*registry.CONFIGS, select="extractor", select_default=registry.EXTRACTORS[0],
                  select_help="semantic: offline sentence scorer (bundled MiniLM); highlighter: ModernBERT token "
                  "classifier; llm: an LLM through an OpenAI-compatible endpoint or in-cluster vLLM")
 
@@ -356,7 +354,6 @@ def _model_actors(setup: ExtractSetup, pairs: pa.Table | ray.data.Dataset) -> ra
     model actors (``_highlighter_stages``). An extractor that judges a query's pairs together gets blocks of
     whole queries (the planner's, or a table's ``query_blocks``), each call its ``query_blocks`` of about
     ``batch_rows`` pairs, so a query's pairs are never split between calls."""
-    from verbatim_batch.extract.highlighter import HighlighterConfig
 
     grouped = judges_queries(setup.extractor)
     res = setup.resources.with_(whole_blocks=True) if grouped else setup.resources
@@ -418,8 +415,6 @@ def extract_dataset(job: ExtractJob, pairs: pa.Table | ray.data.Dataset, run_id:
     """Packed pairs+spans+rejects blocks for the job's extractor, run the way its registration says, with
     ``resources`` (its placement's, the job's options applied: the runner's ``ctx.resources``). ``pairs``: a
     table, or (model and I/O placements) the planner's dataset of blocks (``pairs_dataset``)."""
-    from verbatim_batch.extract import registry
-
     setup = ExtractSetup(job.extractor, resources, run_id, job.max_chunk_chars, job.batch_retries)
     return PLACEMENTS[registry.placement(job.extractor)](setup, pairs)
 
@@ -492,13 +487,9 @@ class ExtractStage(TableStage):
     resources = PLACEMENT_RESOURCES  # by the extractor's placement (``placement``); the runner applies the options
 
     def placement(self) -> str:
-        from verbatim_batch.extract import registry
-
         return registry.placement(self.job.extractor)
 
     def plan(self) -> Plan:
-        from verbatim_batch.extract import registry
-
         job: ExtractJob = self.job
         sources = pair_sources(job)
         cfg = job.extractor
@@ -530,8 +521,6 @@ class ExtractStage(TableStage):
         return _unpack
 
     def dataset(self, plan: Plan, work: Work, skip: pa.Array, ctx: StageContext) -> ray.data.Dataset:
-        from verbatim_batch.extract import registry
-
         if isinstance(work.data, pa.Table):
             pairs: pa.Table = work.data
             return extract_dataset(self.job, drop_keys(pairs, "pair_id", skip), ctx.run_id, ctx.resources)
