@@ -3,32 +3,56 @@
 The group is ``job`` (``--metrics-job``) and ``command``: a committed command replaces its group (HTTP PUT),
 ``verbatim_last_success_timestamp_seconds`` included; a refused or failed one only adds its samples (POST), so
 the last success stays. Counters hold the last command's figures, not a running total (a Pushgateway keeps
-what was pushed last). A user:password in the URL becomes basic auth for that host; the gateway must answer
-in ``TIMEOUT_S``; a gateway that cannot be reached or refuses costs one warning line, never the run.
+what was pushed last).
+
+What the push never does: follow a redirect (an answer 3xx is one warning naming where it points, and nothing
+is sent there), send the URL's ``user:password`` (basic auth) to any host but the one named, print the password,
+or hold the command past ``DEADLINE_S`` (connecting, sending and reading the answer together: a gateway that
+answers one byte every two seconds is given up on with one warning). Label values go base64-encoded in the path
+(the Pushgateway's ``<label>@base64/<value>``), so every accepted job label pushes (``.`` and ``..`` too).
 """
 
 from __future__ import annotations
 
+import base64
+import http.client
+import socket
+import threading
+import time
 import urllib.parse
 from typing import Any
 
+from verbatim_batch.core.redact import redact_url
 from verbatim_batch.engine.telemetry.declare import BY_NAME, DURATION_BUCKETS
 
-TIMEOUT_S = 5.0
+DEADLINE_S = 5.0  # the whole push: connect, send, the answer's status and first bytes
+ANSWER_BYTES = 4096  # of a refusal's body, for its warning line
 
 
 def check_url(url: str) -> str:
-    """A Pushgateway URL as the option takes it: http(s)://host[:port][/path]; raises ValueError."""
-    parts = urllib.parse.urlsplit(url)
+    """A Pushgateway URL as the option takes it: http(s)://[user:password@]host[:port][/path]; raises
+    ValueError, quoting the URL with its user info masked."""
+    shown = redact_url(url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises on a port that is not a number, or out of range
+    except ValueError as exc:
+        what = "port is not a number" if "port" in str(exc).lower() else "is not a URL"
+        raise ValueError(f"the Pushgateway URL's {what}: {shown!r}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"expected http://HOST:PORT or https://HOST:PORT of a Pushgateway, got {url!r}")
+        raise ValueError(f"expected http://HOST:PORT or https://HOST:PORT of a Pushgateway, got {shown!r}")
     if parts.query or parts.fragment:
         raise ValueError("a Pushgateway URL takes no query or fragment")
-    try:
-        parts.port  # noqa: B018 - raises on a port that is not a number
-    except ValueError:
-        raise ValueError(f"the Pushgateway URL's port is not a number: {url!r}") from None
     return url
+
+
+def group_path(job: str, grouping: dict[str, str]) -> str:
+    """``/metrics/job@base64/<job>/<label>@base64/<value>...``: every value base64url-encoded, as the Pushgateway
+    API allows, so that no value (``.``, ``..``, one with ``/``) changes the path."""
+    def pair(key: str, value: str) -> str:
+        return f"/{key}@base64/{base64.urlsafe_b64encode(value.encode()).decode() or '='}"
+
+    return "/metrics" + pair("job", job) + "".join(pair(k, v) for k, v in sorted(grouping.items()))
 
 
 def registry(rows: list[tuple[str, dict[str, str], Any]], with_success: bool):
@@ -61,30 +85,90 @@ def registry(rows: list[tuple[str, dict[str, str], Any]], with_success: bool):
     return reg
 
 
-def push(url: str, job: str, command: str, rows: list[tuple[str, dict[str, str], Any]], replace: bool) -> bool:
-    """Push ``rows`` to the gateway at ``url``; False (and one warning line) when it cannot."""
-    from prometheus_client import push_to_gateway, pushadd_to_gateway
-    from prometheus_client.exposition import basic_auth_handler, default_handler
+class PushFailed(Exception):
+    """Why a push did not land (its message is the warning's reason)."""
+
+
+def _request(parts: urllib.parse.SplitResult, method: str, path: str, body: bytes, headers: dict[str, str],
+             deadline_s: float) -> tuple[int, str, str | None, bytes]:
+    """One HTTP request to the host ``parts`` names, given ``deadline_s`` in all: ``(status, reason, Location,
+    the answer's first bytes)``. No redirect is followed (``http.client`` follows none). Raises ``PushFailed``, or
+    ``TimeoutError`` past the deadline."""
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    conn = kind(parts.hostname, parts.port, timeout=deadline_s)
+    done: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            conn.request(method, path, body=body, headers=headers)
+            answer = conn.getresponse()
+            done["answer"] = (answer.status, answer.reason, answer.getheader("Location"),
+                              answer.read(ANSWER_BYTES) if answer.status >= 400 else b"")
+        except Exception as exc:  # noqa: BLE001 - reported by the caller, in one line
+            done["error"] = exc
+
+    worker = threading.Thread(target=run, name="verbatim-metrics-push", daemon=True)
+    worker.start()
+    worker.join(deadline_s)
+    if worker.is_alive() or isinstance(done.get("error"), TimeoutError):  # silent or dribbling: the socket is
+        # shut, so that the thread ends too
+        sock = conn.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        conn.close()
+        raise TimeoutError("no complete answer in time")
+    conn.close()
+    if "error" in done:
+        exc = done["error"]
+        raise PushFailed(str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+    return done["answer"]
+
+
+def push(url: str, job: str, command: str, rows: list[tuple[str, dict[str, str], Any]], replace: bool,
+         deadline_s: float = DEADLINE_S) -> bool:
+    """Push ``rows`` to the gateway at ``url``; False (and one warning line) when it cannot, within
+    ``deadline_s`` in all."""
+    from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
     from verbatim_batch.engine.telemetry.warning import warn
 
+    started = time.monotonic()
     parts = urllib.parse.urlsplit(url)
-    user, password = parts.username, parts.password
-    netloc = parts.hostname + (f":{parts.port}" if parts.port else "") if parts.hostname else parts.netloc
+    netloc = parts.netloc.rpartition("@")[2]
     gateway = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
-
-    def handler(url, method, timeout, headers, data):
-        if user is not None:  # only to the gateway named: no redirect is followed for PUT/POST
-            return basic_auth_handler(url, method, timeout, headers, data, urllib.parse.unquote(user),
-                                      urllib.parse.unquote(password or ""))
-        return default_handler(url, method, timeout, headers, data)
-
-    send = push_to_gateway if replace else pushadd_to_gateway
+    path = parts.path.rstrip("/") + group_path(job, {"command": command})
+    headers = {"Content-Type": CONTENT_TYPE_LATEST, "Connection": "close"}
+    if parts.username is not None:  # basic auth, to this host only: nothing else is ever contacted
+        pair = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+        headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
     try:
-        send(gateway, job=job, registry=registry(rows, with_success=replace), grouping_key={"command": command},
-             timeout=TIMEOUT_S, handler=handler)
+        body = generate_latest(registry(rows, with_success=replace))
+        status, reason, location, answer = _request(parts, "PUT" if replace else "POST", path, body, headers,
+                                                    max(0.1, deadline_s - (time.monotonic() - started)))
+        if 300 <= status < 400:
+            raise PushFailed(f"it answered {status} {reason}, a redirect to {_where(location, parts)}; not "
+                             "followed (metrics and credentials go only to the URL given)")
+        if status >= 300:
+            said = answer.decode("utf-8", "replace").strip().splitlines()
+            raise PushFailed(f"it answered {status} {reason}" + (f": {said[0][:200]}" if said else ""))
+    except TimeoutError:
+        warn(f"metrics not pushed to {gateway}: no complete answer within {deadline_s:g} s (the push's deadline); "
+             "given up")
+        return False
     except Exception as exc:  # noqa: BLE001 - an unreachable or refusing gateway never costs the run
-        reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        reason = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
         warn(f"metrics not pushed to {gateway}: {reason}")
         return False
     return True
+
+
+def _where(location: str | None, parts: urllib.parse.SplitResult) -> str:
+    """A redirect's target, as a warning names it: its URL masked (``redact_url``), another host said so."""
+    if not location:
+        return "nowhere (no Location)"
+    target = urllib.parse.urlsplit(urllib.parse.urljoin(urllib.parse.urlunsplit(parts), location))
+    other = (target.hostname, target.port or target.scheme) != (parts.hostname, parts.port or parts.scheme)
+    return redact_url(urllib.parse.urlunsplit(target))[:200] + (" (another host)" if other else "")
