@@ -279,6 +279,15 @@ PAIRS = _schema(
     ],
 )
 
+# The key of each table a night is published as (engine/lake.py): a published table holds one row per key of the
+# night published last, and declares these columns its Iceberg identifier fields.
+PUBLISHED_KEYS: dict[str, tuple[str, ...]] = {
+    "chunks": ("chunk_id",),
+    "retrieval": ("query_id", "chunk_id"),
+    "pairs": ("pair_id",),
+    "spans": ("pair_id", "start", "end"),
+}
+
 
 class QuarantineReason:
     """Closed vocabulary of reasons a paper is set aside instead of processed."""

@@ -1,21 +1,27 @@
-"""Publishing a night as Apache Iceberg tables: what is published, where, and the one commit per table.
+"""Publishing a night as Apache Iceberg tables: what is published, where, and the catalog's faults in one line.
 
-A published night is one snapshot of each of four Iceberg tables, ``<namespace>.chunks``, ``retrieval``,
-``pairs`` and ``spans``: the rows of that night's tables with a ``night`` column (the run id published) in
-front, partitioned by night (and extractor, or retrieval method). Each snapshot replaces that night's partition
-(deletes its files, adds the new ones) in one commit, and records the night and a fingerprint of the run's
-tables in its summary (``verbatim.night``, ``verbatim.fingerprint``): publishing the same night again finds it
-there and commits nothing. Earlier nights stay in the table (``keep_nights`` drops the oldest in the same
-snapshot), and every earlier snapshot stays readable (time travel, ``night_snapshot``).
+Four tables, ``<namespace>.chunks``, ``retrieval``, ``pairs`` and ``spans``, hold the current state: one row per
+key (``tables.PUBLISHED_KEYS``, the tables' Iceberg identifier fields) of the night published last, with the
+``night`` that last wrote the row in front and its ``row_hash`` last. Publishing a night commits one snapshot
+per table that deletes the rows whose key left or changed and adds the new ones (``lake_state``); every
+published night is an Iceberg tag ``night-<run id>`` (a night that changed nothing tags the current snapshot and
+writes no data file), and the night's fingerprint is kept with it (``verbatim.fingerprint.<tag>``), so publishing
+a night again is a no-op. ``retain`` keeps the newest nights' tags and expires the other snapshots, removing
+the files only they read. Tables of the previous release (a partition per night) are refused with one line
+naming ``publish --convert`` (``lake_convert``).
 
-The schemas are those of ``tables.py`` (``arrow_schema``): one declaration. This module holds no Ray: the data
-files are written by ``pipeline.publish`` (Ray's Iceberg datasink), and committed here (``commit_night``).
+The schemas are those of ``tables.py`` (``arrow_schema``): one declaration. This module holds no Ray.
 pyiceberg is the ``iceberg`` extra, imported only when a catalog is opened.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import os
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,37 +30,46 @@ import pyarrow as pa
 from verbatim_batch.core import storage, tables
 from verbatim_batch.core.options import Declared, option
 from verbatim_batch.core.redact import redact_text
+from verbatim_batch.engine.lake_state import NIGHT, ROW_HASH, with_hashes
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
 
-NIGHT = "night"  # the partition column every published table starts with: the run id of the night
 DEFAULT_NAMESPACE = "verbatim"
 DEFAULT_CATALOG = "verbatim"
 CATALOG_FILE = "catalog.db"  # the SQL catalog (SQLite) a --warehouse folder holds by default
+LOCK_FILE = ".publish.lock"  # in a local warehouse: publishes to it take turns
+LOCK_WAIT_S = 600  # how long a publish waits for another one's turn on the same warehouse
+MAX_NAMESPACE = 100  # characters: the namespace is a folder name in the warehouse
 NIGHT_PROP, FINGERPRINT_PROP, SOURCE_PROP = "verbatim.night", "verbatim.fingerprint", "verbatim.source"
+CONTENT_PROP = "verbatim.content"  # the digest of the night files the current state was made of
+NIGHTS_PROP = "verbatim.nights"  # the published nights' tags, in publish order (JSON)
 VERSION_PROP = "verbatim.schema-version"
+TAG_PREFIX = "night-"
+CONVERT_HINT = "verbatim-batch publish SOURCE --convert"  # with the same catalog options
 NEEDS_EXTRA = "publishing needs the iceberg extra: pip install 'verbatim-batch[iceberg]'"
 
 
 @dataclass(frozen=True)
 class Published:
-    """One published table: the run stage it comes from, its schema in ``tables.py`` and its partition columns
-    after ``night``."""
+    """One published table: the run stage it comes from, its schema in ``tables.py`` and its key."""
 
     stage: str
     schema: pa.Schema
-    partition: tuple[str, ...] = ()
+    key: tuple[str, ...]
 
 
 # in commit order: spans last, so a reader of spans finds the chunks and pairs of its night already published
 PUBLISHED: dict[str, Published] = {
-    "chunks": Published("chunks", tables.CHUNKS),
-    "retrieval": Published("retrieval", tables.RETRIEVAL, ("method",)),
-    "pairs": Published("spans", tables.PAIRS, ("extractor",)),
-    "spans": Published("spans", tables.SPANS, ("extractor",)),
+    name: Published(stage, schema, tables.PUBLISHED_KEYS[name])
+    for name, stage, schema in [("chunks", "chunks", tables.CHUNKS), ("retrieval", "retrieval", tables.RETRIEVAL),
+                                ("pairs", "spans", tables.PAIRS), ("spans", "spans", tables.SPANS)]
 }
+
+
+class OldTables(ValueError):
+    """A table written by the previous release (a partition per night): ``publish --convert`` converts it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,8 +92,9 @@ class IcebergTarget(Declared):
     namespace: str | None = option(None, "the namespace of the tables chunks, retrieval, pairs and spans",
                                    default_help=DEFAULT_NAMESPACE)
     keep_nights: int | None = option(
-        None, "nights kept in the tables' current snapshot: publishing a night drops older nights' partitions in "
-        "the same snapshot (earlier snapshots still read them)", low=1, default_help="all")
+        None, "nights kept readable by their tag: older nights' tags go, snapshots no kept tag names are expired "
+        "and the files only they read are deleted (the current state is never touched)", low=1,
+        default_help="all")
 
     @property
     def catalog_name(self) -> str:
@@ -107,8 +123,11 @@ class IcebergTarget(Declared):
         """One-line refusals before anything runs: the extra missing, a namespace that is no name."""
         require_extra()
         self.catalog_properties()
-        if not self.namespace_name.replace("_", "").isalnum():
-            raise ValueError(f"--namespace {self.namespace_name!r}: letters, digits and '_' only")
+        if not self.namespace_name.replace("_", "").isalnum() or not self.namespace_name.isascii():
+            raise ValueError(f"--namespace {self.namespace_name[:80]!r}: letters, digits and '_' only")
+        if len(self.namespace_name) > MAX_NAMESPACE:
+            raise ValueError(f"--namespace: {len(self.namespace_name)} characters, at most {MAX_NAMESPACE} (it "
+                             "names a folder of the warehouse)")
 
 
 def require_extra() -> None:
@@ -130,47 +149,170 @@ def _first_line(exc: BaseException) -> str:
     return " ".join(lines[:2])[:200] if lines else type(exc).__name__
 
 
+def catalog_place(target: IcebergTarget) -> str:
+    """The catalog as a line names it: its SQLite file, or its name."""
+    uri = target.catalog_properties().get("uri", "")
+    if uri.startswith("sqlite:///"):
+        return uri[len("sqlite:///"):]
+    return redact_text(uri) if uri else repr(target.catalog_name)
+
+
+def fault_line(target: IcebergTarget, exc: BaseException) -> str | None:
+    """One line for a catalog or warehouse fault (the file named, and what to do), or None for another error."""
+    text = _first_line(exc)
+    low = text.lower()
+    db, folder = catalog_place(target), target.warehouse or "the warehouse"
+    if type(exc).__module__.startswith("sqlalchemy"):
+        if "locked" in low or "busy" in low:
+            return (f"the Iceberg catalog {db} is locked by another process past its wait: let that process "
+                    "finish (or find it: fuser on the file) and publish again")
+        if "readonly" in low or "read-only" in low:
+            return f"the Iceberg catalog {db} is read-only: make it and its folder writable, or use another --warehouse"
+        if "not a database" in low or "malformed" in low or "no such table" in low:
+            return (f"the Iceberg catalog {db} is damaged (not a SQLite catalog pyiceberg reads: {text[:120]}): "
+                    "restore it from a backup, or publish to a new --warehouse")
+        if "unable to open" in low:
+            return f"cannot open the Iceberg catalog {db}: make its folder writable, or use another --warehouse"
+        return f"the Iceberg catalog {db} failed: {redact_text(text[:200])}"
+    if isinstance(exc, OSError):
+        code = exc.errno
+        if isinstance(exc, PermissionError) or code in (errno.EACCES, errno.EPERM, errno.EROFS) \
+                or "permission denied" in low or "read-only file system" in low:
+            return (f"cannot write to the warehouse {folder} ({text[:160]}): make it writable, or publish to "
+                    "another --warehouse")
+        if code == errno.ENAMETOOLONG or "name too long" in low:
+            return f"the file system refuses a path under {folder} (name too long): use a shorter --namespace"
+        if code == errno.ENOSPC or "no space" in low:
+            return f"the warehouse {folder} is full ({text[:160]}): free space and publish again"
+        return f"the warehouse {folder}: {redact_text(text[:200])}"
+    return None
+
+
+@contextlib.contextmanager
+def catalog_faults(target: IcebergTarget) -> Iterator[None]:
+    """Catalog and warehouse faults (a damaged, read-only or locked catalog, a warehouse it cannot write) as a
+    ``ValueError`` of one line (exit 2 from the CLI); our own refusals pass as they are."""
+    try:
+        yield
+    except (ValueError, NotImplementedError, FileNotFoundError):
+        raise
+    except Exception as exc:
+        line = fault_line(target, exc)
+        if line is None:
+            raise
+        raise ValueError(line) from None
+
+
+def check_writable(target: IcebergTarget) -> None:
+    """A local warehouse and its SQLite catalog must be writable: one line before anything is written."""
+    if not target.warehouse or storage.is_remote(target.warehouse):
+        return
+    folder = target.warehouse
+    db = catalog_place(target)
+    for path in (folder, db) if not target.catalog_uri else (folder,):
+        if os.path.exists(path) and not os.access(path, os.W_OK):
+            raise ValueError(f"{'the Iceberg catalog' if path == db else 'the warehouse'} {path} is read-only: "
+                             "make it writable, or publish to another --warehouse")
+
+
+@contextlib.contextmanager
+def publish_lock(target: IcebergTarget, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
+    """Publishes to one local warehouse take turns (``WAREHOUSE/.publish.lock``, an advisory lock the kernel
+    drops with its process): the later one waits up to ``wait_s`` and then stops with one line. Other catalogs
+    rely on Iceberg's optimistic commits alone (``publish`` compares again on a conflict)."""
+    if not target.warehouse or storage.is_remote(target.warehouse):
+        yield
+        return
+    import fcntl
+
+    path = os.path.join(target.warehouse, LOCK_FILE)
+    with catalog_faults(target):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise ValueError(f"another publish to {target.warehouse} has held {path} for over "
+                                     f"{wait_s:.0f} s: let it finish, then publish again") from None
+                time.sleep(0.2)
+        yield
+    finally:
+        os.close(fd)
+
+
 def open_catalog(target: IcebergTarget) -> Catalog:
     """The catalog ``target`` names (a SQLite catalog in a local warehouse is created with its folder)."""
     require_extra()
     from pyiceberg.catalog import load_catalog
 
     props = target.catalog_properties()
-    if props.get("type") == "sql" and target.warehouse:
-        storage.makedirs(target.warehouse)
-    try:
-        return load_catalog(target.catalog_name, **props)
-    except (ValueError, KeyError, OSError) as exc:
-        raise ValueError(f"cannot open the Iceberg catalog {target.catalog_name!r}: "
-                         f"{redact_text(str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)}") \
-            from None
+    with catalog_faults(target):
+        if props.get("type") == "sql" and target.warehouse:
+            storage.makedirs(target.warehouse)
+        check_writable(target)
+        try:
+            return load_catalog(target.catalog_name, **props)
+        except (ValueError, KeyError) as exc:
+            raise ValueError(f"cannot open the Iceberg catalog {target.catalog_name!r}: "
+                             f"{redact_text(_first_line(exc)[:300])}") from None
 
 
 def arrow_schema(name: str) -> pa.Schema:
-    """The Arrow schema of published table ``name``: ``night``, then the columns of its ``tables.py`` schema."""
+    """The Arrow schema of published table ``name``: ``night``, the columns of its ``tables.py`` schema, and
+    ``row_hash``."""
     source = PUBLISHED[name].schema
-    return pa.schema([pa.field(NIGHT, pa.string(), nullable=False), *source])
+    return pa.schema([pa.field(NIGHT, pa.string(), nullable=False), *source,
+                      pa.field(ROW_HASH, pa.int64(), nullable=False)])
+
+
+def _old_names(name: str) -> list[str]:
+    return [NIGHT, *PUBLISHED[name].schema.names]
+
+
+def is_old_table(table: Table, name: str) -> bool:
+    """Whether ``table`` is published table ``name`` as the previous release wrote it (a partition per night)."""
+    from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+    return schema_to_pyarrow(table.schema(), include_field_ids=False).names == _old_names(name)
+
+
+def create_table(catalog: Catalog, ident: tuple[str, str], name: str) -> None:
+    """Published table ``name`` created under ``ident``: its schema, its key as identifier fields, unpartitioned;
+    a table another publish created meanwhile is taken as it is."""
+    from pyiceberg.exceptions import TableAlreadyExistsError
+
+    try:
+        with catalog.create_table_transaction(ident, schema=arrow_schema(name),
+                                              properties={VERSION_PROP: tables.SCHEMA_VERSION,
+                                                          "format-version": "2"}) as txn:
+            with txn.update_schema() as schema:
+                schema.set_identifier_fields(*PUBLISHED[name].key)
+    except TableAlreadyExistsError:
+        pass
 
 
 def ensure_table(catalog: Catalog, namespace: str, name: str) -> Table:
-    """Published table ``name`` in ``namespace``, created (schema from ``arrow_schema``, partitioned by night and
-    the table's partition columns) when missing. A table of that name with other columns is refused."""
-    from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
+    """Published table ``name`` in ``namespace``, created when missing. A table of the previous release is
+    refused with one line naming ``publish --convert``; one with other columns, with one naming --namespace."""
+    from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError
 
     ident = (namespace, name)
-    catalog.create_namespace_if_not_exists(namespace)
+    try:
+        catalog.create_namespace_if_not_exists(namespace)
+    except NamespaceAlreadyExistsError:  # another publish made it meanwhile
+        pass
     try:
         table = catalog.load_table(ident)
     except NoSuchTableError:
-        try:
-            with catalog.create_table_transaction(ident, schema=arrow_schema(name),
-                                                  properties={VERSION_PROP: tables.SCHEMA_VERSION}) as txn:
-                with txn.update_spec() as spec:
-                    for column in (NIGHT, *PUBLISHED[name].partition):
-                        spec.add_identity(column)
-        except TableAlreadyExistsError:  # another publish made it meanwhile
-            pass
+        create_table(catalog, ident, name)
         table = catalog.load_table(ident)
+    if is_old_table(table, name):
+        raise OldTables(f"{namespace}.{name} is a table of the previous release (a partition per night): convert "
+                        f"the tables once with `{CONVERT_HINT}` and the same catalog options")
     problem = schema_problem(table, name)
     if problem:
         raise ValueError(f"{namespace}.{name} exists and is not a table of ours ({problem}): publish to another "
@@ -207,75 +349,101 @@ def fingerprint(stage_manifest: dict[str, Any]) -> str:
                               json.dumps(stage_manifest.get("tables", {}), sort_keys=True), size=8)
 
 
-def published_nights(table: Table) -> list[tuple[str, str, int]]:
-    """``(night, fingerprint, snapshot id)`` of every publish in the current snapshot's history, oldest first."""
-    from pyiceberg.table.snapshots import ancestors_of
+def tag_of(night: str) -> str:
+    """The Iceberg tag of a published night."""
+    return TAG_PREFIX + night
 
-    snap = table.current_snapshot()
-    if snap is None:
-        return []
-    out = []
-    for s in ancestors_of(snap, table.metadata):
-        night = s.summary.get(NIGHT_PROP) if s.summary is not None else None
-        if night is not None:
-            out.append((night, s.summary.get(FINGERPRINT_PROP) or "", s.snapshot_id))
-    return out[::-1]
+
+def night_tags(table: Table) -> list[str]:
+    """The tags of the published nights, in the order they were published (``verbatim.nights``)."""
+    try:
+        listed = json.loads(table.properties.get(NIGHTS_PROP, "[]"))
+    except ValueError:
+        listed = []
+    return [t for t in listed if isinstance(t, str) and t in table.metadata.refs]
+
+
+def published_nights(table: Table) -> list[tuple[str, str, int]]:
+    """``(night, fingerprint, snapshot id)`` of every night whose tag the table holds, in publish order."""
+    return [(t[len(TAG_PREFIX):], table.properties.get(f"{FINGERPRINT_PROP}.{t}", ""),
+             table.metadata.refs[t].snapshot_id) for t in night_tags(table)]
 
 
 def is_published(table: Table, night: str, digest: str) -> bool:
     """Whether ``night`` was published with the same tables (``fingerprint``): a republish is a no-op."""
-    latest = [fp for n, fp, _ in published_nights(table) if n == night]
-    return bool(latest) and latest[-1] == digest
+    tag = tag_of(night)
+    return tag in table.metadata.refs and table.properties.get(f"{FINGERPRINT_PROP}.{tag}") == digest
 
 
 def night_snapshot(table: Table, night: str) -> int | None:
-    """The id of the snapshot that published ``night`` last (``table.scan(snapshot_id=...)`` reads the table
-    as it was then), or None."""
-    found = [snap for n, _, snap in published_nights(table) if n == night]
-    return found[-1] if found else None
+    """The id of the snapshot tagged with ``night`` (``table.scan(snapshot_id=...)`` reads the table as that
+    night left it), or None."""
+    ref = table.metadata.refs.get(tag_of(night))
+    return ref.snapshot_id if ref is not None else None
 
 
-def _partition_night(data_file: Any) -> str | None:
-    return data_file.partition[0] if data_file.partition is not None and len(data_file.partition) else None
+def night_properties(table: Table, night: str, digest: str, content: str) -> dict[str, str]:
+    """The table properties a publish of ``night`` sets: the night last published, its fingerprint by tag, the
+    content of the current state, and the publish order of the nights."""
+    tag = tag_of(night)
+    order = [t for t in night_tags(table) if t != tag] + [tag]
+    return {NIGHT_PROP: night, f"{FINGERPRINT_PROP}.{tag}": digest, CONTENT_PROP: content,
+            NIGHTS_PROP: json.dumps(order)}
 
 
-def commit_night(table: Table, night: str, digest: str, data_files: list[Any], keep_nights: int | None = None,
-                 source: str = "") -> int:
-    """One snapshot: the files of ``night``'s partition (and, with ``keep_nights``, of nights older than the
-    newest ``keep_nights``) deleted, ``data_files`` added, the night and its fingerprint in the snapshot's
-    summary and ``verbatim.night`` in the table's properties, committed atomically (a commit that fails, or a
-    process killed before it, leaves the table's current snapshot as it was). Returns the snapshot id."""
-    from pyiceberg.expressions import AlwaysTrue, EqualTo
+def _snapshot_files(table: Table, snapshot: Any) -> set[str]:
+    """Every file a snapshot reads: its manifest list, its manifests, and their live data and delete files."""
+    files = {snapshot.manifest_list}
+    for manifest in snapshot.manifests(table.io):
+        files.add(manifest.manifest_path)
+        files.update(e.data_file.file_path for e in manifest.fetch_manifest_entry(table.io, discard_deleted=True))
+    return files
 
-    newest_first = list(dict.fromkeys([night, *(n for n, _, _ in reversed(published_nights(table)))]))
-    keep = set(newest_first[1:keep_nights])  # this night's own partition is replaced either way
-    scan = table.scan(row_filter=EqualTo(NIGHT, night) if keep_nights is None else AlwaysTrue())
-    doomed = [task.file for task in scan.plan_files()
-              if _partition_night(task.file) == night or (keep_nights is not None
-                                                           and _partition_night(task.file) not in keep)]
-    summary = {NIGHT_PROP: night, FINGERPRINT_PROP: digest, SOURCE_PROP: redact_text(source)[:500]}
-    txn = table.transaction()
-    txn.set_properties({NIGHT_PROP: night})
-    with txn.update_snapshot(snapshot_properties=summary).overwrite() as overwrite:
-        for data_file in doomed:
-            overwrite.delete_data_file(data_file)
-        for data_file in data_files:
-            overwrite.append_data_file(data_file)
-    txn.commit_transaction()
-    snap = table.current_snapshot()
-    return snap.snapshot_id if snap is not None else 0
+
+def retain(table: Table, keep: int) -> dict[str, int]:
+    """Keep the tags of the last ``keep`` nights published: older tags (and their fingerprints) go, every
+    snapshot neither the current one nor a kept tag names is expired, and the files only expired snapshots read
+    are deleted (a kept night, and the current state, read all theirs). Returns what went."""
+    from pyiceberg.table.update import RemoveSnapshotRefUpdate
+
+    order = night_tags(table)
+    old = order[:-keep] if len(order) > keep else []
+    if old:
+        txn = table.transaction()
+        txn._apply(tuple(RemoveSnapshotRefUpdate(ref_name=t) for t in old))
+        txn.remove_properties(*[f"{FINGERPRINT_PROP}.{t}" for t in old if f"{FINGERPRINT_PROP}.{t}" in
+                                table.properties])
+        txn.set_properties({NIGHTS_PROP: json.dumps(order[len(old):])})
+        table = txn.commit_transaction()
+    current = table.current_snapshot()
+    protected = {ref.snapshot_id for ref in table.metadata.refs.values()}
+    doomed = [s for s in table.snapshots() if s.snapshot_id not in protected
+              and (current is None or s.snapshot_id != current.snapshot_id)]
+    if not doomed:
+        return {"tags_removed": len(old), "snapshots_expired": 0, "files_deleted": 0}
+    kept = set().union(*(_snapshot_files(table, s) for s in table.snapshots() if s not in doomed))
+    gone = set().union(*(_snapshot_files(table, s) for s in doomed)) - kept
+    table.maintenance.expire_snapshots().by_ids([s.snapshot_id for s in doomed]).commit()
+    deleted = 0
+    for path in sorted(gone):
+        with contextlib.suppress(OSError):
+            table.io.delete(path)
+            deleted += 1
+    return {"tags_removed": len(old), "snapshots_expired": len(doomed), "files_deleted": deleted}
 
 
 def conform(batch: pa.Table, name: str, night: str) -> pa.Table:
     """A batch of run rows as published table ``name`` holds them: ``night`` in front, every column cast to its
-    declared type (a column a run written before it existed lacks, when nullable, as nulls)."""
+    declared type (a column a run written before it existed lacks, when nullable, as nulls), ``row_hash``
+    last."""
     schema = arrow_schema(name)
     columns = [pa.array([night] * batch.num_rows, pa.string())]
-    for field in list(schema)[1:]:
-        if field.name in batch.column_names:
-            columns.append(batch[field.name].cast(field.type))
-        elif field.nullable:
-            columns.append(pa.nulls(batch.num_rows, field.type))
+    for f in list(schema)[1:-1]:
+        if f.name in batch.column_names:
+            columns.append(batch[f.name].cast(f.type))
+        elif f.nullable:
+            columns.append(pa.nulls(batch.num_rows, f.type))
         else:
-            raise ValueError(f"{name}: the run's table has no column {field.name}")
-    return pa.Table.from_arrays(columns, schema=schema)
+            raise ValueError(f"{name}: the run's table has no column {f.name}")
+    columns.append(pa.array([0] * batch.num_rows, pa.int64()))
+    return with_hashes(pa.Table.from_arrays(columns, schema=schema))

@@ -1,16 +1,19 @@
-"""``verbatim-batch publish``: a committed night (or chain run) as Apache Iceberg tables, written through Ray.
+"""``verbatim-batch publish``: a committed night (or chain run) as current-state Apache Iceberg tables.
 
     verbatim-batch publish nightly/ --warehouse lake/
 
-For each published table (``publish.PUBLISHED``) the night's Parquet files are read by Ray and written as
-Iceberg data files by Ray's own Iceberg datasink (the ``write()`` that ``Dataset.write_iceberg`` runs in each
-write task), so a cluster writes them in parallel; then one pyiceberg transaction per table commits them as one
-snapshot that replaces the night's partition (``publish.commit_night``). ``write_iceberg`` itself is not used
-for the commit: its overwrite is a delete snapshot and an append snapshot, it commits nothing for a night
-without rows (the night's old partition would stay), and it can commit a schema change before any data. A
-publish killed before its commit leaves data files no snapshot refers to, and the table as it was. A small local
-publish (no cluster, under ``LOCAL_RAY_MIN_BYTES`` of Parquet) runs the same datasink ``write()`` in this process
-instead, as ``verify`` does.
+For each published table (``lake.PUBLISHED``): the night's Parquet files are checked against the digests the run
+recorded at its commit (what ``verify`` checks; a file changed since is refused before anything is written), the
+night's rows are compared with the table's current rows by their row hashes (``lake_state``), and one
+pyiceberg transaction commits what changed as one snapshot tagged ``night-<run id>``: position deletes for the
+rows that left or changed, data files for the new ones. A night whose files are those of the current state
+(the same digests) is not read at all: it only tags the current snapshot. The added rows are written by Ray's
+own Iceberg datasink, the ``write()`` that ``Dataset.write_iceberg`` runs in each write task, on a cluster or
+from ``LOCAL_RAY_MIN_BYTES`` of Parquet; a smaller local publish writes them in this process.
+
+Publishes to one local warehouse take turns (``lake.publish_lock``); a commit that still loses a race (another
+catalog client) compares the night again with the table's new state. A publish killed before a table's commit
+leaves files no snapshot refers to, and the table as it was.
 """
 
 from __future__ import annotations
@@ -20,28 +23,51 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from verbatim_batch.core import storage
+import numpy as np
+
+from verbatim_batch.core import storage, tables
 from verbatim_batch.core.faults import fault_point
 from verbatim_batch.core.options import group, option
-from verbatim_batch.core.runs import MANIFEST_FILE, RUNS_DIR, current_run, read_manifest
+from verbatim_batch.core.redact import redact_text
+from verbatim_batch.core.runs import MANIFEST_FILE, RUNS_DIR, current_run, read_files_index, read_manifest
 from verbatim_batch.engine.lake import (
+    CONTENT_PROP,
+    FINGERPRINT_PROP,
+    NIGHT_PROP,
     PUBLISHED,
+    SOURCE_PROP,
     IcebergTarget,
-    commit_night,
+    catalog_faults,
     conform,
     ensure_table,
     fingerprint,
     is_published,
+    night_properties,
     night_snapshot,
     open_catalog,
+    publish_lock,
+    retain,
+    tag_of,
 )
+from verbatim_batch.engine.lake_convert import convert_tables
+from verbatim_batch.engine.lake_state import (
+    ROW_HASH,
+    Change,
+    cached_hashes,
+    commit_state,
+    live_state,
+    multiset_diff,
+    plan_deletes,
+    store_hashes,
+)
+from verbatim_batch.engine.lake_state import write_data_files as write_in_process
 from verbatim_batch.engine.telemetry.options import MetricsOptions
 
 log = logging.getLogger(__name__)
 # a local publish of less Parquet than this writes in this process: through a local Ray it cost 36-53 tree CPU-s
 # against 4.5-5.5 in process for a 20-paper night (benchmarks/history/publish.md)
 LOCAL_RAY_MIN_BYTES = 256 << 20
-COMMIT_ATTEMPTS = 3  # a commit that lost a race with another writer of the table is tried again on the new state
+COMMIT_ATTEMPTS = 5  # a commit that lost a race with another writer is compared and tried again on the new state
 # the tables a single stage run publishes, by its command
 STAGE_RUN_TABLES = {"chunk": ("chunks",), "retrieve": ("retrieval",), "extract": ("pairs", "spans")}
 
@@ -55,6 +81,9 @@ class PublishJob(MetricsOptions):
     target: IcebergTarget = group(IcebergTarget, default_factory=IcebergTarget)
     address: str | None = option(None, "Ray cluster address", default_help="RAY_ADDRESS, else a local Ray")
     num_cpus: int | None = option(None, "CPUs for a local Ray", low=1, default_help="all")
+    convert: bool = option(False, "first convert tables the previous release wrote (a partition per night) to "
+                           "current-state tables: the newest night becomes the current state, every earlier night "
+                           "still readable becomes its tag")
 
 
 @dataclass(frozen=True)
@@ -92,10 +121,22 @@ def find_night(source: str) -> Night:
     return Night(manifest["run_id"], run_dir, stages)
 
 
-def write_data_files(table: Any, name: str, night: str, files: list[str], job: PublishJob | None = None) -> list[Any]:
-    """The night's Parquet ``files`` of table ``name`` written as data files of ``table`` (not committed): by Ray
-    write tasks, or, with no ``job`` (a small local publish), by the same datasink's ``write`` in this process, a
-    file at a time. Returns their pyiceberg ``DataFile`` records."""
+def _conform_kept(batch: Any, name: str, night: str, keep: np.ndarray) -> Any:
+    """A Ray batch of night rows, conformed, keeping the rows whose hash is in ``keep`` (the added ones)."""
+    out = conform(batch, name, night)
+    return out.filter(np.isin(out[ROW_HASH].to_numpy(), keep))
+
+
+def write_added(table: Any, name: str, night: str, nights: NightFiles, added: dict[int, np.ndarray],
+                job: PublishJob | None = None) -> list[Any]:
+    """The added rows (``added``: row numbers per index into the night's files) written as data files of
+    ``table`` (not committed): by Ray write tasks (the files with added rows read again, the rows kept by their
+    hash), or with no ``job`` in this process. Returns their pyiceberg ``DataFile`` records."""
+    if not added:
+        return []
+    if job is None:
+        return write_in_process(table, (conform(storage.read_parquet(nights.files[i]), name, night).take(rows)
+                                        for i, rows in sorted(added.items())))
     import ray
 
     from verbatim_batch.engine.iceberg_sink import DataFilesSink
@@ -103,17 +144,16 @@ def write_data_files(table: Any, name: str, night: str, files: list[str], job: P
     from verbatim_batch.engine.resources import task_bounds
     from verbatim_batch.engine.restarts import Restarting
 
+    keep = np.unique(np.concatenate([nights.hashes[i][rows] for i, rows in added.items()]))
     sink = DataFilesSink(table)
-    if job is None:
-        return [f for path in files
-                for f in sink.write([conform(storage.read_parquet(path), name, night)], None).data_files]
     init_ray(job.address, job.num_cpus)
-    fs, first = storage.resolve(files[0])
-    paths = [first] + [storage.resolve(f)[1] for f in files[1:]]
+    paths = [nights.files[i] for i in sorted(added)]
+    fs, first = storage.resolve(paths[0])
+    local = [first] + [storage.resolve(f)[1] for f in paths[1:]]
     bounds = task_bounds(Restarting.worker_restarts)  # retried a bounded number of times, as a stage's tasks
-    ds = ray.data.read_parquet(paths, filesystem=fs, ray_remote_args=bounds)
-    ds = ds.map_batches(conform, batch_format="pyarrow", batch_size=None, fn_kwargs={"name": name, "night": night},
-                        **bounds)
+    ds = ray.data.read_parquet(local, filesystem=fs, ray_remote_args=bounds)
+    ds = ds.map_batches(_conform_kept, batch_format="pyarrow", batch_size=None,
+                        fn_kwargs={"name": name, "night": night, "keep": keep}, **bounds)
     ds.write_datasink(sink, ray_remote_args=bounds)
     return sink.data_files
 
@@ -122,6 +162,82 @@ def table_files(night: Night, name: str) -> list[str]:
     """The Parquet files of the night's table ``name``."""
     folder = storage.join(night.stages[name], name)
     return sorted(storage.join(folder, f) for f in storage.listdir(folder) if f.endswith(".parquet"))
+
+
+@dataclass
+class NightFiles:
+    """A night's table as files: their paths, their digests (checked against the run's ``files.json``), and
+    their row hashes once read (``night_hashes``)."""
+
+    files: list[str]
+    digests: list[str]
+    hashes: list[np.ndarray] = field(default_factory=list)
+
+    @property
+    def content(self) -> str:
+        """One digest of the night's rows: the same files (by their bytes) give the same content."""
+        return tables.stable_hash(*sorted(self.digests), size=8)
+
+
+def checked_files(night: Night, name: str) -> NightFiles:
+    """The night's Parquet files of table ``name`` with their digests, each checked against what the run recorded
+    at its commit (``files.json``, what ``verify`` checks): a file that changed since, or one the run never
+    recorded, is refused in one line naming ``verify`` before anything is written."""
+    files = table_files(night, name)
+    stage_dir = night.stages[name]
+    index, problems = read_files_index(stage_dir)
+    listed = (index or {}).get(name, {}) if index is not None else None
+    digests = []
+    for path in files:
+        digest = storage.file_digest(path)
+        base = path.rsplit("/", 1)[-1]
+        known = listed.get(base) if listed is not None else None
+        if listed is not None and (known is None or known.get("digest") != digest):
+            why = "is not in the run's files.json" if known is None else "differs from the digest the run recorded"
+            raise ValueError(f"{name}/{base} of {stage_dir} {why} (changed after the commit?): nothing published; "
+                             f"`verbatim-batch verify {night.run_dir}` lists what changed")
+        digests.append(digest)
+    if listed is not None:
+        missing = sorted(set(listed) - {p.rsplit("/", 1)[-1] for p in files})
+        if missing or problems:
+            what = f"files.json lists a file that is missing: {missing[0]}" if missing else problems[0]
+            raise ValueError(f"{name}/ of {stage_dir}: {what}; nothing published; `verbatim-batch verify "
+                             f"{night.run_dir}` lists what changed")
+    else:
+        log.warning("%s: the run has no files.json (an older release): its files are published unchecked", stage_dir)
+    return NightFiles(files, digests)
+
+
+def night_hashes(table: Any, name: str, night: str, nights: NightFiles) -> None:
+    """Each night file's row hashes: recorded for its digest by an earlier publish, else read and recorded."""
+    nights.hashes = []
+    for path, digest in zip(nights.files, nights.digests, strict=True):
+        hashes = cached_hashes(table, digest)
+        if hashes is None:
+            hashes = conform(storage.read_parquet(path), name, night)[ROW_HASH].to_numpy()
+            store_hashes(table, digest, hashes)
+        nights.hashes.append(hashes)
+
+
+def night_change(table: Any, job: PublishJob, name: str, night: str, nights: NightFiles,
+                 ray_writes: bool) -> Change:
+    """What ``night`` changes in ``table``: its row hashes against the table's live rows, the rows that left or
+    changed as deletes, the new ones written as data files (not committed)."""
+    live = live_state(table)
+    night_hashes(table, name, night, nights)
+    old = np.concatenate([f.hashes[f.live] for f in live]) if live else np.zeros(0, np.int64)
+    new = np.concatenate(nights.hashes) if nights.hashes else np.zeros(0, np.int64)
+    gone, added = multiset_diff(old, new)
+    change = plan_deletes(live, gone)
+    per_file: dict[int, np.ndarray] = {}
+    at = 0
+    for i, h in enumerate(nights.hashes):
+        rows = np.flatnonzero(added[at:at + len(h)])
+        at += len(h)
+        if len(rows):
+            per_file[i] = rows
+    change.added = write_added(table, name, night, nights, per_file, job if ray_writes else None)
+    return change
 
 
 def with_ray(job: PublishJob, night: Night) -> bool:
@@ -143,45 +259,72 @@ def with_ray(job: PublishJob, night: Night) -> bool:
     return total >= LOCAL_RAY_MIN_BYTES
 
 
-def publish_table(catalog: Any, job: PublishJob, night: Night, name: str, ray_writes: bool = True) -> dict[str, Any]:
-    """One table of the night: nothing when it was published with the same contents, else its data files
-    written (by Ray tasks, or in this process without ``ray_writes``) and committed as one snapshot. Returns what
-    was done."""
+def _published(catalog: Any, job: PublishJob, night: Night, name: str) -> bool:
+    """Whether table ``name`` already holds this night with the same contents (a refused table raises here)."""
+    table = ensure_table(catalog, job.target.namespace_name, name)
+    return is_published(table, night.night, fingerprint(read_manifest(night.stages[name])))
+
+
+def _done(table: Any, namespace: str, name: str, night: Night, **facts: Any) -> dict[str, Any]:
+    return {"table": f"{namespace}.{name}", "snapshot": night_snapshot(table, night.night), **facts}
+
+
+def publish_table(catalog: Any, job: PublishJob, night: Night, name: str, nights: NightFiles,
+                  ray_writes: bool = True) -> dict[str, Any]:
+    """One table of the night (``nights``: its checked files): nothing when it was published with the same
+    contents; else compared with the table's rows, and what changed committed as one snapshot tagged with the
+    night (a tag alone when nothing changed). Returns what was done."""
     from pyiceberg.exceptions import CommitFailedException
 
     namespace = job.target.namespace_name
     table = ensure_table(catalog, namespace, name)
-    stage_dir = night.stages[name]
-    digest = fingerprint(read_manifest(stage_dir))
+    digest = fingerprint(read_manifest(night.stages[name]))
     if is_published(table, night.night, digest):
-        return {"table": f"{namespace}.{name}", "snapshot": night_snapshot(table, night.night), "published": False}
-    files = table_files(night, name)
-    data_files = write_data_files(table, name, night.night, files, job if ray_writes else None) if files else []
-    fault_point("publish.commit")  # data files written, nothing committed
+        return _done(table, namespace, name, night, published=False)
+    summary = {NIGHT_PROP: night.night, FINGERPRINT_PROP: digest, CONTENT_PROP: nights.content,
+               SOURCE_PROP: redact_text(night.run_dir)[:500]}
     for attempt in range(COMMIT_ATTEMPTS):
+        if table.current_snapshot() is not None and table.properties.get(CONTENT_PROP) == nights.content:
+            change = Change()  # the current state is this night's files: nothing to read or write
+        else:
+            change = night_change(table, job, name, night.night, nights, ray_writes)
+        fault_point("publish.commit")  # data files written, nothing committed
         try:
-            snapshot = commit_night(table, night.night, digest, data_files, job.target.keep_nights, night.run_dir)
+            commit_state(table, change, summary, tag_of(night.night),
+                         night_properties(table, night.night, digest, nights.content))
             break
         except CommitFailedException:
             table = catalog.load_table((namespace, name))
             if is_published(table, night.night, digest):  # another publish of the same night won the race
-                return {"table": f"{namespace}.{name}", "snapshot": night_snapshot(table, night.night),
-                        "published": False}
+                return _done(table, namespace, name, night, published=False)
             if attempt == COMMIT_ATTEMPTS - 1:
-                raise
-            log.warning("%s.%s: another writer committed first; committing again on its snapshot", namespace, name)
-    return {"table": f"{namespace}.{name}", "snapshot": snapshot, "published": True,
-            "rows": sum(f.record_count for f in data_files), "files": len(data_files),
-            "written_by": "ray" if ray_writes else "driver"}
+                raise ValueError(f"{namespace}.{name}: other writers committed first {COMMIT_ATTEMPTS} times; "
+                                 "nothing of this night was committed to it: publish again") from None
+            log.warning("%s.%s: another writer committed first; comparing the night with its new state",
+                        namespace, name)
+    table = catalog.load_table((namespace, name))
+    retained = retain(table, job.target.keep_nights) if job.target.keep_nights else {}
+    return _done(table, namespace, name, night, published=True, rows=sum(f.record_count for f in change.added),
+                 files=len(change.added), deleted=change.rows_deleted,
+                 delete_files=len(change.deletes), bytes=sum(f.file_size_in_bytes for f in change.added),
+                 written_by="ray" if ray_writes and change.added else "driver", **retained)
 
 
 def run_publish(job: PublishJob) -> dict[str, Any]:
-    """Publish ``job.source``'s night to ``job.target``: one snapshot per table (chunks, retrieval, pairs, spans,
-    in that order), none for a table that already holds this night. Returns ``{"night", "source", "tables":
-    [...]}``."""
+    """Publish ``job.source``'s night to ``job.target``: one commit per table (chunks, retrieval, pairs, spans,
+    in that order), none for a table that already holds this night (``--convert`` first converts tables of the
+    previous release). Returns ``{"night", "source", "tables": [...]}``."""
     job.target.check()
     night = find_night(job.source)
     catalog = open_catalog(job.target)
-    ray_writes = with_ray(job, night)
-    done = [publish_table(catalog, job, night, name, ray_writes) for name in PUBLISHED if name in night.stages]
-    return {"night": night.night, "source": night.run_dir, "tables": done}
+    with catalog_faults(job.target), publish_lock(job.target):
+        converted = convert_tables(catalog, job.target.namespace_name) if job.convert else []
+        todo = [name for name in PUBLISHED if name in night.stages and not _published(catalog, job, night, name)]
+        checked = {name: checked_files(night, name) for name in todo}  # every file, before anything is written
+        ray_writes = bool(todo) and with_ray(job, night)
+        done = [publish_table(catalog, job, night, name, checked[name], ray_writes) if name in checked
+                else _done(catalog.load_table((job.target.namespace_name, name)), job.target.namespace_name, name,
+                           night, published=False)
+                for name in PUBLISHED if name in night.stages]
+    return {"night": night.night, "source": night.run_dir, "tables": done, "converted": converted}
+
