@@ -10,7 +10,7 @@ from helpers import PAPERS, make_corpus
 
 from verbatim_batch.cli import main
 from verbatim_batch.core.runs import read_manifest, read_table
-from verbatim_batch.stages.chains import STAGES
+from verbatim_batch.stages.chains import base_stages
 
 pytestmark = pytest.mark.slow
 
@@ -27,8 +27,8 @@ def test_run_commits_every_stage_under_one_id_and_refuses_other_settings(ray_loc
     printed = capsys.readouterr().out
     manifest = read_manifest(str(out))
     assert manifest["command"] == "run" and manifest["run_id"] == "c1"
-    assert set(manifest["stages"]) == set(STAGES)
-    for stage in STAGES:
+    assert set(manifest["stages"]) == set(base_stages())
+    for stage in base_stages():
         sub = read_manifest(str(out / stage))
         assert sub["run_id"] == "c1", stage
         assert f"== {stage} ==" in printed

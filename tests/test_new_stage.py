@@ -21,9 +21,9 @@ from verbatim_batch.core import storage
 from verbatim_batch.core.options import option, settings
 from verbatim_batch.core.runs import committed_table_dir, read_manifest
 from verbatim_batch.core.tables import config_hash
-from verbatim_batch.engine.runner import Plan, RunOptions, Stage, StageContext, StageResult, run_stage
-from verbatim_batch.stages import chains
-from verbatim_batch.stages.chains import Chain, Step, add_step, remove_step
+from verbatim_batch.engine.runner import Command, Plan, RunOptions, Stage, StageContext, StageResult, run_stage
+from verbatim_batch.stages import chains, registry
+from verbatim_batch.stages.chains import Chain
 from verbatim_batch.stages.extract import ExtractJob, ExtractStage
 
 REPO = Path(__file__).resolve().parent.parent
@@ -70,13 +70,17 @@ def run_dedup(job: DedupJob) -> tuple[str, dict]:
     return run_stage(DedupStage(job))
 
 
+# the stage's one declaration: its command, options, YAML section and chain step all come from it
+COMMAND = Command("dedup", "drop repeated and short chunks", DedupJob, run_dedup, stage=DedupStage, folder="deduped")
+
+
 @pytest.fixture
 def with_dedup() -> Iterator[None]:
-    add_step(Step("deduped", "dedup", DedupJob, DedupStage, run_dedup), after="chunks")
+    registry.add(COMMAND, after="chunk")
     try:
         yield
     finally:
-        remove_step("deduped")
+        registry.remove("dedup")
 
 
 def _chain(tmp_path: Path, **stages) -> Chain:
@@ -93,7 +97,7 @@ def test_a_new_step_is_wired_by_what_it_reads_and_writes(with_dedup, tmp_path):
     assert wiring["chunks"]["input"] == str(EXAMPLES / "corpus")
     jobs = _chain(tmp_path, dedup={"min_chars": 40}).stage_jobs("/tmp/out")
     assert jobs["deduped"].min_chars == 40 and jobs["embeddings"].chunks == "/tmp/out/deduped"
-    assert "dedup" in chains.SECTIONS
+    assert "dedup" in chains.sections()
 
 
 def test_without_the_step_the_wiring_is_the_chains_own(tmp_path):
@@ -101,6 +105,37 @@ def test_without_the_step_the_wiring_is_the_chains_own(tmp_path):
     assert wiring["embeddings"] == {"chunks": "chunks"} and "deduped" not in wiring
     reranking = _chain(tmp_path, rerank={"model": "some/cross-encoder"}).wiring()
     assert reranking["reranked"]["retrieval"] == "retrieval" and reranking["spans"]["retrieval"] == "reranked"
+
+
+def test_the_new_stage_is_a_command_a_section_a_job_and_a_reference_entry(with_dedup, tmp_path, capsys):
+    """Registered from this file alone, the stage is a CLI command with its flags, a chain's config section and
+    ``--dedup-*`` flags, a job ``build_job`` makes, and a section of the regenerated option reference; taken out
+    again, it is none of these."""
+    from verbatim_batch.cli import main
+    from verbatim_batch.cli.commands import build_job
+    from verbatim_batch.cli.config import load_config
+    from verbatim_batch.cli.reference import markdown as options_reference
+
+    with pytest.raises(SystemExit):
+        main(["dedup", "--help"])
+    assert "--min-chars" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    assert "--dedup-min-chars" in capsys.readouterr().out
+    job = build_job("dedup", chunks=str(tmp_path / "c"), output=str(tmp_path / "o"), min_chars=5)
+    assert isinstance(job, DedupJob) and job.min_chars == 5
+    config = tmp_path / "c.yaml"
+    config.write_text("dedup:\n  min_chars: 7\n", encoding="utf-8")
+    assert load_config(str(config), "run")["dedup.min_chars"] == 7
+    assert "## `verbatim-batch dedup`" in options_reference() and "`dedup:`" in options_reference()
+
+
+def test_a_stage_taken_out_is_gone():
+    from verbatim_batch.cli.options import COMMANDS
+    from verbatim_batch.cli.reference import markdown as options_reference
+
+    assert "dedup" not in COMMANDS and "dedup" not in chains.sections()
+    assert "verbatim-batch dedup" not in options_reference()
 
 
 def test_the_new_options_roles_decide_the_chains_settings(with_dedup, tmp_path):
@@ -157,7 +192,7 @@ def test_a_chain_with_the_new_step_resumes_and_carries(with_dedup, ray_local, tm
     def broken(job):
         raise RuntimeError("the spans stage failed")
 
-    monkeypatch.setattr(chains, "run_extract", broken)
+    monkeypatch.setitem(chains.RUNNERS, "extract", broken)
     with pytest.raises(RuntimeError, match="spans stage failed"):
         run_chain(chain, str(out), run_id="r1", num_cpus=2)
     committed = {s: read_manifest(str(out / s))["created_at"] for s in ("chunks", "deduped", "embeddings")}
@@ -178,12 +213,14 @@ def test_a_chain_with_the_new_step_resumes_and_carries(with_dedup, ray_local, tm
 
 
 def test_the_guide_lists_the_files_a_stage_touches():
-    """docs/development.md lists the files a stage touches; each exists for the rerank stage, added that way."""
+    """docs/development.md lists the files a stage touches; each exists for the rerank stage, and every
+    registered stage has its Ray job entry point."""
     import re
 
     text = (REPO / "docs" / "development.md").read_text(encoding="utf-8")
     block = text.split("<!-- stage-files -->", 1)[1].split("<!-- /stage-files -->", 1)[0]
     paths = re.findall(r"`([\w/<>.-]+\.(?:py|md))`", block)
-    assert len(paths) == 10, paths
+    assert len(paths) == 7, paths
     missing = [p for p in paths if not (REPO / p.replace("<name>", "rerank")).exists()]
     assert missing == []
+    assert [c.name for c in registry.STAGES if not (REPO / "jobs" / f"{c.name}.py").exists()] == []

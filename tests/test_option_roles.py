@@ -16,7 +16,7 @@ import pytest
 
 from verbatim_batch.core.options import OptionError, _base, check, is_runtime, options_of
 from verbatim_batch.core.tables import config_hash
-from verbatim_batch.stages.chains import SECTIONS, Chain, stage_keys
+from verbatim_batch.stages.chains import Chain, sections, stage_command, stage_keys
 from verbatim_batch.stages.chunk import ChunkJob, ChunkStage
 from verbatim_batch.stages.extract import ExtractJob, ExtractStage
 from verbatim_batch.stages.nightly import NightlyJob
@@ -72,11 +72,9 @@ def _night(tmp_path, stages) -> str:
     return config_hash(job.config())
 
 
-@pytest.mark.parametrize("section", SECTIONS)
+@pytest.mark.parametrize("section", sections())
 def test_every_chain_stage_option_changes_a_night_exactly_when_it_decides_output(section, tmp_path):
-    from verbatim_batch.stages.chains import STAGE_JOBS
-
-    cls = next(c for name, c, _ in STAGE_JOBS.values() if name == section)
+    cls = stage_command(section).job
     base_stages = {"rerank": {"model": "some/cross-encoder"}} if section == "rerank" else {}
     base = _night(tmp_path, base_stages)
     keys = set(stage_keys(section))

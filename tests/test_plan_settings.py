@@ -119,35 +119,41 @@ def test_plan_settings_follow_the_roles(inputs, stage):
         assert tried[True], f"{stage}: no runtime option tried"
 
 
-def _embed(chunks: str, output: str, model: str, run_id: str, budget: int, env: dict | None = None):
+def _embed(chunks: str, output: str, model: str, run_id: str, budget: int, *extra: str, env: dict | None = None):
     cmd = [sys.executable, "-c", "import sys; from verbatim_batch.cli import main; sys.exit(main())", "embed",
            "--chunks", chunks, "--output", output, "--run-id", run_id, "--model", model, "--num-cpus", "2",
-           "--batch-rows", "4", "--token-budget", str(budget)]
+           "--batch-rows", "4", "--token-budget", str(budget), *extra]
     base = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "VERBATIM_BATCH_FAULT")}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=base | (env or {}))
 
 
 @pytest.mark.slow
 def test_resume_with_another_token_budget(tmp_path):
-    """An embed run killed after some writes, rerun with the same run id and only --token-budget (a runtime
-    option) changed, resumes, keeps the rows it had written, and ends with the tables of a clean run."""
+    """An embed run killed in its third model batch (its staging folder bound to its settings): rerun with the
+    same run id and another output option, refused in one line; with only --token-budget (a runtime option)
+    changed, it resumes instead of being refused and ends with the tables of a clean run."""
     from helpers import PAPERS, make_corpus
 
     from verbatim_batch.cli import main
 
-    corpus = make_corpus(tmp_path / "corpus", PAPERS[:2])
+    corpus = make_corpus(tmp_path / "corpus", PAPERS[:1])
     assert main(["chunk", "--input", str(corpus), "--output", str(tmp_path / "chunks"), "--num-cpus", "1"]) == 0
     model = str(tiny_model_dir(tmp_path / "model", "bert", pooling="mean"))
     chunks = str(tmp_path / "chunks")
-    marker = tmp_path / "fired"
-    killed = _embed(chunks, str(tmp_path / "e"), model, "e1", 512,
-                    env={"VERBATIM_BATCH_FAULT": f"sink.recorded:embeddings#2@{marker};target=driver"})
-    assert killed.returncode == -signal.SIGKILL, (killed.stdout + killed.stderr)[-3000:]
+
+    def kill(run: str, run_id: str, *extra: str) -> None:
+        killed = _embed(chunks, str(tmp_path / run), model, run_id, 512, *extra,
+                        env={"VERBATIM_BATCH_FAULT": f"embed.batch#3@{tmp_path / (run + '-fired')};target=driver"})
+        assert killed.returncode == -signal.SIGKILL, (killed.stdout + killed.stderr)[-3000:]
+        assert [d for d in os.listdir(tmp_path) if d.startswith(f".{run}.staging-")], "no staging folder to resume"
+
+    kill("e", "e1")
+    refused = _embed(chunks, str(tmp_path / "e"), model, "e1", 4096, "--output-dtype", "float16")
+    assert refused.returncode == 2 and "other settings" in refused.stderr, refused.stderr[-2000:]
+    assert "Traceback" not in refused.stderr
     resumed = _embed(chunks, str(tmp_path / "e"), model, "e1", 4096)
     assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
-    assert "other settings" not in resumed.stderr
-    counts = read_manifest(str(tmp_path / "e"))["counts"]
-    assert counts["rows_resumed"] > 0, counts
+    assert read_manifest(str(tmp_path / "e"))["run_id"] == "e1"
     clean = _embed(chunks, str(tmp_path / "clean"), model, "e2", 4096)
     assert clean.returncode == 0, (clean.stdout + clean.stderr)[-3000:]
     assert_tables_match(read_table(str(tmp_path / "e"), "embeddings"),

@@ -108,7 +108,7 @@ def test_chain_runs_rerank_between_retrieve_and_extract(monkeypatch, tmp_path):
         return run
 
     for name in ("chunk", "embed", "index", "retrieve", "rerank", "extract"):
-        monkeypatch.setattr(chains, f"run_{name}", fake(name))
+        monkeypatch.setitem(chains.RUNNERS, name, fake(name))
     chain = chains.Chain(input="corpus", queries="q.jsonl", stages={"rerank": {"model": "m", "top_k": 7}})
     results, _ = chains.run_chain(chain, str(tmp_path / "out"))
     assert list(results) == ["chunks", "embeddings", "index", "retrieval", "reranked", "spans"]

@@ -192,12 +192,13 @@ def test_sigterm_mid_stage_ends_with_one_line_143_and_leaves_no_lock(chunks, tmp
 def test_machine_limits_in_the_driver_end_with_one_line_and_exit_2(monkeypatch, capsys, error, says):
     """A MemoryError or a thread limit in the driver: one line and exit 2, not a traceback; the error path itself
     needs nothing that could fail again."""
-    from verbatim_batch.cli import HANDLERS, main
+    from verbatim_batch.cli import main
+    from verbatim_batch.cli.commands import OWN_HANDLERS
 
     def fail(args):
         raise error
 
-    monkeypatch.setitem(HANDLERS, "report", fail)
+    monkeypatch.setitem(OWN_HANDLERS, "report", fail)
     assert main(["report", "somewhere"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and err.startswith("verbatim-batch report: error: ") and says in err, err

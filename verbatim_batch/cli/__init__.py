@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 
-from verbatim_batch.cli.commands import EXAMPLES, HANDLERS
+from verbatim_batch.cli.commands import EXAMPLES, handler
 from verbatim_batch.cli.options import COMMANDS, Parser, add_options, flag_of
 
 DESCRIPTION = ("Chunk papers, embed and index them, retrieve, and extract verbatim evidence spans at their exact "
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     status = "failed"
     watch_ctrl_c()
     try:
-        rc = HANDLERS[args.command](args)
+        rc = handler(args.command)(args)
         if rc != 0 and _CTRL_C.is_set():
             raise KeyboardInterrupt  # a failure after Ctrl-C: the Ctrl-C ended it
         status = "committed" if rc == 0 else "failed"

@@ -8,10 +8,13 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
 from verbatim_batch.core import storage
+from verbatim_batch.engine.runner import Command
+from verbatim_batch.report.summary import print_run
 
 EXAMPLES = resources.files("verbatim_batch") / "examples"
 
@@ -37,50 +40,6 @@ def job_of(args: argparse.Namespace, **override: Any) -> Any:
     if spec.chain and getattr(args, "embed.model", None) is None:  # the bundled embedder needs no hub
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
     return build(spec.cls, values_of(args) | override, lambda of: flag_of(args.command, of.key))
-
-
-def _table_location(path: str, name: str) -> str:
-    """Where table ``name`` of a run really is: its folder, or its single file (the index's ``ids.parquet``)."""
-    folder = storage.join(path, name)
-    if not storage.isdir(folder) and storage.exists(folder + ".parquet"):
-        return folder + ".parquet"
-    return folder
-
-
-def report(path: str, manifest: dict) -> None:
-    """Where a committed run's tables are, and its main counts."""
-    counts = manifest["counts"]
-    print(f"run {manifest['run_id']} committed to {path}")
-    for name, info in manifest["tables"].items():
-        print(f"  {name:<11} {info['rows']:>9} rows  {_table_location(path, name)}")
-    print(f"  manifest    {os.path.join(path, 'manifest.json')}")
-    reasons = {k.split(".", 1)[1]: v for k, v in counts.items() if k.startswith("quarantine.")}
-    if reasons:
-        print(f"  quarantined by reason: {json.dumps(reasons, sort_keys=True)}")
-    if "papers_bytes" in counts:
-        print(f"  {counts['papers_bytes'] / 1e6:.1f} MB of papers in {manifest['timings_s']['total']:.1f} s")
-    if skipped := manifest.get("skipped_files"):  # never silent: a folder of .pdf papers would chunk nothing
-        first = ", ".join(skipped["first"][:3]) + (", ..." if skipped["count"] > 3 else "")
-        print(f"  {skipped['count']} file(s) in the corpus folder not read, {skipped['why']}: {first}")
-    if "pairs" in counts:
-        print(f"  {counts['pairs']} pairs: {counts.get('pairs_with_spans', 0)} with spans, "
-              f"{counts.get('pairs_abstained', 0)} abstained, {counts.get('pairs_failed', 0)} failed; "
-              f"{counts.get('spans', 0)} spans, {counts.get('verbatim_violations', 0)} withheld as non-verbatim")
-    if "truncated" in counts:
-        print(f"  {counts.get('tokens', 0)} tokens; {counts.get('multi_window', 0)} chunks longer than the model's "
-              f"window embedded in {counts.get('windows', 0)} windows in all; {counts['truncated']} chunks cut after "
-              "--max-windows")
-
-
-def _run_and_report(run_name: str):
-    def cmd(args: argparse.Namespace) -> int:
-        from verbatim_batch import stages as pipeline
-
-        path, manifest = getattr(pipeline, run_name)(job_of(args))
-        report(path, manifest)
-        return 0
-
-    return cmd
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -130,33 +89,9 @@ def _evaluation_report(folder: str, result: dict, rows: list | None, sweep: dict
     print(f"report: {path}", file=sys.stderr if quiet else sys.stdout)  # --json keeps stdout pure JSON
 
 
-def cmd_silver(args: argparse.Namespace) -> int:
-    from verbatim_batch.stages.silver import run_silver
-
-    path, manifest = run_silver(job_of(args))
-    report(path, manifest)
-    steps = ("papers", "queries", "rows", "kept", "train", "dev")
-    print("  " + " -> ".join(f"{manifest['counts'].get(k, 0)} {k}" for k in steps))
-    return 0
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    from verbatim_batch.core.runs import read_manifest
-    from verbatim_batch.stages.chains import run_chain_job
-
-    path, manifest = run_chain_job(job_of(args))
-    for stage in manifest.get("stages", {}):
-        print(f"\n== {stage} ==")
-        report(os.path.join(path, stage), read_manifest(os.path.join(path, stage)))
-    print(f"\nchain run {manifest['run_id']} committed to {path} (report: {os.path.join(path, 'report.html')})")
-    return 0
-
-
-def cmd_nightly(args: argparse.Namespace) -> int:
-    from verbatim_batch.stages.nightly import run_nightly
-
-    job = job_of(args)
-    path, manifest = run_nightly(job)
+def print_night(job: Any, result: tuple[str, dict[str, Any]]) -> None:
+    """A committed night: what changed, what was redone and carried, where to read it."""
+    path, manifest = result
     counts = manifest["counts"]
     print(f"nightly run {manifest['run_id']} committed to {path}; current -> {manifest['run_id']}")
     base = json.loads(manifest.get("config") or "{}").get("base")
@@ -178,22 +113,6 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     else:  # the night's own folder, not ROOT/current/...: a reader listing through the link while the next
         #     night moves it would open files of another night (FileNotFoundError)
         print(f"  load this night's span table: pandas.read_parquet('{os.path.join(path, 'spans', 'spans')}')")
-    return 0
-
-
-def cmd_train(args: argparse.Namespace) -> int:
-    from verbatim_batch.stages.train import run_train
-
-    path, manifest = run_train(job_of(args))
-    t = manifest["training"]
-    best = t["best"]
-    print(f"train run {manifest['run_id']} -> {path}")
-    print(f"  model: {path}/model  (best epoch {best['epoch']}: Word-F1 {best.get('eval_word_f1', 0):.3f}, "
-          f"IoU-F1 {best.get('eval_iou_f1', 0):.3f}, eval loss {best.get('eval_loss', 0):.4f})")
-    print(f"  {t['global_step']} steps ({t['steps_per_epoch']}/epoch), resumed from step {t['resumed_from_step']}; "
-          f"{(t['throughput'].get('tokens_per_s') or 0):.0f} tokens/s")
-    print(f"  curves: {path}/training.html")
-    return 0
 
 
 def demo_chain(n_papers: int | None = None, scratch: str | None = None):
@@ -235,7 +154,7 @@ def _demo(args: argparse.Namespace, out: str, chain) -> int:
     def show(stage: str) -> None:
         path = os.path.join(out, stage)
         print(f"\n== {stage} ==")
-        report(path, read_manifest(path))
+        print_run(path, read_manifest(path))
 
     run_chain(chain, out, overwrite=True, address=args.address, num_cpus=args.num_cpus, after_stage=show)
     labels, _ = read_rows(chain.queries, columns=["query_id", "chunk_id"])
@@ -308,14 +227,6 @@ def cmd_evaluate_retrieval(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_rerank(args: argparse.Namespace) -> int:
-    from verbatim_batch.stages.rerank import run_rerank
-
-    path, manifest = run_rerank(job_of(args))
-    report(path, manifest)
-    return 0
-
-
 def print_published(result: dict[str, Any]) -> None:
     """What a publish did, a line per table."""
     for c in result.get("converted", []):
@@ -332,21 +243,34 @@ def print_published(result: dict[str, Any]) -> None:
         print(f"  {t['table']:<18} {what}")
 
 
-def cmd_publish(args: argparse.Namespace) -> int:
-    from verbatim_batch.stages.publish import run_publish
+def _stage_handler(command: Command) -> Callable[[argparse.Namespace], int]:
+    """A registered stage's (or chain's) handler: its job from the parsed options, its run, its summary."""
+    def handle(args: argparse.Namespace) -> int:
+        job = job_of(args, **{name: getattr(args, name) for name, _ in command.positional})
+        result = command.run(job)
+        show = SUMMARIES.get(command.name, command.summary)
+        if show is not None:
+            show(job, result)
+        else:
+            print_run(*result)
+        return 0
 
-    print_published(run_publish(job_of(args, source=args.source)))
-    return 0
+    return handle
 
 
-HANDLERS = {
-    "chunk": _run_and_report("run_chunk"), "embed": _run_and_report("run_embed"),
-    "index": _run_and_report("run_index"), "retrieve": _run_and_report("run_retrieve"),
-    "extract": _run_and_report("run_extract"), "querygen": _run_and_report("run_querygen"),
-    "evaluate": cmd_evaluate, "silver": cmd_silver, "demo": cmd_demo, "nightly": cmd_nightly, "verify": cmd_verify,
-    "report": cmd_report, "train": cmd_train, "rerank": cmd_rerank,
-    "evaluate-retrieval": cmd_evaluate_retrieval, "run": cmd_run, "publish": cmd_publish,
-}
+# how two results print that ``cli`` still owns (the publish lines, also printed after a night that publishes)
+SUMMARIES: dict[str, Callable[[Any, Any], None]] = {"nightly": print_night,
+                                                    "publish": lambda job, result: print_published(result)}
+# the CLI's own commands (``options.CLI_COMMANDS``); every other command is a registered stage's or a chain's
+OWN_HANDLERS = {"evaluate": cmd_evaluate, "evaluate-retrieval": cmd_evaluate_retrieval, "demo": cmd_demo,
+                "report": cmd_report, "verify": cmd_verify}
+
+
+def handler(name: str) -> Callable[[argparse.Namespace], int]:
+    """The handler of command ``name``."""
+    from verbatim_batch.cli.options import COMMANDS
+
+    return OWN_HANDLERS.get(name) or _stage_handler(COMMANDS[name])
 
 
 def build_job(command: str, config: str | None = None, **options: Any):

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import sys
+from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
 from verbatim_batch.core.options import OptionError, OptionField, check, option, options_of
+from verbatim_batch.engine.runner import Command, RunOptions
 from verbatim_batch.engine.telemetry.options import MetricsOptions
+from verbatim_batch.stages import chains, nightly, registry
+from verbatim_batch.stages.extract import extractor_group
 
 
 def _thresholds(value: str) -> tuple[float, ...]:
@@ -40,12 +43,6 @@ def _cutoffs(value: str) -> tuple[int, ...]:
     return ks
 
 
-def _extractor() -> Any:
-    from verbatim_batch.stages.extract import extractor_group
-
-    return extractor_group()
-
-
 @dataclass(kw_only=True)
 class EvaluateOptions(MetricsOptions):
     """``evaluate``: gold pairs against predictions, or an extractor swept over thresholds."""
@@ -61,7 +58,7 @@ class EvaluateOptions(MetricsOptions):
         "no --predictions)", parse=_thresholds)
     report: str | None = option(None, "also write DIR/report.html (and report.json): gold and predicted spans side "
                                 "by side with per-row F1, and the sweep table", path=True, metavar="DIR")
-    extractor: Any = _extractor()
+    extractor: Any = extractor_group()
 
 
 @dataclass(kw_only=True)
@@ -106,64 +103,48 @@ class VerifyOptions(RayOptions):
                                       "groups, else in this process"))
 
 
-@dataclass(frozen=True)
-class Command:
-    help: str
-    job: str | type  # the dataclass whose options the command takes, or its "module:Class" (imported when asked)
-    omit: tuple[str, ...] = ()  # of its options, those the command does not take
-    chain: bool = False  # takes every stage's options too
-    positional: tuple[tuple[str, str], ...] = ()  # (name, help)
-
-    @property
-    def cls(self) -> type:
-        if isinstance(self.job, type):
-            return self.job
-        module, _, name = self.job.partition(":")
-        mod = __import__(module, fromlist=[name])
-        return getattr(mod, name)
+# The CLI's own commands (no stage, no run folder of their own); every other command is a registered stage's or
+# a chain's (``stages.registry``, ``chains.COMMAND``, ``nightly.COMMAND``). Their handlers: ``cli.commands``.
+CLI_COMMANDS = (
+    Command("evaluate", "score predicted spans against a gold pairs file (paper metrics)", EvaluateOptions),
+    Command("evaluate-retrieval", "nDCG@10, MRR@10 and Recall@k per method of a retrieval (or rerank) run on "
+            "labelled queries, by trec_eval", EvaluateRetrievalOptions),
+    Command("demo", "run the pipeline on the bundled example corpus (offline, CPU)", DemoOptions),
+    Command("report", "(re)write report.json and report.html of a run folder", ReportOptions,
+            positional=(("run_dir", "a run folder"),)),
+    Command("verify", "re-check a run: offsets exact, coverage complete (a chain or nightly folder: every stage)",
+            VerifyOptions, positional=(("run_dir", "a run folder"),)),
+)
 
 
-_P, _CLI = "verbatim_batch.stages.", "verbatim_batch.cli.options:"
-_NOT_INCREMENTAL = ("previous", "target_file_mb", "max_small_files")
-COMMANDS: dict[str, Command] = {
-    "chunk": Command("chunk a corpus into papers/chunks/quarantine Parquet tables",
-                     _P + "chunk:ChunkJob", omit=("batch_retries",)),
-    "embed": Command("embed the chunks of a chunk run", _P + "embed:EmbedJob"),
-    "index": Command("build FAISS + BM25 indexes from an embeddings run", _P + "index:IndexJob",
-                     omit=("batch_retries",)),
-    "retrieve": Command("top-k chunks per query: dense, BM25 and hybrid", _P + "retrieve:RetrieveJob",
-                        omit=("batch_retries",)),
-    "rerank": Command("optional: rerank each query's top retrieved chunks with a cross-encoder (between retrieve and "
-                      "extract)", _P + "rerank:RerankJob"),
-    "extract": Command("extract verbatim evidence spans for (query, chunk) pairs",
-                       _P + "extract:ExtractJob"),
-    "evaluate": Command("score predicted spans against a gold pairs file (paper metrics)",
-                        _CLI + "EvaluateOptions"),
-    "evaluate-retrieval": Command("nDCG@10, MRR@10 and Recall@k per method of a retrieval (or rerank) run on "
-                                  "labelled queries, by trec_eval", _CLI + "EvaluateRetrievalOptions"),
-    "querygen": Command("generate 3 search queries per sampled chunk with an LLM (3 steps)",
-                        _P + "querygen:QueryGenJob", omit=_NOT_INCREMENTAL + ("batch_retries",)),
-    "silver": Command("silver training data: sample, querygen, retrieve, teacher, filter, split",
-                      _P + "silver:SilverJob", omit=_NOT_INCREMENTAL),
-    "nightly": Command("incremental run against the last committed one; moves ROOT/current",
-                       _P + "nightly:NightlyJob", omit=("overwrite",) + _NOT_INCREMENTAL,
-                       chain=True),
-    "run": Command("the whole chain chunk -> embed -> index -> retrieve -> extract on your corpus and queries, one "
-                   "Ray start, each stage its run folder under --output", _P + "chains:ChainJob",
-                   omit=("target_file_mb", "max_small_files"), chain=True),
-    "train": Command("fine-tune the highlighter (a ModernBERT token classifier) on silver data with Ray Train",
-                     "verbatim_batch.stages.train:TrainJob", omit=_NOT_INCREMENTAL + ("batch_retries",)),
-    "demo": Command("run the pipeline on the bundled example corpus (offline, CPU)",
-                    _CLI + "DemoOptions"),
-    "report": Command("(re)write report.json and report.html of a run folder", _CLI + "ReportOptions",
-                      positional=(("run_dir", "a run folder"),)),
-    "verify": Command("re-check a run: offsets exact, coverage complete (a chain or nightly folder: every stage)",
-                      _CLI + "VerifyOptions", positional=(("run_dir", "a run folder"),)),
-    "publish": Command("publish a night's chunks, retrieval, pairs and spans as Apache Iceberg tables (one snapshot "
-                       "per night; a night already published is left as it is)", _P + "publish:PublishJob",
-                       positional=(("source", "a nightly root (its current night), a nightly or chain run folder, or "
-                                    "a chunk, retrieve or extract run"),)),
-}
+class CommandTable(MutableMapping):
+    """Every command by name, derived when asked: the registered stages (a stage added with ``registry.add``
+    included), the two chains, the CLI's own. A test may replace one (``monkeypatch.setitem``)."""
+
+    def __init__(self) -> None:
+        self.replaced: dict[str, Command] = {}
+
+    def _all(self) -> dict[str, Command]:
+        found = {c.name: c for c in (*registry.STAGES, chains.COMMAND, nightly.COMMAND, *CLI_COMMANDS)}
+        return found | {k: v for k, v in self.replaced.items() if k in found}
+
+    def __getitem__(self, name: str) -> Command:
+        return self._all()[name]
+
+    def __setitem__(self, name: str, command: Command) -> None:
+        self.replaced[name] = command
+
+    def __delitem__(self, name: str) -> None:
+        del self.replaced[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+
+COMMANDS = CommandTable()
 STAGE_PREFIX_FREE = "extract"  # in a chain, this stage's options also go without their prefix
 
 
@@ -190,20 +171,24 @@ class Flag:
         return self.of.default
 
 
-@cache
 def command_flags(command: str) -> dict[str, Flag]:
     """``{key: Flag}`` of every option ``command`` takes."""
-    spec = COMMANDS[command]
+    return _command_flags(COMMANDS[command], tuple(chains.steps()))
+
+
+command_flags.cache_clear = lambda: _command_flags.cache_clear()  # type: ignore[attr-defined]
+
+
+@cache
+def _command_flags(spec: Command, steps: tuple[Command, ...]) -> dict[str, Flag]:
     out: dict[str, Flag] = {}
     for of in options_of(spec.cls):
         if of.key not in spec.omit:
             out[of.key] = Flag(of.key, of, (of.flag,))
     if spec.chain:
-        from verbatim_batch.stages.chains import STAGE_JOBS, stage_keys
-
-        for stage, cls, _ in STAGE_JOBS.values():
-            fields = {of.key: of for of in options_of(cls)}
-            for key in stage_keys(stage):
+        for step in steps:
+            stage, fields = step.name, {of.key: of for of in options_of(step.job)}
+            for key in chains.stage_keys(stage):
                 flags = ["--" + f"{stage}-{key}".replace("_", "-")]
                 if stage == STAGE_PREFIX_FREE and key not in out:
                     flags.insert(0, fields[key].flag)
@@ -235,8 +220,6 @@ class Parser(argparse.ArgumentParser):
 def add_options(parser: argparse.ArgumentParser, command: str) -> set[str]:
     """Add ``command``'s options to its parser; returns the keys that are required. They are checked after
     a config file's values are in (``cli.parse_args``), so a required option may come from the file."""
-    from verbatim_batch.engine.runner import RunOptions
-
     spec = COMMANDS[command]
     for name, text in spec.positional:
         parser.add_argument(name, help=text)
@@ -297,9 +280,3 @@ def stage_sections(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
         if dot and value is not None:
             out.setdefault(stage, {})[name] = value
     return out
-
-
-def die(command: str, message: str) -> None:
-    """One line on stderr, exit 2."""
-    print(f"verbatim-batch {command}: error: {message}", file=sys.stderr)
-    raise SystemExit(2)

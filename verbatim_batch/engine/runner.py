@@ -188,6 +188,34 @@ class StageContext:
         return time.perf_counter() - self.started
 
 
+# the run options only an incremental stage takes (one that carries rows from ``--previous``)
+NOT_INCREMENTAL = ("previous", "target_file_mb", "max_small_files")
+
+
+@dataclass(frozen=True)
+class Command:
+    """A command, declared once in its stage module (``COMMAND = Command(...)``) and listed in the stage registry
+    (``stages.registry``): the CLI's command, flags, handler and ``--help``, its YAML section, its Ray job
+    (``jobs/<name>.py``), its chain step (with ``folder``) and the option reference are derived from it."""
+
+    name: str  # ``verbatim-batch <name>``, a config file's section, a chain's ``--<name>-<option>`` flags
+    help: str
+    job: type  # the dataclass whose option fields the command takes
+    run: Callable[[Any], Any] | None = None  # job -> result (a run's ``(folder, manifest)``)
+    summary: Callable[[Any], None] | None = None  # prints the result (None: the run folder's tables and counts)
+    stage: type[Stage] | None = None  # what a chain step reads and writes
+    folder: str | None = None  # its folder in a chain run: set for a chain step, in registry order
+    when: Callable[[Any], bool] | None = None  # a chain step the chain runs only when it says so (the reranker)
+    omit: tuple[str, ...] = ()  # of the job's options, those the command does not take
+    positional: tuple[tuple[str, str], ...] = ()  # (name, help) of positional arguments
+    chain: bool = False  # takes every chain stage's options too (``run``, ``nightly``)
+    handler: Callable[[Any], int] | None = None  # a command of the CLI's own: parsed arguments -> exit code
+
+    @property
+    def cls(self) -> type:
+        return self.job
+
+
 def declaration_problems(cls: type[Stage]) -> list[str]:
     """What is missing or inconsistent in a stage class's declarations (empty when sound)."""
     from verbatim_batch.engine.resources import Resources

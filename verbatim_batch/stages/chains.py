@@ -5,10 +5,11 @@ committed run folder under one output folder (``chunks/``, ``embeddings/``, ``in
 ``spans/``), optionally building on the same stages of an earlier chain (``previous``). With a ``reranker`` the
 chain reranks the retrieval into ``reranked/`` and extracts from that.
 
-The chain is a list of steps (``STEPS``; ``add_step`` inserts one). Its wiring is derived, not listed: each run a
-stage reads (``Stage.reads``: a job field and the tables it must hold) is the folder of the last step before it
-that writes those tables (``Stage.writes``), and the chain's own options (``input``, ``queries``, ...) go to the
-first step whose job has a field of that name.
+The chain's steps are the registered stages that declare a chain ``folder`` (``stages.registry``, in its
+order; ``registry.add`` inserts a user's own). Its wiring is derived, not listed: each run a stage reads
+(``Stage.reads``: a job field and the tables it must hold) is the folder of the last step before it that writes
+those tables (``Stage.writes``), and the chain's own options (``input``, ``queries``, ...) go to the first step
+whose job has a field of that name.
 """
 
 from __future__ import annotations
@@ -22,72 +23,46 @@ from typing import Any
 from verbatim_batch.core import storage
 from verbatim_batch.core.options import Declared, OptionError, check, group, is_runtime, option, options_of, settings
 from verbatim_batch.core.records import read_queries
-from verbatim_batch.core.runs import jsonable
+from verbatim_batch.core.runs import jsonable, read_manifest
 from verbatim_batch.corpus import readers as corpus
-from verbatim_batch.engine.runner import CompositeStage, Plan, RunOptions, Stage, StageContext, StageResult, run_stage
-from verbatim_batch.stages.chunk import ChunkJob, ChunkStage, run_chunk  # noqa: F401 - runners looked up by name (STEPS)
-from verbatim_batch.stages.embed import EmbedJob, EmbedStage, run_embed  # noqa: F401 - runners looked up by name (STEPS)
-from verbatim_batch.stages.extract import ExtractJob, ExtractStage, run_extract  # noqa: F401 - runners looked up by name (STEPS)
-from verbatim_batch.stages.index import IndexJob, IndexStage, run_index  # noqa: F401 - runners looked up by name (STEPS)
-from verbatim_batch.stages.rerank import RerankJob, RerankStage, run_rerank  # noqa: F401 - runners looked up by name (STEPS)
-from verbatim_batch.stages.retrieve import RetrieveJob, RetrieveStage, run_retrieve  # noqa: F401 - runners looked up by name (STEPS)
+from verbatim_batch.engine.runner import (
+    Command,
+    CompositeStage,
+    Plan,
+    RunOptions,
+    StageContext,
+    StageResult,
+    run_stage,
+)
+from verbatim_batch.report.summary import print_run
+from verbatim_batch.stages import registry, rerank
 
-RERANK_STAGE = "reranked"  # between retrieval and spans, when the chain has a reranker
-
-
-@dataclass(frozen=True)
-class Step:
-    """One stage of the chain: its folder in a chain run, the command whose options it takes (a config section
-    of that name), its job and stage classes (what it reads and writes), and its runner: a name in this module
-    (tests replace one) or a callable ``job -> (path, manifest)``. ``when``: a step the chain runs only when it
-    says so (the reranker, with a model)."""
-
-    folder: str
-    command: str
-    job: type
-    stage: type[Stage]
-    runner: str | Callable[[Any], tuple[str, dict[str, Any]]]
-    when: Callable[[Chain], bool] | None = None
+RERANK_STAGE = rerank.COMMAND.folder  # between retrieval and spans, when the chain has a reranker
+RUNNERS: dict[str, Callable[[Any], tuple[str, dict[str, Any]]]] = {}  # a test may replace a step's runner here
 
 
-STEPS: list[Step] = [
-    Step("chunks", "chunk", ChunkJob, ChunkStage, "run_chunk"),
-    Step("embeddings", "embed", EmbedJob, EmbedStage, "run_embed"),
-    Step("index", "index", IndexJob, IndexStage, "run_index"),
-    Step("retrieval", "retrieve", RetrieveJob, RetrieveStage, "run_retrieve"),
-    Step(RERANK_STAGE, "rerank", RerankJob, RerankStage, "run_rerank", when=lambda chain: chain.reranks),
-    Step("spans", "extract", ExtractJob, ExtractStage, "run_extract"),
-]
-STAGES = tuple(s.folder for s in STEPS if s.when is None)  # the stages every chain runs
-# each stage: the command whose options it takes, its job, its runner (derived from STEPS; ``add_step`` keeps it)
-STAGE_JOBS: dict[str, tuple[str, type, Any]] = {}
-SECTIONS: tuple[str, ...] = ()
+def steps() -> list[Command]:
+    """The chain's steps, in order: the registered stages with a chain folder (``registry.steps``)."""
+    return registry.steps()
 
 
-def _derive() -> None:
-    global SECTIONS
-    STAGE_JOBS.clear()
-    STAGE_JOBS.update({s.folder: (s.command, s.job, s.runner) for s in STEPS})
-    SECTIONS = tuple(s.command for s in STEPS)
+def step(folder: str) -> Command:
+    return next(c for c in steps() if c.folder == folder)
 
 
-def add_step(step: Step, after: str) -> None:
-    """Insert ``step`` into the chain after the step whose folder is ``after``. Its wiring is derived from its
-    stage's declarations; its options become a config section named after its command."""
-    if any(s.folder == step.folder or s.command == step.command for s in STEPS):
-        raise ValueError(f"the chain already has a step {step.folder!r} or a {step.command!r} section")
-    index = next(i for i, s in enumerate(STEPS) if s.folder == after)
-    STEPS.insert(index + 1, step)
-    _derive()
+def sections() -> tuple[str, ...]:
+    """The stage sections a chain takes (a config file's ``extract:``, ...): its steps' commands."""
+    return tuple(c.name for c in steps())
 
 
-def remove_step(folder: str) -> None:
-    """Take a step added with ``add_step`` out of the chain again."""
-    STEPS[:] = [s for s in STEPS if s.folder != folder]
-    _derive()
+def base_stages() -> tuple[str, ...]:
+    """The folders every chain run holds (the steps without a ``when``)."""
+    return tuple(c.folder for c in steps() if c.when is None)
 
 
-_derive()
+def stage_command(name: str) -> Command:
+    """The chain step whose command is ``name``."""
+    return next(c for c in steps() if c.name == name)
 
 
 @dataclass
@@ -131,10 +106,10 @@ class Chain(Declared):
         at = (lambda stage: storage.join(out, stage)) if out else (lambda stage: stage)
         jobs = {}
         for stage, wiring in self.wiring().items():
-            step = next(s for s in STEPS if s.folder == stage)
-            wired = {name: (at(value) if name in step.stage.reads else value) for name, value in wiring.items()}
-            values = self.stages.get(step.command, {}) | wired | common | {"output": at(stage)}
-            jobs[stage] = build(step.job, values, lambda of, c=step.command: f"{of.flag} ({c}.{of.key})")
+            cmd = step(stage)
+            wired = {name: (at(value) if name in cmd.stage.reads else value) for name, value in wiring.items()}
+            values = self.stages.get(cmd.name, {}) | wired | common | {"output": at(stage)}
+            jobs[stage] = build(cmd.job, values, lambda of, c=cmd.name: f"{of.flag} ({c}.{of.key})")
         return jobs
 
     def wiring(self) -> dict[str, dict[str, Any]]:
@@ -145,13 +120,13 @@ class Chain(Declared):
         written: dict[str, str] = {}
         out: dict[str, dict[str, Any]] = {}
         for stage in chain_stages(self):
-            step = next(s for s in STEPS if s.folder == stage)
-            names = {f.name for f in dataclasses.fields(step.job)}
+            cmd = step(stage)
+            names = {f.name for f in dataclasses.fields(cmd.job)}
             values = {name: own.pop(name) for name in list(own) if name in names}
-            for name, tables in step.stage.reads.items():
+            for name, tables in cmd.stage.reads.items():
                 if all(t in written for t in tables):
                     values[name] = written[tables[0]]
-            for table in step.stage.writes:
+            for table in cmd.stage.writes:
                 written[table] = stage
             out[stage] = values
         return out
@@ -160,16 +135,16 @@ class Chain(Declared):
 def stage_keys(command: str) -> tuple[str, ...]:
     """The options of stage ``command`` a chain takes from its section: all but what the chain wires (inputs,
     outputs and run options, which are the chain's own)."""
-    cls = next(c for name, c, _ in STAGE_JOBS.values() if name == command)
+    cls = stage_command(command).job
     own = {of.key for of in options_of(RunOptions)} | {of.key for of in options_of(Chain)}
     return tuple(of.key for of in options_of(cls) if of.key not in own and not of.option.path)
 
 
 def stage_options(command: str, values: dict[str, Any]) -> dict[str, Any]:
     """A stage section's values, each checked as the option takes it (raises ``OptionError``)."""
-    if command not in SECTIONS:
-        raise OptionError(f"a chain has no stage {command!r} (its stages: {', '.join(SECTIONS)})")
-    cls = next(c for name, c, _ in STAGE_JOBS.values() if name == command)
+    if command not in sections():
+        raise OptionError(f"a chain has no stage {command!r} (its stages: {', '.join(sections())})")
+    cls = stage_command(command).job
     fields = {of.key: of for of in options_of(cls)}
     keys = stage_keys(command)
     out = {}
@@ -198,8 +173,8 @@ def run_chain(chain: Chain, output: str, *, previous: str | None = None, run_id:
         if previous and storage.exists(storage.join(previous, name, "manifest.json")):
             job.previous = storage.join(previous, name)
         t = time.perf_counter()
-        runner = STAGE_JOBS[name][2]
-        results[name] = (globals()[runner] if isinstance(runner, str) else runner)(job)  # tests replace one
+        cmd = step(name)
+        results[name] = RUNNERS.get(cmd.name, cmd.run)(job)
         timings[name] = time.perf_counter() - t
         if after_stage is not None:
             after_stage(name)
@@ -207,9 +182,9 @@ def run_chain(chain: Chain, output: str, *, previous: str | None = None, run_id:
 
 
 def chain_stages(chain: Chain) -> tuple[str, ...]:
-    """The chain's stages in order (``STEPS``; a step with ``when`` only when it says so: ``reranked`` before
+    """The chain's stages in order (``steps``; a step with ``when`` only when it says so: ``reranked`` before
     ``spans`` when the chain reranks)."""
-    return tuple(s.folder for s in STEPS if s.when is None or s.when(chain))
+    return tuple(c.folder for c in steps() if c.when is None or c.when(chain))
 
 
 def chain_settings(chain: Chain) -> dict[str, Any]:
@@ -285,3 +260,17 @@ class ChainStage(CompositeStage):
 def run_chain_job(job: ChainJob) -> tuple[str, dict[str, Any]]:
     """``verbatim-batch run``: the chain as one committed, resumable run."""
     return run_stage(ChainStage(job))
+
+
+def print_chain(job: ChainJob, result: tuple[str, dict[str, Any]]) -> None:
+    """Every stage's summary, then the chain run's folder and report."""
+    path, manifest = result
+    for stage in manifest.get("stages", {}):
+        print(f"\n== {stage} ==")
+        print_run(storage.join(path, stage), read_manifest(storage.join(path, stage)))
+    print(f"\nchain run {manifest['run_id']} committed to {path} (report: {storage.join(path, 'report.html')})")
+
+
+COMMAND = Command("run", "the whole chain chunk -> embed -> index -> retrieve -> extract on your corpus and "
+                  "queries, one Ray start, each stage its run folder under --output", ChainJob, run_chain_job,
+                  summary=print_chain, omit=("target_file_mb", "max_small_files"), chain=True)

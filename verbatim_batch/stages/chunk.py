@@ -33,6 +33,7 @@ from verbatim_batch.corpus.ingest import (
 from verbatim_batch.corpus.metadata import load_metadata, metadata_stats
 from verbatim_batch.engine.ray_env import cpus
 from verbatim_batch.engine.runner import (
+    Command,
     Outcome,
     Plan,
     RunOptions,
@@ -264,7 +265,7 @@ class ChunkStage(TableStage):
         meta_path = corpus.resolve(job.metadata)[1] if job.metadata else None
         if meta_path:  # a metadata file inside the input folder is not a paper
             files = [f for f in files if f.path != meta_path]
-        # named in the manifest and the committed run's summary (cli.commands.report), never silently
+        # named in the manifest and the committed run's summary (report.summary.print_run), never silently
         n_skipped, first = corpus.skipped_files(job.input, fmt, ignore=(meta_path,) if meta_path else ())
         if fmt != "md" or job.address or os.environ.get("RAY_ADDRESS") or _looks_changed(job, files):
             # Ray first: duplicates of Parquet/JSONL corpora are a Ray read; on a cluster, or when the listing
@@ -355,3 +356,7 @@ class ChunkStage(TableStage):
 def run_chunk(job: ChunkJob) -> tuple[str, dict[str, Any]]:
     """Chunk a corpus into a committed run folder; returns ``(path, manifest)``."""
     return run_stage(ChunkStage(job))
+
+
+COMMAND = Command("chunk", "chunk a corpus into papers/chunks/quarantine Parquet tables", ChunkJob, run_chunk,
+                  stage=ChunkStage, folder="chunks", omit=("batch_retries",))

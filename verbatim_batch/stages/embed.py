@@ -16,7 +16,16 @@ from verbatim_batch.core.tables import embeddings_schema
 from verbatim_batch.engine.batches import drop_keys, strip_internal, with_counts
 from verbatim_batch.engine.model_actor import ModelActor, host
 from verbatim_batch.engine.resources import Cluster, Resources, ray_args, task_bounds
-from verbatim_batch.engine.runner import Plan, RunOptions, StageContext, TableStage, Work, bound_settings, run_stage
+from verbatim_batch.engine.runner import (
+    Command,
+    Plan,
+    RunOptions,
+    StageContext,
+    TableStage,
+    Work,
+    bound_settings,
+    run_stage,
+)
 from verbatim_batch.retrieval.embedder import EmbedderConfig
 
 if TYPE_CHECKING:
@@ -167,3 +176,7 @@ class EmbedStage(TableStage):
 def run_embed(job: EmbedJob) -> tuple[str, dict[str, Any]]:
     """Embed every chunk of a chunk run into an embeddings table (only the new ones, given ``previous``)."""
     return run_stage(EmbedStage(job))
+
+
+COMMAND = Command("embed", "embed the chunks of a chunk run", EmbedJob, run_embed, stage=EmbedStage,
+                  folder="embeddings")

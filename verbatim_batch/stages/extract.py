@@ -35,6 +35,7 @@ from verbatim_batch.engine.model_actor import ModelActor, host, stage_failed
 from verbatim_batch.engine.pair_plan import query_blocks
 from verbatim_batch.engine.resources import Cluster, Resources, ray_args, task_bounds
 from verbatim_batch.engine.runner import (
+    Command,
     Outcome,
     Plan,
     RunOptions,
@@ -550,3 +551,7 @@ def _unpack(packed: pa.Table) -> dict[str, pa.Table]:
 def run_extract(job: ExtractJob) -> tuple[str, dict[str, Any]]:
     """Extract verbatim spans for every pair into ``spans/``, ``pairs/`` and ``rejects/`` tables."""
     return run_stage(ExtractStage(job))
+
+
+COMMAND = Command("extract", "extract verbatim evidence spans for (query, chunk) pairs", ExtractJob, run_extract,
+                  stage=ExtractStage, folder="spans")

@@ -14,7 +14,16 @@ from verbatim_batch.core import storage
 from verbatim_batch.core.options import group, option
 from verbatim_batch.core.runs import committed_table_dir, manifest_config, read_manifest
 from verbatim_batch.engine.resources import Resources, ray_args
-from verbatim_batch.engine.runner import Plan, RunOptions, Stage, StageContext, StageResult, bound_settings, run_stage
+from verbatim_batch.engine.runner import (
+    Command,
+    Plan,
+    RunOptions,
+    Stage,
+    StageContext,
+    StageResult,
+    bound_settings,
+    run_stage,
+)
 from verbatim_batch.retrieval.index.dense import DenseSpec
 from verbatim_batch.retrieval.index.folder import build_index_files, index_fingerprint, update_index_files
 
@@ -114,3 +123,7 @@ def run_index(job: IndexJob) -> tuple[str, dict[str, Any]]:
     ``max_drift``; the manifest says which (``update``: unchanged, added or rebuilt).
     """
     return run_stage(IndexStage(job))
+
+
+COMMAND = Command("index", "build FAISS + BM25 indexes from an embeddings run", IndexJob, run_index,
+                  stage=IndexStage, folder="index", omit=("batch_retries",))

@@ -47,7 +47,16 @@ from verbatim_batch.core.runs import (
     safe_run_id,
 )
 from verbatim_batch.engine.lake import IcebergTarget
-from verbatim_batch.engine.runner import CompositeStage, Plan, RunOptions, StageContext, StageResult, run_stage
+from verbatim_batch.engine.runner import (
+    NOT_INCREMENTAL,
+    Command,
+    CompositeStage,
+    Plan,
+    RunOptions,
+    StageContext,
+    StageResult,
+    run_stage,
+)
 from verbatim_batch.stages.chains import Chain, chain_result, chain_settings, run_chain
 
 
@@ -136,3 +145,6 @@ def run_nightly(job: NightlyJob) -> tuple[str, dict[str, Any]]:
     finally:
         release_lock(lock)
 
+
+COMMAND = Command("nightly", "incremental run against the last committed one; moves ROOT/current", NightlyJob,
+                  run_nightly, omit=("overwrite", *NOT_INCREMENTAL), chain=True)  # summary: cli (print_night)

@@ -16,6 +16,8 @@ from verbatim_batch.core.tables import GENERATED_QUERIES
 from verbatim_batch.engine.batches import drop_keys
 from verbatim_batch.engine.resources import Resources, ray_args
 from verbatim_batch.engine.runner import (
+    NOT_INCREMENTAL,
+    Command,
     Outcome,
     Plan,
     RunOptions,
@@ -113,3 +115,7 @@ class QueryGenStage(TableStage):
 def run_querygen(job: QueryGenJob) -> tuple[str, dict[str, Any]]:
     """Sample papers, pick one chunk each, and generate 3 queries per chunk into a ``queries`` table."""
     return run_stage(QueryGenStage(job))
+
+
+COMMAND = Command("querygen", "generate 3 search queries per sampled chunk with an LLM (3 steps)", QueryGenJob,
+                  run_querygen, omit=NOT_INCREMENTAL + ("batch_retries",))

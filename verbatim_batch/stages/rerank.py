@@ -25,6 +25,7 @@ from verbatim_batch.engine.batches import drop_keys
 from verbatim_batch.engine.model_actor import ModelActor
 from verbatim_batch.engine.resources import Resources, ray_args
 from verbatim_batch.engine.runner import (
+    Command,
     Outcome,
     Plan,
     RunOptions,
@@ -177,3 +178,7 @@ def run_rerank(job: RerankJob) -> tuple[str, dict[str, Any]]:
     """Rerank each query's top ``top_k`` candidates of a retrieval run with a cross-encoder."""
     return run_stage(RerankStage(job))
 
+
+COMMAND = Command("rerank", "optional: rerank each query's top retrieved chunks with a cross-encoder (between "
+                  "retrieve and extract)", RerankJob, run_rerank, stage=RerankStage, folder="reranked",
+                  when=lambda chain: chain.reranks)  # a chain reranks when its rerank section names a model

@@ -18,6 +18,7 @@ from verbatim_batch.core.tables import RETRIEVAL, query_id_for, stable_hash
 from verbatim_batch.engine.batches import drop_keys
 from verbatim_batch.engine.resources import Cluster, Resources, ray_args
 from verbatim_batch.engine.runner import (
+    Command,
     Outcome,
     Plan,
     RunOptions,
@@ -147,3 +148,7 @@ def run_retrieve(job: RetrieveJob) -> tuple[str, dict[str, Any]]:
     With ``previous``, a run whose key (index fingerprint, queries, settings) matches is carried as is.
     """
     return run_stage(RetrieveStage(job))
+
+
+COMMAND = Command("retrieve", "top-k chunks per query: dense, BM25 and hybrid", RetrieveJob, run_retrieve,
+                  stage=RetrieveStage, folder="retrieval", omit=("batch_retries",))

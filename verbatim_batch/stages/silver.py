@@ -21,6 +21,8 @@ from verbatim_batch.core.options import group, option, settings
 from verbatim_batch.core.runs import committed_table_dir, read_table
 from verbatim_batch.core.tables import group_by
 from verbatim_batch.engine.runner import (
+    NOT_INCREMENTAL,
+    Command,
     CompositeStage,
     Plan,
     RunOptions,
@@ -33,6 +35,7 @@ from verbatim_batch.engine.runner import (
 from verbatim_batch.extract.highlighter import HighlighterConfig
 from verbatim_batch.extract.highlighter_spans import window_problem
 from verbatim_batch.extract.llm import LLMConfig
+from verbatim_batch.report.summary import print_run
 from verbatim_batch.stages.extract import ExtractJob, run_extract
 from verbatim_batch.stages.querygen import HTTP_OPTIONS, QueryGenJob, run_querygen
 from verbatim_batch.stages.retrieve import RetrieveJob, run_retrieve
@@ -195,3 +198,15 @@ def teacher_rows(extract_dir: str, chunks_run: str, teacher_model: str) -> tuple
         })
     ok = [r for r in rows if not r["error"] and r["chunk"] is not None]
     return ok, len(rows) - len(ok)
+
+
+def print_silver(job: SilverJob, result: tuple[str, dict[str, Any]]) -> None:
+    """The run folder, then the funnel from sampled papers to the train and dev splits."""
+    path, manifest = result
+    print_run(path, manifest)
+    steps = ("papers", "queries", "rows", "kept", "train", "dev")
+    print("  " + " -> ".join(f"{manifest['counts'].get(k, 0)} {k}" for k in steps))
+
+
+COMMAND = Command("silver", "silver training data: sample, querygen, retrieve, teacher, filter, split", SilverJob,
+                  run_silver, summary=print_silver, omit=NOT_INCREMENTAL)

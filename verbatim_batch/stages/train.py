@@ -27,7 +27,16 @@ from typing import Any
 
 from verbatim_batch.core import storage
 from verbatim_batch.core.options import option, settings
-from verbatim_batch.engine.runner import Plan, RunOptions, Stage, StageContext, StageResult, run_stage
+from verbatim_batch.engine.runner import (
+    NOT_INCREMENTAL,
+    Command,
+    Plan,
+    RunOptions,
+    Stage,
+    StageContext,
+    StageResult,
+    run_stage,
+)
 from verbatim_batch.extract.highlighter_spans import window_problem
 from verbatim_batch.silver.train import data
 from verbatim_batch.silver.train.data import collate
@@ -315,3 +324,20 @@ def train_loop_per_worker(cfg: dict[str, Any]) -> None:
     }
     if ctx.get_world_rank() == 0:  # Ray Train keeps metrics with checkpoints only: the summary goes in a file
         storage.write_text(cfg["summary"], json.dumps(summary, sort_keys=True))
+
+
+def print_training(job: TrainJob, result: tuple[str, dict[str, Any]]) -> None:
+    """Where the model is, its best epoch's scores, steps, throughput and the curves."""
+    path, manifest = result
+    t = manifest["training"]
+    best = t["best"]
+    print(f"train run {manifest['run_id']} -> {path}")
+    print(f"  model: {path}/model  (best epoch {best['epoch']}: Word-F1 {best.get('eval_word_f1', 0):.3f}, "
+          f"IoU-F1 {best.get('eval_iou_f1', 0):.3f}, eval loss {best.get('eval_loss', 0):.4f})")
+    print(f"  {t['global_step']} steps ({t['steps_per_epoch']}/epoch), resumed from step {t['resumed_from_step']}; "
+          f"{(t['throughput'].get('tokens_per_s') or 0):.0f} tokens/s")
+    print(f"  curves: {path}/training.html")
+
+
+COMMAND = Command("train", "fine-tune the highlighter (a ModernBERT token classifier) on silver data with Ray "
+                  "Train", TrainJob, run_train, summary=print_training, omit=NOT_INCREMENTAL + ("batch_retries",))

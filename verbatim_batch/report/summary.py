@@ -1,0 +1,42 @@
+"""What a command prints when a run commits: where its tables are, and its main counts (the CLI's summary of
+every stage command; ``report.html`` is the long form)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from verbatim_batch.core import storage
+
+
+def _table_location(path: str, name: str) -> str:
+    """Where table ``name`` of a run really is: its folder, or its single file (the index's ``ids.parquet``)."""
+    folder = storage.join(path, name)
+    if not storage.isdir(folder) and storage.exists(folder + ".parquet"):
+        return folder + ".parquet"
+    return folder
+
+
+def print_run(path: str, manifest: dict) -> None:
+    """Where a committed run's tables are, and its main counts."""
+    counts = manifest["counts"]
+    print(f"run {manifest['run_id']} committed to {path}")
+    for name, info in manifest["tables"].items():
+        print(f"  {name:<11} {info['rows']:>9} rows  {_table_location(path, name)}")
+    print(f"  manifest    {os.path.join(path, 'manifest.json')}")
+    reasons = {k.split(".", 1)[1]: v for k, v in counts.items() if k.startswith("quarantine.")}
+    if reasons:
+        print(f"  quarantined by reason: {json.dumps(reasons, sort_keys=True)}")
+    if "papers_bytes" in counts:
+        print(f"  {counts['papers_bytes'] / 1e6:.1f} MB of papers in {manifest['timings_s']['total']:.1f} s")
+    if skipped := manifest.get("skipped_files"):  # never silent: a folder of .pdf papers would chunk nothing
+        first = ", ".join(skipped["first"][:3]) + (", ..." if skipped["count"] > 3 else "")
+        print(f"  {skipped['count']} file(s) in the corpus folder not read, {skipped['why']}: {first}")
+    if "pairs" in counts:
+        print(f"  {counts['pairs']} pairs: {counts.get('pairs_with_spans', 0)} with spans, "
+              f"{counts.get('pairs_abstained', 0)} abstained, {counts.get('pairs_failed', 0)} failed; "
+              f"{counts.get('spans', 0)} spans, {counts.get('verbatim_violations', 0)} withheld as non-verbatim")
+    if "truncated" in counts:
+        print(f"  {counts.get('tokens', 0)} tokens; {counts.get('multi_window', 0)} chunks longer than the model's "
+              f"window embedded in {counts.get('windows', 0)} windows in all; {counts['truncated']} chunks cut after "
+              "--max-windows")
