@@ -61,7 +61,6 @@ from verbatim_batch.engine.lake_state import (
     store_hashes,
 )
 from verbatim_batch.engine.lake_state import write_data_files as write_in_process
-from verbatim_batch.engine.runner import Command
 from verbatim_batch.engine.telemetry.options import MetricsOptions
 
 log = logging.getLogger(__name__)
@@ -285,6 +284,7 @@ def publish_table(catalog: Any, job: PublishJob, night: Night, name: str, nights
     summary = {NIGHT_PROP: night.night, FINGERPRINT_PROP: digest, CONTENT_PROP: nights.content,
                SOURCE_PROP: redact_text(night.run_dir)[:500]}
     for attempt in range(COMMIT_ATTEMPTS):
+        fault_point("publish.write")  # the night's changes about to be read and written
         if table.current_snapshot() is not None and table.properties.get(CONTENT_PROP) == nights.content:
             change = Change()  # the current state is this night's files: nothing to read or write
         else:
@@ -329,8 +329,3 @@ def run_publish(job: PublishJob) -> dict[str, Any]:
                 for name in PUBLISHED if name in night.stages]
     return {"night": night.night, "source": night.run_dir, "tables": done, "converted": converted}
 
-
-COMMAND = Command("publish", "publish a night's chunks, retrieval, pairs and spans as Apache Iceberg tables (one "
-                  "snapshot per night; a night already published is left as it is)", PublishJob, run_publish,
-                  positional=(("source", "a nightly root (its current night), a nightly or chain run folder, or a "
-                               "chunk, retrieve or extract run"),))  # summary: cli (print_published)
