@@ -229,3 +229,30 @@ def test_every_accepted_job_label_pushes_to_a_real_pushgateway(pushgateway, job,
 def test_the_push_deadline_is_declared_once_and_documented():
     docs = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text(encoding="utf-8")
     assert f"gives up after {push.DEADLINE_S:g} seconds" in docs
+
+
+def test_a_sigterm_while_the_push_waits_ends_with_143_and_the_one_line(tmp_path):
+    """A SIGTERM that lands while the metrics wait on a silent gateway: exit 143 and the command's one line last
+    (the signal handlers were put back before the push, so the default ended it with no line)."""
+    import signal
+
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    with Recorder("127.0.0.1", _silent) as gateway:
+        proc = subprocess.Popen([*CLI, "report", str(tmp_path / "no-run"), "--metrics-push", gateway.url],
+                                stderr=subprocess.PIPE, text=True, env=env,
+                                preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+        try:
+            deadline = time.monotonic() + 120
+            while not gateway.requests and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert gateway.requests, "the push never reached the gateway"
+            proc.send_signal(signal.SIGTERM)
+            err = proc.communicate(timeout=120)[1]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 143, err
+    lines = err.strip().splitlines()
+    assert lines[0].startswith("verbatim-batch report: error:") and "Traceback" not in err, err
+    assert lines[-1].startswith("verbatim-batch report: terminated (SIGTERM)") and len(lines) == 2, err

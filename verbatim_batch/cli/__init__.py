@@ -77,52 +77,61 @@ def main(argv: list[str] | None = None) -> int:
         from verbatim_synth import main as synth_main
 
         return synth_main(argv[1:])
-    args = parse_args(argv)
-    from verbatim_batch.engine.telemetry import session
+    watch_ctrl_c()  # from here on a SIGTERM or Ctrl-C ends the command with its one line and code
+    command, ended = (argv[0] if argv and not argv[0].startswith("-") else "?"), [0, False]  # [rc, line said]
+    try:
+        args = parse_args(argv)
+        command = args.command
+        from verbatim_batch.engine.telemetry import session
 
-    session.begin(args.command, push=getattr(args, "metrics_push", None), job=getattr(args, "metrics_job", None),
-                  address=getattr(args, "address", None), joins=hasattr(args, "address"))
-    status = "failed"
-    watch_ctrl_c()
+        session.begin(command, push=getattr(args, "metrics_push", None), job=getattr(args, "metrics_job", None),
+                      address=getattr(args, "address", None), joins=hasattr(args, "address"))
+        status = "failed"
+        try:
+            ended[0], status = _run(args)
+            ended[1] = ended[0] in (130, 143)
+        finally:
+            session.finish(status)  # the metrics, pushed and exported however the command ended
+        return ended[0]
+    except KeyboardInterrupt:  # a signal while the command line was read or the metrics pushed
+        if ended[1]:
+            return ended[0]  # a second signal: the command's line is said already
+        return _ended(command, "terminated (SIGTERM)", 143) if _TERM.is_set() else _ended(command, "interrupted", 130)
+    finally:
+        restore_signals()
+
+
+def _run(args: argparse.Namespace) -> tuple[int, str]:
+    """The command run: ``(exit code, status)``, its faults, limits and signals ended with one line each."""
     try:
         rc = handler(args.command)(args)
         if rc != 0 and _CTRL_C.is_set():
             raise KeyboardInterrupt  # a failure after Ctrl-C: the Ctrl-C ended it
-        status = "committed" if rc == 0 else "failed"
-        return rc
+        return rc, "committed" if rc == 0 else "failed"
     except (FileNotFoundError, FileExistsError, PermissionError, ConnectionError, ValueError,
             NotImplementedError) as exc:
         from verbatim_batch.core.redact import redact_text
 
-        status = "refused"
         print(f"verbatim-batch {args.command}: error: {redact_text(str(exc))}", file=sys.stderr)
-        return 2
+        return 2, "refused"
     except MemoryError:  # this process (the driver) ran out: its error path must not need memory either
-        status = "failed"
         return _ended(args.command, "error: out of memory in this process (MemoryError): raise its memory limit "
-                      "(ulimit -v, the container's) or lower --batch-rows", 2)
+                      "(ulimit -v, the container's) or lower --batch-rows", 2), "failed"
     except BaseException as exc:
         from verbatim_batch.engine.worker_faults import EXIT_CODE, StageStopped
 
         if _TERM.is_set():  # SIGTERM (kill, a pod's shutdown, a scheduler's timeout): as a Ctrl-C, exit 143
-            status = "interrupted"
-            return _ended(args.command, "terminated (SIGTERM)", 143)
+            return _ended(args.command, "terminated (SIGTERM)", 143), "interrupted"
         if isinstance(exc, RuntimeError) and "can't start new thread" in str(exc):  # a thread or process limit
-            status = "failed"
             return _ended(args.command, "error: cannot start a thread (a process or thread limit: ulimit -u, the "
-                          "container's pids limit)", 2)
+                          "container's pids limit)", 2), "failed"
         if isinstance(exc, StageStopped) and not _CTRL_C.is_set():  # lost workers past their bound: one line
-            status = "failed"
-            return _ended(args.command, f"error: {exc}", EXIT_CODE, resume=False)  # the line says how to resume
+            return _ended(args.command, f"error: {exc}", EXIT_CODE, resume=False), "failed"  # it says how to resume
         if not interrupted(exc):
             raise
         # Ctrl-C: one line; committed work stays, a run's staging is resumable. Ray Data may turn the
         # KeyboardInterrupt raised while it runs into a failed dataset: the Ctrl-C is what ended the command.
-        status = "interrupted"
-        return _ended(args.command, "interrupted", 130)
-    finally:
-        restore_signals()
-        session.finish(status)  # the metrics, pushed and exported however the command ended; never raises
+        return _ended(args.command, "interrupted", 130), "interrupted"
 
 
 def _ended(command: str, what: str, code: int, resume: bool = True) -> int:
@@ -167,15 +176,20 @@ def watch_ctrl_c() -> None:
         _CTRL_C.set()
         raise KeyboardInterrupt
 
-    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+    ours = signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    if ours:
         signal.signal(signal.SIGTERM, on_sigterm)
-        from verbatim_batch.engine import ray_env
+    from verbatim_batch.engine import ray_env
 
-        def again() -> None:  # Ray's core worker installs its own SIGTERM handler when it starts
-            if threading.current_thread() is threading.main_thread() and signal.SIGTERM in _SAVED:
-                signal.signal(signal.SIGTERM, on_sigterm)
+    def again() -> None:
+        """Once Ray is up: the SIGTERM handler back (Ray's core worker installs its own when it starts), and a
+        signal that came while Ray started ends the command now, should Ray have caught its KeyboardInterrupt."""
+        if ours and threading.current_thread() is threading.main_thread() and signal.SIGTERM in _SAVED:
+            signal.signal(signal.SIGTERM, on_sigterm)
+        if _CTRL_C.is_set():
+            raise KeyboardInterrupt
 
-        ray_env.AFTER_START[:] = [again]
+    ray_env.AFTER_START[:] = [again]
     if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         return
 

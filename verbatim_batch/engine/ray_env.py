@@ -3,6 +3,7 @@ CPUs and GPUs, and the CPU actor-pool rule (``actor_pool``) that ``resources.ray
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -33,7 +34,8 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, log_to_dri
     if address and address != "local":
         check_reachable(address)
         try:
-            ray.init(address=address, log_to_driver=log_to_driver)
+            with keeping_sigterm():
+                ray.init(address=address, log_to_driver=log_to_driver)
         except (ConnectionError, TimeoutError) as exc:
             raise ConnectionError(f"cannot join the Ray cluster at {address}: {str(exc).splitlines()[0][:200]}") \
                 from None
@@ -176,16 +178,20 @@ def _start_local(num_cpus: int | None = None, log_to_driver: bool = True, oom_re
         for attempt in range(LOCAL_START_ATTEMPTS):
             started = time.time()
             try:
-                ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=log_to_driver,
-                         _node_ip_address="127.0.0.1", _system_config={"task_oom_retries": oom})
+                with keeping_sigterm():
+                    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
+                             log_to_driver=log_to_driver, _node_ip_address="127.0.0.1",
+                             _system_config={"task_oom_retries": oom})
                 break
             except Exception as exc:  # noqa: BLE001 - e.g. "node timed out during startup" on a loaded machine
-                ray.shutdown()
-                _end_children_since(started)
+                _abandon_start(started)
                 if attempt + 1 == LOCAL_START_ATTEMPTS or "AF_UNIX path length" in str(exc):
                     raise ConnectionError(f"a local Ray did not start after {attempt + 1} attempt(s): "
                                           f"{str(exc).splitlines()[0][:200]}{_temp_dir_hint(exc)}") from None
                 time.sleep(2.0 * 2**attempt)
+            except BaseException:  # a signal mid start-up (SIGTERM, Ctrl-C): nothing it started stays
+                _abandon_start(started)
+                raise
     finally:
         if resolve is not None:
             services.resolve_ip_for_localhost = resolve
@@ -194,6 +200,46 @@ def _start_local(num_cpus: int | None = None, log_to_driver: bool = True, oom_re
     from verbatim_batch.engine.reaper import start
 
     start()  # the local Ray's processes do not outlive this driver, even after kill -9
+
+
+@contextlib.contextmanager
+def keeping_sigterm():
+    """While Ray starts, this process's own SIGTERM handler (the CLI's: one line, exit 143) stays in place.
+
+    ``ray.init`` replaces it first thing with one of Ray's that exits with status 15 and no line; a SIGTERM during
+    a start-up of several seconds then ended the command so. Ray's setter is a no-op for the call, where a Python
+    handler is in place (at the default, Ray's stays). Ray's core worker, once created, catches SIGTERM in C++,
+    prints a stack and hands it on to the handler here; ``AFTER_START`` puts the handler back after it."""
+    import signal
+    import threading
+
+    from ray._private import utils
+
+    own = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread() or not callable(own):
+        yield
+        return
+    setter = utils.set_sigterm_handler
+    utils.set_sigterm_handler = lambda handler: None
+    try:
+        yield
+    finally:
+        utils.set_sigterm_handler = setter
+
+
+def _abandon_start(started: float) -> None:
+    """A local start that failed or was interrupted: Ray shut down and what it started since ``started`` ended,
+    a second signal meanwhile ignored (the first one is being handled)."""
+    import ray
+
+    try:
+        ray.shutdown()
+    except BaseException:  # noqa: BLE001 - cleaning up after a failure or a signal
+        pass
+    try:
+        _end_children_since(started)
+    except BaseException:  # noqa: BLE001
+        _end_children_since(started)
 
 
 def _end_children_since(started: float) -> None:
