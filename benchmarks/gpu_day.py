@@ -70,7 +70,6 @@ import shlex  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
-import types  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -222,18 +221,11 @@ def make_classifier_model(dest: Path, shape: dict, tok, device: str = "cpu") -> 
 
 
 def load_train_modules():
-    """``verbatim_batch.silver.train.data`` and ``.loop`` without the package ``__init__`` (it imports the Ray job)."""
-    import verbatim_batch
+    """``verbatim_batch.silver.train.data`` and ``.loop`` (the silver floor imports no Ray: the Ray Train wiring is
+    the ``train`` stage's)."""
+    from verbatim_batch.silver.train import data, loop
 
-    name = "verbatim_batch.silver.train"
-    if name not in sys.modules:
-        pkg = types.ModuleType(name)
-        pkg.__path__ = [str(Path(verbatim_batch.__file__).parent / "train")]
-        pkg.__package__ = name
-        sys.modules[name] = pkg
-    import importlib
-
-    return importlib.import_module(name + ".data"), importlib.import_module(name + ".loop")
+    return data, loop
 
 
 def highlighter_stages():
