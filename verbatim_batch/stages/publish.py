@@ -61,6 +61,7 @@ from verbatim_batch.engine.lake_state import (
     store_hashes,
 )
 from verbatim_batch.engine.lake_state import write_data_files as write_in_process
+from verbatim_batch.engine.runner import Command
 from verbatim_batch.engine.telemetry.options import MetricsOptions
 
 log = logging.getLogger(__name__)
@@ -329,3 +330,8 @@ def run_publish(job: PublishJob) -> dict[str, Any]:
                 for name in PUBLISHED if name in night.stages]
     return {"night": night.night, "source": night.run_dir, "tables": done, "converted": converted}
 
+
+COMMAND = Command("publish", "publish a night's chunks, retrieval, pairs and spans as Apache Iceberg tables (one "
+                  "snapshot per night; a night already published is left as it is)", PublishJob, run_publish,
+                  positional=(("source", "a nightly root (its current night), a nightly or chain run folder, or a "
+                               "chunk, retrieve or extract run"),))  # summary: cli (print_published)
