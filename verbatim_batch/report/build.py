@@ -90,11 +90,6 @@ def time_breakdown(manifest: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def extract_time(counts: dict[str, Any], timings: dict[str, Any]) -> dict[str, Any]:
-    """``time_breakdown`` of an extract run from its counts and timings."""
-    return time_breakdown({"command": "extract", "counts": counts, "timings_s": timings})
-
-
 def build_report(run_dir: str, manifest: dict[str, Any] | None = None) -> dict[str, Any]:
     """The figures of one run folder (committed, or a staging folder with its manifest given)."""
     if manifest is None:

@@ -47,11 +47,6 @@ def current() -> Session | None:
     return _SESSION
 
 
-def command_label(default: str) -> str:
-    """The ``command`` label: the CLI command running, else (a Python caller) the stage's own."""
-    return _SESSION.command if _SESSION is not None else default
-
-
 def record(stage: str, block: dict[str, Any]) -> None:
     """A stage run's metrics block (``accounting.stage_metrics``), recorded for export."""
     if _SESSION is not None:
