@@ -1,4 +1,4 @@
-"""Stage progress (pipeline/progress.py): rows done / rows to do, rows/s and an ETA from the sink's write records,
+"""Stage progress (engine/progress.py): rows done / rows to do, rows/s and an ETA from the sink's write records,
 as log lines or a bar; Ray Data's own 0/? progress and its false "will hang" warning are off in stage drivers.
 No Ray needed: the records are written by hand, as the sink writes them."""
 

@@ -20,7 +20,7 @@ the one a config describes, to apply later: ``processor = api.build_processor(ap
 preprocess=...)``; ``spans = processor(pairs)``.
 
 They compose in any pipeline without ``materialize()``, on any cluster size: chunking runs as tasks, and a
-model's actors claim no CPU (``pipeline.resources``: a stage's declared resources, applied inside a user's
+model's actors claim no CPU (``engine.resources``: a stage's declared resources, applied inside a user's
 pipeline), so however many processors a pipeline chains, every CPU stays free for the reads, maps and writes
 around them (actors that each hold a CPU can take all of them on a small cluster, and then the read waits
 forever). Each processor runs the job's own path: the same actors (one model-actor base: threads, retries,
@@ -251,7 +251,7 @@ PAIR_FIELDS = ("query", "chunk", "query_id", "paper_id", "chunk_id")  # the call
 
 def _pairs_of(batch: pa.Table) -> pa.Table:
     """The caller's rows -> ``PAIR_INPUT`` rows (``pairs_from_records``, as a pairs file's rows), each carrying
-    the caller's own columns through the extract stages (``pipeline.extract.INPUT_PREFIX``)."""
+    the caller's own columns through the extract stages (``stages.extract.INPUT_PREFIX``)."""
     from verbatim_batch.extract.pairs import pairs_from_records
     from verbatim_batch.stages.extract import INPUT_PREFIX
 
@@ -282,7 +282,7 @@ def _rows_of(packed: pa.Table) -> pa.Table:
 
 def _extract(pairs: ray.data.Dataset, config: Any, *, batch_rows: int = ExtractJob.batch_rows,
              concurrency: int | None = None) -> ray.data.Dataset:
-    """The extract job's placements (``pipeline.extract.PLACEMENTS``) over the caller's rows: the same actors and,
+    """The extract job's placements (``stages.extract.PLACEMENTS``) over the caller's rows: the same actors and,
     for the highlighter, the same tokenize -> forward -> spans split."""
     from verbatim_batch.stages.extract import PLACEMENT_RESOURCES, PLACEMENTS, ExtractSetup
 

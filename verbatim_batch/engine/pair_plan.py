@@ -1,6 +1,6 @@
 """Extract's pairs from a retrieval run, planned in Ray tasks: the driver does O(files) work, not O(rows).
 
-``build_pairs`` (``pipeline.extract``) joins retrieval x queries x chunks into one ``PAIR_INPUT`` table on the
+``build_pairs`` (``stages.extract``) joins retrieval x queries x chunks into one ``PAIR_INPUT`` table on the
 driver: at a million pairs that is GBs of chunk text in the head node's memory. ``PairPlanner`` does the same
 join in tasks, in four steps, and the driver holds only object references and one Arrow array of pair ids:
 

@@ -61,7 +61,7 @@ def _rate_eta(done: int, total: int, elapsed: float) -> tuple[float, str]:
 def status(done: int, total: int, elapsed: float, live: dict[str, int] | None = None) -> str:
     """``1,234/5,000 rows (24.7%) in 30s, 41.2 rows/s, ETA 1m31s``: rows/s over the stage so far (model
     loading included, so the ETA errs long). Before the first write, ``live`` (the model actors' reports:
-    ``loaded`` models, ``rows`` through a model, ``pipeline.live``) says what the time is spent on."""
+    ``loaded`` models, ``rows`` through a model, ``engine.live``) says what the time is spent on."""
     live = live or {}
     through = min(total, live.get("rows", 0))
     if not done:  # nothing written yet: say what that time is spent on

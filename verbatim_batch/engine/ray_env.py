@@ -46,7 +46,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, log_to_dri
 
 
 def quiet_ray_data() -> None:
-    """Ray Data's progress and warnings in a stage job's driver, made readable (``pipeline.progress``).
+    """Ray Data's progress and warnings in a stage job's driver, made readable (``engine.progress``).
 
     - Its progress bars count what passes each operator: a stage fed a few large blocks logs ``Total
       Progress: 0/?`` and ``MapBatches(...): 0/1`` every 10 s until the end. They are off; the runner reports

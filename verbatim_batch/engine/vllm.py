@@ -159,7 +159,7 @@ NEEDS_LLM_EXTRA = ("the vllm backend needs vLLM where its engines run: pip insta
 
 
 def _local_ray() -> bool:
-    """Whether this driver's Ray is a local one on loopback (``pipeline.ray_env.init_ray``), so the engines
+    """Whether this driver's Ray is a local one on loopback (``engine.ray_env.init_ray``), so the engines
     would run on this machine. On a cluster only the GPU nodes need vLLM (cluster.yaml), not the driver's."""
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     return len(nodes) == 1 and nodes[0].get("NodeManagerAddress") == "127.0.0.1"
@@ -234,7 +234,7 @@ def check_fits(config, resources: dict[str, float], local: bool) -> None:
 
 def bound_processor(processor: Any, restarts: int | None = None) -> Any:
     """``processor`` (a ``ray.data.llm`` processor) with every actor pool and task bounded as the project's own
-    stages are (``pipeline.resources``): ``ray.data.llm`` 2.60 takes no restart bound in its configs, and Ray Data
+    stages are (``engine.resources``): ``ray.data.llm`` 2.60 takes no restart bound in its configs, and Ray Data
     restarts an actor that dies forever, so an engine that the OOM killer ends at each start (or that exits on
     every fatal engine error, as its stage does to be restarted) would loop without a word. Each stage's
     ``map_batches`` arguments get ``max_restarts`` and ``max_task_retries``, the pre- and post-processing tasks

@@ -72,7 +72,7 @@ class PairExtractor:
 
     @property
     def live_fraction(self) -> float | None:
-        """The extractor's share of its current call through the model, where it counts one (``pipeline.live``)."""
+        """The extractor's share of its current call through the model, where it counts one (``engine.live``)."""
         return getattr(self.extractor, "live_fraction", None)
 
     def _run(self, queries: list[str], chunks: list[str], query_ids: list[str] | None = None,

@@ -183,7 +183,7 @@ class RunDir:
 
     With a ``run_id`` the staging folder is named after it, so a rerun with the same
     id finds the work a killed run left there: ``resume=True`` keeps it (stages
-    whose sink records completed writes, see ``pipeline.datasink.StageTableSink``), otherwise
+    whose sink records completed writes, see ``engine.datasink.StageTableSink``), otherwise
     it is emptied. Staging folders of other ids are removed either way. A kept staging folder is bound to
     the ``settings_hash`` it was started with: resuming it with other settings raises
     ``SettingsChangedError`` (never a mix of rows of two settings).

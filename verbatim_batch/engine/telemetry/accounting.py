@@ -12,7 +12,7 @@ from typing import Any
 from verbatim_batch.core import storage
 from verbatim_batch.engine.telemetry.declare import OUTCOMES
 
-# The runner's standard counts of a keyed stage, by outcome (``pipeline.runner.STANDARD_COUNTS``).
+# The runner's standard counts of a keyed stage, by outcome (``engine.runner.STANDARD_COUNTS``).
 STANDARD = {"in": "rows_in", "written": "rows_new", "carried": "rows_carried", "resumed": "rows_resumed"}
 
 
