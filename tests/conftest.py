@@ -47,6 +47,7 @@ STAGE = {
     "test_worker_faults.py::test_a_worker_out_of_memory_ends_with_the_figures_and_the_option_to_lower",  # runs
     "test_pipeline.py::test_killed_run_leaves_no_output_and_next_run_cleans_up",  # jobs/chunk.py, killed
     "test_task_bounds.py",  # chunk runs whose read task is killed at every attempt, then resumed
+    "test_plan_settings.py::test_resume_with_another_token_budget",  # embed runs killed, refused, resumed
 }
 # Whole chains: the nightly and kill-and-resume runs, node stop, multi-node, silver end to end, Ray Train, the
 # guide's cluster example (docs/cluster.md#a-ray-head-of-your-own-on-this-machine); each is minutes of Ray and
