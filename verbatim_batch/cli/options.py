@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from verbatim_batch.core import limits
 from verbatim_batch.core.options import OptionError, OptionField, check, option, options_of
 from verbatim_batch.engine.runner import Command, RunOptions
 from verbatim_batch.engine.telemetry.options import MetricsOptions
@@ -38,8 +39,8 @@ def _cutoffs(value: str) -> tuple[int, ...]:
         ks = tuple(int(v) for v in value.split(",") if v.strip())
     except ValueError:
         ks = ()
-    if not ks or min(ks) < 1:
-        raise ValueError(f"expected positive integers like 5,10,100, got {value!r}")
+    if not ks or min(ks) < 1 or max(ks) > limits.PER_QUERY:
+        raise ValueError(f"expected positive integers up to {limits.PER_QUERY} like 5,10,100, got {value!r}")
     return ks
 
 
@@ -80,25 +81,27 @@ class EvaluateRetrievalOptions(MetricsOptions):
 @dataclass(kw_only=True)
 class RayOptions(MetricsOptions):
     address: str | None = option(None, "Ray cluster address", default_help="RAY_ADDRESS, else a local Ray")
-    num_cpus: int | None = option(None, "CPUs for a local Ray", low=1, default_help="all")
+    num_cpus: int | None = option(None, "CPUs for a local Ray", low=1, high=limits.WORKERS, default_help="all")
 
 
 @dataclass(kw_only=True)
 class DemoOptions(RayOptions):
     output: str = option("verbatim-demo", "folder for the demo's runs", path=True)
     n_papers: int | None = option(None, "only the first N bundled papers and their queries (a quicker look)", low=1,
+                                  high=limits.ROWS,
                                   default_help="all")
 
 
 @dataclass(kw_only=True)
 class ReportOptions(MetricsOptions):
-    samples: int = option(12, "pairs shown per query with their spans in context (extract runs)", low=0)
+    samples: int = option(12, "pairs shown per query with their spans in context (extract runs)", low=0,
+                          high=limits.PER_QUERY)
 
 
 @dataclass(kw_only=True)
 class VerifyOptions(RayOptions):
     num_cpus: int | None = option(None, "CPUs for a local Ray whose tasks run the checks, one per papers row group "
-                                  "(1: in this process)", low=1, default_help=(
+                                  "(1: in this process)", low=1, high=limits.WORKERS, default_help=(
                                       "a local Ray with all CPUs only for a chunk run of more than 32 papers row "
                                       "groups, else in this process"))
 

@@ -303,9 +303,14 @@ def _bounds(opt: Option, value: Any) -> None:
     low_bad = opt.low is not None and (value < opt.low or (opt.low_open and value == opt.low))
     high_bad = opt.high is not None and (value > opt.high or (opt.high_open and value == opt.high))
     if low_bad or high_bad:
-        lo = "" if opt.low is None else f"{'>' if opt.low_open else '>='} {opt.low:g}"
-        hi = "" if opt.high is None else f"{'<' if opt.high_open else '<='} {opt.high:g}"
+        lo = "" if opt.low is None else f"{'>' if opt.low_open else '>='} {_shown(opt.low)}"
+        hi = "" if opt.high is None else f"{'<' if opt.high_open else '<='} {_shown(opt.high)}"
         raise OptionError(f"must be {' and '.join(x for x in (lo, hi) if x)}, got {value!r}")
+
+
+def _shown(bound: float) -> str:
+    """A bound as a user would type it: an integer whole (``4294967295``, not ``4.29497e+09``)."""
+    return str(int(bound)) if float(bound).is_integer() and abs(bound) < 2**63 else f"{bound:g}"
 
 
 def resolve_path(value: str | None) -> str | None:

@@ -33,6 +33,7 @@ import bisect
 import re
 from dataclasses import asdict, dataclass
 
+from verbatim_batch.core import limits
 from verbatim_batch.core.options import Declared, option
 from verbatim_batch.core.tables import config_hash
 from verbatim_batch.corpus.readers import NORMALIZATIONS
@@ -83,8 +84,8 @@ class ChunkerConfig(Declared):
     """Settings that change chunk boundaries; their hash goes into every chunk id."""
 
     heading_levels: tuple[int, ...] = option((1, 2, 3, 4), "ATX heading levels that split", parse=parse_levels)
-    min_chars: int = option(500, "merge chunks shorter than this", low=0)
-    max_chars: int = option(5000, "split chunks longer than this", low=1)
+    min_chars: int = option(500, "merge chunks shorter than this", low=0, high=limits.CHARS)
+    max_chars: int = option(5000, "split chunks longer than this", low=1, high=limits.CHARS)
     caption_pattern: str = r"[*_]*(?:table|tab\.)\s*[0-9IVXivx]+[a-z]?\s*[:.]"
     normalization: tuple[str, ...] = option(
         (), f"opt-in text normalisation, comma-separated from {','.join(NORMALIZATIONS)} (changes offsets; recorded "

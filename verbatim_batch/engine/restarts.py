@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from verbatim_batch.core import limits
 from verbatim_batch.core.options import Declared, option
 
 
@@ -14,4 +15,5 @@ class Restarting(Declared):
 
     worker_restarts: int = option(3, "restarts of a stage's worker that crashed or was killed (the OOM killer, "
                                   "Ray's memory monitor) before the stage stops with one line, resumable with "
-                                  "--run-id (Ray Data's own default is to restart forever)", low=0, runtime=True)
+                                  "--run-id (Ray Data's own default is to restart forever)", low=0,
+                                  high=limits.RETRIES, runtime=True)

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from verbatim_batch.core import storage
+from verbatim_batch.core import limits, storage
 from verbatim_batch.core.options import input_paths, option, options_of, settings
 from verbatim_batch.core.redact import redact
 from verbatim_batch.core.runs import (
@@ -107,13 +107,14 @@ class RunOptions(MetricsOptions, Restarting):
                                   "over instead of computed again", path=True, runtime=True)
     address: str | None = option(None, "Ray cluster address", default_help="RAY_ADDRESS, else a local Ray",
                                  runtime=True)
-    num_cpus: int | None = option(None, "CPUs for a local Ray", low=1, default_help="all", runtime=True)
+    num_cpus: int | None = option(None, "CPUs for a local Ray", low=1,
+                                  high=limits.WORKERS, default_help="all", runtime=True)
     batch_retries: int = option(2, "retries of a failed batch of rows before its rows become error rows (recorded "
-                                "in the manifest)", low=0, runtime=True)
+                                "in the manifest)", low=0, high=limits.RETRIES, runtime=True)
     target_file_mb: float = option(128.0, "compaction merges a table's small files toward files of this size (MB)",
-                                   low=0, low_open=True, runtime=True)
+                                   low=0, high=limits.SIZE_MB, low_open=True, runtime=True)
     max_small_files: int = option(16, "compaction starts once a table has more files under a quarter of "
-                                  "--target-file-mb than this", low=1, runtime=True)
+                                  "--target-file-mb than this", low=1, high=limits.ROWS, runtime=True)
 
 
 @dataclass(frozen=True)

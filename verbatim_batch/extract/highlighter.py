@@ -57,6 +57,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from verbatim_batch.core import limits
 from verbatim_batch.core.models import (
     fingerprint,
     load_model,
@@ -90,16 +91,16 @@ class HighlighterConfig(Declared):
                         "endpoint serves")
     revision: str | None = option(None, "model revision (hub)")
     threshold: float = option(0.2, "keep tokens / sentences scoring at least this", low=0, high=1)
-    min_chars: int = option(10, "drop spans shorter than this", low=0)
-    merge_gap: int = option(20, "merge spans at most this many characters apart", low=0)
-    max_length: int = option(8192, "tokens per window, query included", low=16)
-    stride: int = option(256, "tokens shared by neighbouring windows", low=0)
+    min_chars: int = option(10, "drop spans shorter than this", low=0, high=limits.CHARS)
+    merge_gap: int = option(20, "merge spans at most this many characters apart", low=0, high=limits.CHARS)
+    max_length: int = option(8192, "tokens per window, query included", low=16, high=limits.TOKENS)
+    stride: int = option(256, "tokens shared by neighbouring windows", low=0, high=limits.TOKENS)
     max_query_tokens: int | None = None  # None: min(512, max_length // 4); longer queries are error rows
     device: str = runtime("auto")
     dtype: str = option("auto", "weights' type (auto: bfloat16 on CUDA, float32 on CPU)",
                         choices=("auto", "float32", "bfloat16", "float16"))
     attn_implementation: str = "auto"
-    token_budget: int = option(32768, "padded tokens per forward pass", low=1, runtime=True)
+    token_budget: int = option(32768, "padded tokens per forward pass", low=1, high=limits.TOKENS, runtime=True)
     max_batch_rows: int = runtime(128)
     trust_remote_code: bool = option(False, "allow model code from the hub (off by default)")
 

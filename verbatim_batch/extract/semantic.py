@@ -49,7 +49,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from verbatim_batch.core import tables
+from verbatim_batch.core import limits, tables
 from verbatim_batch.core.options import Declared, option, runtime, settings
 from verbatim_batch.extract.kind import ExtractorKind
 from verbatim_batch.extract.sentences import CAPTION, NON_BODY, RUN_IN, TABLE_ROW, Unit, units
@@ -164,9 +164,10 @@ class SemanticConfig(Declared):
     paragraph_fill: float = 0.5  # select a whole paragraph when this share of its characters is selected (1: never)
     paragraph_select: float = 0.75  # ... or when it holds a selected unit and its similarity reaches this (1: never)
     margin: float | None = option(0.18, "keep only sentences within this of the pair's best one (1: off)", low=0)
-    min_chars: int = option(10, "drop spans shorter than this", low=0)
-    merge_gap: int = option(20, "merge spans at most this many characters apart", low=0)
-    max_spans: int = option(6, "at most this many spans per pair, the best ones (0: no limit)", low=0)
+    min_chars: int = option(10, "drop spans shorter than this", low=0, high=limits.CHARS)
+    merge_gap: int = option(20, "merge spans at most this many characters apart", low=0, high=limits.CHARS)
+    max_spans: int = option(6, "at most this many spans per pair, the best ones (0: no limit)", low=0,
+                            high=limits.PER_QUERY)
     max_share: float = option(1.0, "at most this share of a chunk's characters in one pair's spans, the best "
                               "units first (1: no limit)", low=0, high=1, low_open=True)
     query_margin: float = option(1.0, "pairs from retrieval (a rank per pair): a pair answers only when its best "
@@ -176,14 +177,14 @@ class SemanticConfig(Declared):
                                     "retrieved chunks reaches this (its best chunk may answer below --threshold)",
                                     low=0, high=1)
     query_max_spans: int = option(0, "pairs from retrieval: at most this many spans per query across its retrieved "
-                                  "chunks, the best ones (0: no limit)", low=0)
+                                  "chunks, the best ones (0: no limit)", low=0, high=limits.PER_QUERY)
     rank_weight: float = 0.0  # pairs from retrieval: a pair's best counts this much less per retrieval rank below 1
     keep_non_body: bool = option(False, "also take evidence from reference lists, tables of contents, author, "
                                  "affiliation and e-mail lines and bare headings (off: body text only)")
     row_gate: bool = True  # a table row is evidence only when the query names something in its own cells
     max_units: int = 2_000  # units per chunk; a pair beyond this is an error row
     device: str = runtime("auto")
-    token_budget: int = option(16384, "padded tokens per forward pass", low=1, runtime=True)
+    token_budget: int = option(16384, "padded tokens per forward pass", low=1, high=limits.TOKENS, runtime=True)
 
     def __post_init__(self) -> None:
         super().__post_init__()  # the declared bounds (threshold in [0, 1], as its flag takes it)

@@ -46,7 +46,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from verbatim_batch.core import tables
+from verbatim_batch.core import limits, tables
 from verbatim_batch.core.models import fingerprint as _fingerprint
 from verbatim_batch.core.models import load_model, resolve_model_dir
 from verbatim_batch.core.models import resolve_device as _resolve_device
@@ -113,16 +113,16 @@ class EmbedderConfig(Declared):
     device: str = runtime("auto")  # auto: cuda if available, else cpu
     dtype: str = "auto"  # auto: bfloat16 on CUDA (float16 if bf16 unsupported), float32 on CPU
     attn_implementation: str = "auto"  # auto: flash_attention_2 if installed (CUDA, supported), else sdpa
-    max_length: int | None = option(None, "tokens per window (the model's input length)", low=2,
+    max_length: int | None = option(None, "tokens per window (the model's input length)", low=2, high=limits.TOKENS,
                                     default_help="the model's own limit")
     max_windows: int = option(8, "windows per chunk: a chunk longer than one window is embedded in overlapping "
                               "windows, each its own vector, and the index scores the chunk by its best window "
                               "(1: truncate to one window)", low=1, high=256)
-    window_overlap: int = option(32, "tokens two neighbouring windows share", low=0)
+    window_overlap: int = option(32, "tokens two neighbouring windows share", low=0, high=limits.TOKENS)
     reference_windows: bool = option(False, "embed every window of a reference list too (by default a chunk "
                                      "under a References/Bibliography heading gets its first window only: cited "
                                      "titles match many topics and answer none)")
-    token_budget: int = option(16384, "padded tokens per forward pass", low=1, runtime=True)
+    token_budget: int = option(16384, "padded tokens per forward pass", low=1, high=limits.TOKENS, runtime=True)
     max_batch_rows: int = runtime(256)
     pooling: str = "auto"  # auto: from the model's 1_Pooling/config.json, else mean
     normalize: bool = True

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from verbatim_batch.core import tables
+from verbatim_batch.core import limits, tables
 from verbatim_batch.core.models import (
     fingerprint,
     load_model,
@@ -45,11 +45,11 @@ class RerankerConfig(Declared):
     model: str = option(help="the cross-encoder: hub id or local path (safetensors; a sequence classifier with 1 or "
                         "2 labels)")
     revision: str | None = option(None, "model revision (hub)")
-    max_length: int = option(512, "tokens per (query, chunk) input; the chunk is cut to fit", low=8)
+    max_length: int = option(512, "tokens per (query, chunk) input; the chunk is cut to fit", low=8, high=limits.TOKENS)
     dtype: str = option("auto", "weights' type (auto: bfloat16 on CUDA, float32 on CPU)",
                         choices=("auto", "float32", "bfloat16", "float16"))
     device: str = runtime("auto")
-    token_budget: int = option(16384, "padded tokens per forward pass", low=1, runtime=True)
+    token_budget: int = option(16384, "padded tokens per forward pass", low=1, high=limits.TOKENS, runtime=True)
     max_batch_rows: int = runtime(256)
     trust_remote_code: bool = option(False, "allow model code from the hub (off by default)")
 

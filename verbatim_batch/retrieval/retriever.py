@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from verbatim_batch.core import storage
+from verbatim_batch.core import limits, storage
 from verbatim_batch.core.options import Declared, option, runtime
 from verbatim_batch.core.tables import RETRIEVAL, query_id_for
 
@@ -66,16 +66,16 @@ class RetrieverConfig(Declared):
     methods, and the hybrid fusion's settings."""
 
     index_dir: str = ""  # the retrieve job sets it to its --index
-    k: int = option(10, "chunks retrieved per query and method", low=1)
+    k: int = option(10, "chunks retrieved per query and method", low=1, high=limits.PER_QUERY)
     methods: tuple[str, ...] = option(METHODS, f"any of {','.join(METHODS)}", parse=parse_methods)
     weights: dict[str, float] = option(default_factory=lambda: dict(DEFAULT_WEIGHTS), help=(
         "hybrid RRF weights (set on the seed papers with the bundled MiniLM; measure again with "
         "evaluate-retrieval for another embedder)"), parse=parse_weights)
-    rrf_k: int = option(DEFAULT_RRF_K, "RRF constant", low=0)
+    rrf_k: int = option(DEFAULT_RRF_K, "RRF constant", low=0, high=limits.PER_QUERY)
     depth: int = option(DEFAULT_DEPTH, "candidates each method ranks before hybrid fusion (at least --k): every "
-                        "method's top hits are ranked by the other one too", low=1)
+                        "method's top hits are ranked by the other one too", low=1, high=limits.PER_QUERY)
     fill_missing: bool = True  # a candidate outside a method's pool counts at the rank just past it
-    nprobe: int | None = option(None, "IVF lists to probe", low=1, default_help="the index's")
+    nprobe: int | None = option(None, "IVF lists to probe", low=1, high=limits.ROWS, default_help="the index's")
     device: str = runtime("auto")
 
     def __post_init__(self) -> None:
@@ -141,7 +141,8 @@ class Retriever:
         from verbatim_batch.retrieval.index import best_window, rrf, search_dense
 
         cfg = self.config
-        depth = max(cfg.depth, cfg.k)
+        depth = max(1, min(max(cfg.depth, cfg.k), len(self.chunk_ids)))  # no deeper than the chunks there are:
+        # a --k past them asks for all of them, not for arrays of --k rows per query
         queries = [q or "" for q in batch["query"].to_pylist()]
         qids = batch["query_id"].to_pylist() if "query_id" in batch.column_names else [None] * len(queries)
         qids = [qid or query_id_for(q) for qid, q in zip(qids, queries, strict=True)]

@@ -17,9 +17,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from verbatim_batch.core import storage
+from verbatim_batch.core import limits, storage
 from verbatim_batch.core.options import group, option, settings
-from verbatim_batch.core.runs import committed_table_dir, jsonable, manifest_config, read_manifest, read_readable
+from verbatim_batch.core.runs import committed_table_dir, expect_corpus, jsonable, manifest_config, read_manifest, read_readable
 from verbatim_batch.core.tables import CHUNKS, PAPERS, QUARANTINE
 from verbatim_batch.corpus import readers as corpus
 from verbatim_batch.corpus.chunker import FORCED_SPLIT, OVERSIZED_BLOCK, UNDERSIZED, ChunkerConfig
@@ -64,9 +64,11 @@ class ChunkJob(RunOptions):
     metadata: str | None = option(None, "metadata table (.parquet/.jsonl/.csv) joined by paper id", path=True)
     chunker: ChunkerConfig = group(ChunkerConfig, default_factory=ChunkerConfig)
     max_paper_mb: float = option(DEFAULT_MAX_PAPER_MB, "quarantine papers larger than this (MB)", low=0,
+                                 high=limits.SIZE_MB,
                                  low_open=True)
     store_text: bool = option(True, "do not keep paper text in the papers table", name="no_store_text", invert=True)
-    concurrency: int | None = option(None, "parallel ingest tasks", low=1, default_help="as many as Ray schedules",
+    concurrency: int | None = option(None, "parallel ingest tasks", low=1,
+                                     high=limits.WORKERS, default_help="as many as Ray schedules",
                                      runtime=True)
 
     @property
@@ -252,6 +254,7 @@ class ChunkStage(TableStage):
 
     def plan(self) -> Plan:
         job: ChunkJob = self.job
+        expect_corpus(job.input)  # a run folder's Parquet files are not papers
         fmt = corpus.detect_format(job.input) if job.format == "auto" else job.format
         if job.metadata:
             load_metadata(job.metadata)  # a bad metadata file stops the job here, with one line

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from verbatim_batch.core import storage
+from verbatim_batch.core import limits, storage
 from verbatim_batch.core.options import group, option, settings
 from verbatim_batch.core.runs import committed_table_dir, manifest_config
 from verbatim_batch.core.tables import embeddings_schema
@@ -91,9 +91,12 @@ def embed_dataset(chunks: ray.data.Dataset, config, res: Resources, retries: int
 class EmbedJob(RunOptions):
     chunks: str = option(help="a committed chunk run folder", path=True)
     embedder: Any = group(EmbedderConfig)  # None: the offline default
-    batch_rows: int = option(1024, "chunks per actor call, sorted and packed inside", low=1, runtime=True)
-    concurrency: int | None = option(None, "model actors", low=1, default_help="one per GPU, else 1", runtime=True)
-    threads: int | None = option(None, "torch threads per CPU actor", low=1, default_help="all CPUs", runtime=True)
+    batch_rows: int = option(1024, "chunks per actor call, sorted and packed inside", low=1,
+                             high=limits.BATCH, runtime=True)
+    concurrency: int | None = option(None, "model actors", low=1,
+                                     high=limits.WORKERS, default_help="one per GPU, else 1", runtime=True)
+    threads: int | None = option(None, "torch threads per CPU actor", low=1,
+                                 high=limits.THREADS, default_help="all CPUs", runtime=True)
 
 
 def unchanged_chunks(previous: str, chunks_dir: str, config: dict[str, Any]) -> tuple[pa.Array, str | None]:

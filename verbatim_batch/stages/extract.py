@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from verbatim_batch.core import storage
+from verbatim_batch.core import limits, storage
 from verbatim_batch.core.options import group, is_runtime, option, runtime_fields, settings
 from verbatim_batch.core.records import read_queries
 from verbatim_batch.core.runs import (
@@ -145,12 +145,16 @@ class ExtractJob(RunOptions):
                                  default_help="from its manifest")
     method: str | None = option(None, "retrieval method whose top-k rows become pairs",
                                 default_help="rerank for a rerank run, else hybrid")
-    top_k: int = option(5, "retrieved chunks per query to extract from", low=1)
-    batch_rows: int = option(64, "pairs per actor call, sorted and packed inside", low=1, runtime=True)
-    concurrency: int | None = option(None, "model actors", low=1, default_help="one per GPU, else 1; 2 for LLM "
+    top_k: int = option(5, "retrieved chunks per query to extract from", low=1, high=limits.PER_QUERY)
+    batch_rows: int = option(64, "pairs per actor call, sorted and packed inside", low=1,
+                             high=limits.BATCH, runtime=True)
+    concurrency: int | None = option(None, "model actors", low=1,
+                                     high=limits.WORKERS, default_help="one per GPU, else 1; 2 for LLM "
                                      "requests", runtime=True)
-    threads: int | None = option(None, "torch threads per CPU actor", low=1, default_help="all CPUs", runtime=True)
-    max_chunk_chars: int = option(DEFAULT_MAX_CHUNK_CHARS, "pairs with longer chunks become error rows", low=1)
+    threads: int | None = option(None, "torch threads per CPU actor", low=1,
+                                 high=limits.THREADS, default_help="all CPUs", runtime=True)
+    max_chunk_chars: int = option(DEFAULT_MAX_CHUNK_CHARS, "pairs with longer chunks become error rows", low=1,
+                                  high=limits.CHARS)
 
 
 def pair_sources(job: ExtractJob) -> dict[str, Any]:

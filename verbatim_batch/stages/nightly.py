@@ -32,7 +32,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from verbatim_batch.core import storage
+from verbatim_batch.core import limits, storage
 from verbatim_batch.core.faults import fault_point
 from verbatim_batch.core.options import group, option
 from verbatim_batch.core.runs import (
@@ -40,6 +40,7 @@ from verbatim_batch.core.runs import (
     OutputBusyError,
     acquire_lock,
     current_run,
+    expect_nightly_root,
     lock_holder,
     new_run_id,
     publish,
@@ -66,7 +67,7 @@ class NightlyJob(RunOptions):
 
     chain: Chain = group(Chain, required=True)
     root: str = option(help="folder holding runs/ and the current pointer", path=True, writes=True, runtime=True)
-    keep_runs: int = option(7, "committed runs kept (older ones are deleted)", low=1, runtime=True)
+    keep_runs: int = option(7, "committed runs kept (older ones are deleted)", low=1, high=limits.ROWS, runtime=True)
     # with a warehouse or a catalog, the night publishes itself as Iceberg tables once committed (publish.py)
     publish: IcebergTarget | None = group(IcebergTarget)
     output: str = ""
@@ -123,6 +124,7 @@ def run_nightly(job: NightlyJob) -> tuple[str, dict[str, Any]]:
     stops at once with one line, before it reads or writes anything, and no night's retention can remove
     the base another night reads (``runs.prune_runs`` also keeps the base a live lock names)."""
     root = storage.normalize(job.root)
+    expect_nightly_root(root)  # a chain or run folder as --root: refused before anything is written in it
     run_id = safe_run_id(job.run_id or new_run_id("nightly", {"root": root}))
     job.chain.check()  # a refusal for a missing input leaves nothing, not even the root's lock folder
     if job.publish is not None:  # the extra missing, a catalog it cannot open: refused before the night, not after

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from verbatim_batch.core import storage
+from verbatim_batch.core import limits, storage
 from verbatim_batch.core.options import group, option, runtime
 from verbatim_batch.core.runs import committed_table_dir, read_table
 from verbatim_batch.core.tables import GENERATED_QUERIES
@@ -56,10 +56,11 @@ HTTP_OPTIONS = ("model", "base_url", "api_key_env", "max_tokens", "no_structured
 class QueryGenJob(RunOptions):
     chunks: str = option(help="a committed chunk run", path=True)
     llm: Any = group(LLMConfig, required=True, only=HTTP_OPTIONS, fixed={"backend": "http"})
-    n_papers: int = option(100, "papers to sample, one chunk each", low=1)
-    seed: int = option(0, "sampling seed", low=0)
+    n_papers: int = option(100, "papers to sample, one chunk each", low=1, high=limits.ROWS)
+    seed: int = option(0, "sampling seed", low=0, high=limits.SEED)
     batch_rows: int = runtime(16)
-    concurrency: int | None = option(None, "parallel request actors", low=1, default_help="2", runtime=True)
+    concurrency: int | None = option(None, "parallel request actors", low=1,
+                                     high=limits.WORKERS, default_help="2", runtime=True)
 
 
 class QueryGenStage(TableStage):

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from verbatim_batch.core import limits
 from verbatim_batch.core.options import group, option
 from verbatim_batch.core.records import read_queries
 from verbatim_batch.core.runs import committed_table_dir, manifest_config, read_table
@@ -72,12 +73,14 @@ class RerankJob(RunOptions):
     retrieval: str = option(help="a committed retrieval run", path=True)
     reranker: Any = group(RerankerConfig, required=True)
     method: str = option("hybrid", "retrieval method whose lists are reranked")
-    top_k: int = option(20, "candidates per query the cross-encoder scores", low=1)
+    top_k: int = option(20, "candidates per query the cross-encoder scores", low=1, high=limits.PER_QUERY)
     chunks: str | None = option(None, "the chunk run", path=True, default_help="found through the run's manifests")
     queries: str | None = option(None, "the retrieval run's query file", path=True, default_help="from its manifest")
-    batch_rows: int = option(256, "candidates per actor call (whole queries)", low=1, runtime=True)
-    concurrency: int | None = option(None, "model actors", low=1, default_help="one per GPU, else 1", runtime=True)
-    threads: int | None = option(None, "torch threads per CPU actor", low=1, default_help="all CPUs", runtime=True)
+    batch_rows: int = option(256, "candidates per actor call (whole queries)", low=1, high=limits.BATCH, runtime=True)
+    concurrency: int | None = option(None, "model actors", low=1,
+                                     high=limits.WORKERS, default_help="one per GPU, else 1", runtime=True)
+    threads: int | None = option(None, "torch threads per CPU actor", low=1,
+                                 high=limits.THREADS, default_help="all CPUs", runtime=True)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from verbatim_batch.core import storage
+from verbatim_batch.core import limits, storage
 from verbatim_batch.core.options import group, option, settings
 from verbatim_batch.core.records import read_queries
 from verbatim_batch.core.runs import jsonable, manifest_config
@@ -77,8 +77,9 @@ class RetrieveJob(RunOptions):
     index: str = option(help="an index run folder from `verbatim-batch index`", path=True)
     queries: str = option(help="query file (JSONL, Parquet or CSV) with query (and query_id)", path=True)
     retriever: Any = group(RetrieverConfig)  # its index_dir is the job's index
-    batch_rows: int = option(256, "queries per actor call", low=1, runtime=True)
-    concurrency: int | None = option(None, "retriever actors", low=1, default_help="one per GPU, else 1", runtime=True)
+    batch_rows: int = option(256, "queries per actor call", low=1, high=limits.BATCH, runtime=True)
+    concurrency: int | None = option(None, "retriever actors", low=1,
+                                     high=limits.WORKERS, default_help="one per GPU, else 1", runtime=True)
 
 
 def retrieval_key(index: str, queries: pa.Table, cfg) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from verbatim_batch.core import storage
+from verbatim_batch.core import limits, storage
 from verbatim_batch.core.options import group, option, settings
 from verbatim_batch.core.runs import committed_table_dir, read_table
 from verbatim_batch.core.tables import group_by
@@ -49,13 +49,14 @@ class SilverJob(RunOptions):
     index: str = option(help="an index run built from that chunk run", path=True)
     # for query generation and the teacher (the teacher uses the paragraph prompt)
     llm: Any = group(LLMConfig, required=True, only=HTTP_OPTIONS, fixed={"backend": "http"})
-    n_papers: int = option(2000, "papers to sample, one chunk each", low=1)
-    seed: int = option(0, "sampling seed", low=0)
-    top_k: int = option(ExtractJob.top_k, "retrieved chunks per query the teacher reads", low=1)
+    n_papers: int = option(2000, "papers to sample, one chunk each", low=1, high=limits.ROWS)
+    seed: int = option(0, "sampling seed", low=0, high=limits.SEED)
+    top_k: int = option(ExtractJob.top_k, "retrieved chunks per query the teacher reads", low=1, high=limits.PER_QUERY)
     dev_fraction: float = option(0.1, "queries held out for the dev split", low=0, high=1)
     tokenizer: str | None = option(None, "write tokenized windows for this tokenizer (hub id or path)")
-    max_length: int = option(HighlighterConfig.max_length, "tokens per window of the tokenized windows", low=16)
-    stride: int = option(HighlighterConfig.stride, "tokens shared by neighbouring windows", low=0)
+    max_length: int = option(HighlighterConfig.max_length, "tokens per window of the tokenized windows", low=16,
+                             high=limits.TOKENS)
+    stride: int = option(HighlighterConfig.stride, "tokens shared by neighbouring windows", low=0, high=limits.TOKENS)
 
     def __post_init__(self) -> None:
         super().__post_init__()  # the declared bounds and choices

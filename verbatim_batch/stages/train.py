@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from verbatim_batch.core import storage
+from verbatim_batch.core import limits, storage
 from verbatim_batch.core.options import option, settings
 from verbatim_batch.engine.runner import (
     NOT_INCREMENTAL,
@@ -67,21 +67,23 @@ class TrainJob(RunOptions):
     eval: str | None = option(None, "pairs to evaluate on each epoch", path=True,
                               default_help="the silver run's dev split")
     model: str = option(DEFAULT_MODEL, "a base model (a fresh head) or a token classifier: hub id or local path")
-    epochs: int = option(3, "passes over the training pairs", low=1)
+    epochs: int = option(3, "passes over the training pairs", low=1, high=limits.BATCH)
     lr: float = option(5e-5, "peak learning rate, linear warmup then linear decay", low=0, low_open=True)
-    batch_size: int | None = option(8, "windows per step per worker", low=1)
-    batch_tokens: int | None = option(None, "token budget per step per worker instead of --batch-size", low=1)
-    grad_accum: int = option(1, "batches per optimizer step", low=1)
+    batch_size: int | None = option(8, "windows per step per worker", low=1, high=limits.BATCH)
+    batch_tokens: int | None = option(None, "token budget per step per worker instead of --batch-size", low=1,
+                                      high=limits.TOKENS)
+    grad_accum: int = option(1, "batches per optimizer step", low=1, high=limits.BATCH)
     warmup_ratio: float = option(0.1, "share of steps spent warming up", low=0, high=1, high_open=True)
     weight_decay: float = 0.01
     max_length: int = option(8192, "tokens per window (capped at the model's positions), as the highlighter reads",
-                             low=16)
-    stride: int = option(256, "tokens shared by neighbouring windows, as the highlighter reads", low=0)
-    num_workers: int = option(2, "Ray Train workers, DDP", low=1)
+                             low=16, high=limits.TOKENS)
+    stride: int = option(256, "tokens shared by neighbouring windows, as the highlighter reads", low=0,
+                         high=limits.TOKENS)
+    num_workers: int = option(2, "Ray Train workers, DDP", low=1, high=limits.WORKERS)
     use_gpu: bool = option(False, "one GPU per worker, NCCL, bf16 autocast")
-    cpus_per_worker: float = option(1.0, "CPUs per training worker", low=0, low_open=True)
-    keep_checkpoints: int = option(2, "checkpoints kept besides the best", low=1, runtime=True)
-    seed: int = option(0, "sampling and initialisation seed", low=0)
+    cpus_per_worker: float = option(1.0, "CPUs per training worker", low=0, high=limits.WORKERS, low_open=True)
+    keep_checkpoints: int = option(2, "checkpoints kept besides the best", low=1, high=limits.ROWS, runtime=True)
+    seed: int = option(0, "sampling and initialisation seed", low=0, high=limits.SEED)
 
     def __post_init__(self) -> None:
         super().__post_init__()  # the declared bounds and choices

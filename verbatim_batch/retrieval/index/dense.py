@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from verbatim_batch.core import limits
 from verbatim_batch.core.options import option
 
 if TYPE_CHECKING:
@@ -76,9 +77,10 @@ class DenseSpec:
 
     kind: str = option("auto", "auto: exact Flat below 1M vectors, IVF-Flat up to 20M, IVF-PQ above",
                        choices=KINDS)
-    nlist: int | None = option(None, "IVF lists", low=1, default_help="4 x sqrt(vectors)")
-    pq_m: int | None = option(None, "IVF-PQ sub-quantizers", low=1, default_help="by dimension")
-    nprobe: int | None = option(None, "IVF lists to probe at search time", low=1, default_help="by nlist")
+    nlist: int | None = option(None, "IVF lists", low=1, high=limits.ROWS, default_help="4 x sqrt(vectors)")
+    pq_m: int | None = option(None, "IVF-PQ sub-quantizers", low=1, high=limits.DIMS, default_help="by dimension")
+    nprobe: int | None = option(None, "IVF lists to probe at search time", low=1,
+                                high=limits.ROWS, default_help="by nlist")
     train_size: int | None = None
     flat_max: int = 1_000_000
     pq_min: int = 20_000_000
