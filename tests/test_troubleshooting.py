@@ -98,6 +98,7 @@ ELSEWHERE = {
     "terminated (SIGTERM)": "test_worker_faults.py::test_sigterm_mid_stage_ends_with_one_line_143_and_leaves_no_lock",
     "is not YAML it accepts": "test_troubleshooting.py::test_a_bad_pyiceberg_configuration_file_is_one_line",
     "cannot ... s3://": "test_troubleshooting.py::test_an_object_store_that_cannot_be_reached_is_one_line",
+    "is inside the nightly root": "test_folder_kinds.py::test_report_on_a_nightly_root_reports_its_current_night",
     "a local Ray did not start":
         "test_environment.py::test_a_tmpdir_too_deep_for_rays_sockets_is_one_line_with_the_fix",
 }
@@ -174,6 +175,11 @@ CASES = [
          "expects a committed run"),
     Case("run of the wrong kind to extract", ("extract", "--retrieval", "{chunk_run}", "--output", "{out}"),
          "expects a committed run"),
+    Case("run folder as a corpus", ("chunk", "--input", "{chunk_run}", "--output", "{out}"), "not a corpus"),
+    Case("run folder as a nightly root", ("nightly", "--root", "{chunk_run}", "--input", "{corpus}", "--queries",
+                                          "{queries}"), "error: --root ... is ...: give --root ..."),
+    Case("query file of plain text", ("run", "--input", "{corpus}", "--queries", "{plain_folder}/notes.txt",
+                                      "--output", "{out}"), "a query file holds one JSON object per line"),
     Case("manifest not JSON", ("embed", "--chunks", "{broken_run}", "--output", "{out}"), "/manifest.json is"),
     # outputs
     Case("output is a run", ("chunk", "--input", "{corpus}", "--output", "{chunk_run}"), "pass --overwrite"),

@@ -184,8 +184,10 @@ def _show_spans(run_dir: str, n: int = 3) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from verbatim_batch.core.runs import committed_folder
     from verbatim_batch.report.build import REPORT_HTML, REPORT_JSON, write_report
 
+    args.run_dir = committed_folder(args.run_dir, "report")  # a nightly root: its current night
     result = write_report(args.run_dir, n_samples=args.samples)
     print(f"{result['command']} run {result['run_id']}:")
     print(f"  {os.path.join(args.run_dir, REPORT_JSON)}\n  {os.path.join(args.run_dir, REPORT_HTML)}")

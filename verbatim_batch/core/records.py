@@ -75,24 +75,47 @@ def read_rows(path: str, columns: list[str] | None = None) -> tuple[pa.Table, in
     return pa.Table.from_pylist(good), bad
 
 
+QUERY_FORMAT = ("a query file holds one JSON object per line with \"query_id\" and \"query\" (e.g. "
+                '{"query_id": "q1", "query": "what is measured"}), or a Parquet/CSV table with those columns')
+
+
 def read_queries(path: str) -> tuple[pa.Table, int]:
     """``(query_id, query)`` rows of a query file (``QUERIES``), and how many rows were rejected (a malformed
-    line, an empty or non-string query)."""
+    line, an empty or non-string query). A file none of whose records is a query (plain text, a JSON array, a
+    table without a ``query`` column) is refused with one line naming the expected format and the first line or
+    row that failed."""
     if not storage.exists(path):
         raise FileNotFoundError(f"query file not found: {path}")
-    ids, texts, rejected, columns = [], [], 0, set()
+    ids, texts, rejected, columns, first_bad = [], [], 0, set(), None
     for rec in iter_records(path):
-        columns.update(rec)
         q = rec.get("query")
-        if "__error__" in rec or not isinstance(q, str) or not q.strip():
+        if ERROR in rec or not isinstance(q, str) or not q.strip():
             rejected += 1
+            first_bad = first_bad or rec
+            if ERROR not in rec:
+                columns.update(k for k in rec if k != LINE)
             continue
+        columns.update(k for k in rec if k != LINE)
         qid = rec.get("query_id")
         ids.append(str(qid) if qid is not None else query_id_for(q))
         texts.append(q)
-    if "query" not in columns and (ids or rejected):
-        raise ValueError(f"{path}: a query table needs a 'query' column, found {sorted(columns - {'__line__'})}")
+    if "query" not in columns and first_bad is not None:  # no record is a query: the file is of another shape
+        raise ValueError(f"{path}: {_why(path, first_bad)}: {QUERY_FORMAT}")
     if len(set(ids)) != len(ids):
         raise ValueError(f"{path}: duplicate query_id values")
     return pa.table({"query_id": pa.array(ids, pa.string()), "query": pa.array(texts, pa.string())},
                     schema=QUERIES), rejected
+
+
+def _why(path: str, rec: dict[str, Any]) -> str:
+    """Why the first failing record is not a query, in the file's own terms (its line or row)."""
+    where = f"{'row' if path.endswith(('.parquet', '.csv')) or storage.isdir(path) else 'line'} {rec.get(LINE)}"
+    if ERROR in rec:
+        kind, _, detail = str(rec[ERROR]).partition(": ")
+        if kind == "invalid_record":
+            return f"{where} is not a JSON object (a JSON array or a plain value)"
+        return f"{where} is not JSON ({detail.partition(': ')[2] or detail})"
+    fields = sorted(k for k in rec if k != LINE)
+    if "query" not in rec:
+        return f"{where} has no 'query' (its fields: {', '.join(fields) or 'none'}): it needs a 'query' column"
+    return f"{where} has an empty or non-text 'query'"

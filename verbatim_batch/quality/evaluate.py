@@ -160,12 +160,12 @@ def fill_chunks(records: list[tuple[str, dict[str, Any]]], chunks: str) -> None:
     import pyarrow as pa
     import pyarrow.dataset as pads
 
-    from verbatim_batch.core.runs import committed_table_dir
+    from verbatim_batch.core.runs import expect_tables
 
     wanted = [(where, r) for where, r in records if isinstance(r, dict) and not isinstance(r.get("chunk"), str)]
     if not wanted:
         return
-    table_dir = committed_table_dir(chunks, "chunks")
+    table_dir = storage.join(expect_tables(chunks, "--chunks", ("chunks",)), "chunks")  # a chain folder too
     ids = sorted({str(r["chunk_id"]) for _, r in wanted if r.get("chunk_id") is not None})
     papers = sorted({str(r["paper_id"]) for _, r in wanted if r.get("chunk_id") is None and r.get("paper_id")})
     found = pads.field("chunk_id").isin(pa.array(ids, pa.string())) | pads.field("paper_id").isin(

@@ -15,6 +15,7 @@ whose job has a field of that name.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from typing import Any
 from verbatim_batch.core import storage
 from verbatim_batch.core.options import Declared, OptionError, check, group, is_runtime, option, options_of, settings
 from verbatim_batch.core.records import read_queries
-from verbatim_batch.core.runs import jsonable, read_manifest
+from verbatim_batch.core.runs import committed_run, expect_corpus, jsonable, read_manifest
 from verbatim_batch.corpus import readers as corpus
 from verbatim_batch.engine.runner import (
     Command,
@@ -90,6 +91,7 @@ class Chain(Declared):
         for what, path in (("input", self.input), ("metadata", self.metadata)):
             if path and not storage.exists(path):
                 raise FileNotFoundError(f"{what} not found: {path}")
+        expect_corpus(self.input)  # a run folder's Parquet files are not papers
         read_queries(self.queries)  # missing, unreadable or without a query column: refused here
         self.stage_jobs()
 
@@ -166,6 +168,9 @@ def run_chain(chain: Chain, output: str, *, previous: str | None = None, run_id:
     common = {"run_id": run_id, "overwrite": overwrite, "address": address, "num_cpus": num_cpus,
               "batch_retries": batch_retries}
     jobs = chain.stage_jobs(output, **common)
+    if taken := [name for name, job in jobs.items() if committed_run(job.output, run_id)]:
+        print(f"resuming run {run_id}: {', '.join(taken)} committed by it already, taken as committed; "
+              f"{len(jobs) - len(taken)} of {len(jobs)} stages to run", file=sys.stderr)
     results: dict[str, tuple[str, dict[str, Any]]] = {}
     timings: dict[str, float] = {}
     for name, job in jobs.items():

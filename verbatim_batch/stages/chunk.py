@@ -19,7 +19,14 @@ import pyarrow.compute as pc
 
 from verbatim_batch.core import limits, storage
 from verbatim_batch.core.options import group, option, settings
-from verbatim_batch.core.runs import committed_table_dir, expect_corpus, jsonable, manifest_config, read_manifest, read_readable
+from verbatim_batch.core.runs import (
+    committed_table_dir,
+    expect_corpus,
+    jsonable,
+    manifest_config,
+    read_manifest,
+    read_readable,
+)
 from verbatim_batch.core.tables import CHUNKS, PAPERS, QUARANTINE
 from verbatim_batch.corpus import readers as corpus
 from verbatim_batch.corpus.chunker import FORCED_SPLIT, OVERSIZED_BLOCK, UNDERSIZED, ChunkerConfig

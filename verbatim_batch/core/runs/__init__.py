@@ -2,15 +2,27 @@
 runs with a ``current`` pointer (``current``)."""
 
 from verbatim_batch.core.runs.current import (
+    CHAIN,
     CURRENT_FILE,
     CURRENT_LINK,
+    MISSING,
+    NIGHTLY_ROOT,
+    OTHER,
+    RUN,
     RUNS_DIR,
+    STAGES,
+    Folder,
+    committed_folder,
     current_run,
     current_table,
+    expect_corpus,
+    expect_nightly_root,
+    expect_tables,
     prune_runs,
     publish,
     run_of,
     set_current,
+    what_folder,
 )
 from verbatim_batch.core.runs.folder import (
     BINDING_FILE,
@@ -43,7 +55,6 @@ from verbatim_batch.core.runs.manifest import (
     MAX_MANIFEST_BYTES,
     build_manifest,
     committed_table_dir,
-    expect_tables,
     holding,
     jsonable,
     load_manifests,
@@ -61,7 +72,9 @@ from verbatim_batch.core.runs.manifest import (
 __all__ = [
     "BINDING_FILE", "CARRIED_PREFIX", "CURRENT_FILE", "CURRENT_LINK", "MANIFEST_FILE", "MAX_MANIFEST_BYTES",
     "OutputBusyError", "OutputExistsError", "RUNS_DIR", "RunDir", "SettingsChangedError", "WRITES_DIR",
-    "acquire_lock", "build_manifest", "check_output_names", "claim_composite", "committed_run",
+    "CHAIN", "MISSING", "NIGHTLY_ROOT", "OTHER", "RUN", "STAGES",
+    "Folder", "acquire_lock", "committed_folder", "expect_corpus", "expect_nightly_root", "what_folder",
+    "build_manifest", "check_output_names", "claim_composite", "committed_run",
     "committed_table_dir", "completed_keys",
     "current_run", "current_table", "expect_tables", "file_stats", "holding", "jsonable", "live_files",
     "load_manifests",

@@ -7,12 +7,13 @@ import json
 import logging
 import os
 import uuid
+from dataclasses import dataclass
 
 import pyarrow as pa
 
 from verbatim_batch.core import storage
 from verbatim_batch.core.runs.folder import BINDING_FILE, lock_holder, replaceable, safe_run_id
-from verbatim_batch.core.runs.manifest import MANIFEST_FILE, read_manifest, read_table
+from verbatim_batch.core.runs.manifest import MANIFEST_FILE, holding, read_manifest, read_table
 
 log = logging.getLogger(__name__)
 
@@ -41,14 +42,139 @@ def current_run(root: str) -> str | None:
         return None
 
 
+# what a folder a command is given is (``what_folder``): the one resolver every command's folders go through
+MISSING, RUN, CHAIN, NIGHTLY_ROOT, STAGES, OTHER = "missing", "run", "chain", "nightly root", "stages", "other"
+CORPUS_HELP = "your papers (a folder of .md or .txt files, or a Parquet/JSONL file or folder)"
+
+
+@dataclass(frozen=True)
+class Folder:
+    """What a folder is: ``kind`` (``RUN``: a stage's committed run; ``CHAIN``: a chain's, ``run``, ``demo`` or a
+    night; ``NIGHTLY_ROOT``; ``STAGES``: a folder of committed stage runs without a manifest of its own, the demo's
+    output; ``OTHER``: anything else, a corpus say), its manifest's ``command``, and for a night's folder
+    (``ROOT/runs/<id>``, ``ROOT/current``) its nightly ``root``."""
+
+    path: str
+    kind: str
+    command: str | None = None
+    root: str | None = None
+
+    def describe(self) -> str:
+        """The folder in a user's words, for a one-line refusal."""
+        if self.kind == RUN:
+            return f"a run folder of stage {self.command}"
+        if self.kind == CHAIN:
+            return (f"a committed night of the nightly root {self.root}" if self.root else
+                    f"a chain folder (a committed `{self.command}` run)")
+        if self.kind == NIGHTLY_ROOT:
+            return "a nightly root"
+        if self.kind == STAGES:
+            return "a folder of committed stage runs (a demo's output)"
+        return "not found" if self.kind == MISSING else "not a run folder (no manifest.json)"
+
+
+def _night_root(path: str) -> str | None:
+    """The nightly root ``path`` lies in as ``ROOT/runs``, ``ROOT/runs/<id>`` or a night's stage, if it does."""
+    up = path if storage.is_remote(path) else os.path.realpath(path)
+    for _ in range(3):
+        parent, name = storage.split(up)
+        if name == RUNS_DIR and storage.exists(storage.join(parent, CURRENT_FILE)):
+            return parent
+        up = parent
+    return None
+
+
+def what_folder(path: str) -> Folder:
+    """What ``path`` is, from what it holds (a manifest, a ``CURRENT`` pointer, stage runs), read before any
+    work so a folder of one kind given where another is wanted is refused with one line."""
+    path = storage.normalize(path)
+    if not storage.exists(path):
+        return Folder(path, MISSING)
+    if storage.exists(storage.join(path, MANIFEST_FILE)):
+        try:
+            manifest = read_manifest(path)
+        except (OSError, ValueError):
+            return Folder(path, OTHER)
+        chain = isinstance(manifest.get("stages"), dict) and bool(manifest["stages"])
+        return Folder(path, CHAIN if chain else RUN, manifest["command"], _night_root(path) if chain else None)
+    if storage.exists(storage.join(path, CURRENT_FILE)):
+        return Folder(path, NIGHTLY_ROOT)
+    if storage.isdir(path) and any(not name.startswith(".") and storage.exists(storage.join(path, name, MANIFEST_FILE))
+                                   for name in storage.listdir(path)[:64]):
+        return Folder(path, STAGES)
+    return Folder(path, OTHER, root=_night_root(path))
+
+
 def run_of(path: str) -> str:
     """``path`` itself, or for a nightly root (no manifest of its own, a ``current`` pointer) its current run's
     folder: what a command that reads a run is given either way."""
     path = storage.normalize(path)
-    if storage.exists(storage.join(path, MANIFEST_FILE)):
-        return path
-    run_id = current_run(path)
-    return storage.join(path, RUNS_DIR, run_id) if run_id else path
+    if what_folder(path).kind == NIGHTLY_ROOT and (run_id := current_run(path)):
+        return storage.join(path, RUNS_DIR, run_id)
+    return path
+
+
+def committed_folder(path: str, option: str) -> str:
+    """The committed run a command reads from ``path``: a run or chain folder itself, a nightly root's current
+    night; anything else refused with one line naming what ``option`` takes."""
+    folder = what_folder(path)
+    root = _night_root(folder.path) if folder.kind in (STAGES, OTHER) else None
+    if folder.kind in (RUN, CHAIN) or (folder.kind == STAGES and root is None):
+        return folder.path
+    if folder.kind == NIGHTLY_ROOT:
+        if (run_id := current_run(folder.path)) is None:
+            raise FileNotFoundError(f"{option}: {path} is a nightly root with no committed night yet")
+        return storage.join(folder.path, RUNS_DIR, run_id)
+    if folder.kind == MISSING:
+        raise FileNotFoundError(f"{option}: {path} not found")
+    if root is not None:
+        raise ValueError(f"{option}: {path} is inside the nightly root {root}, not a run: give {root} (its current "
+                         f"night) or one night's folder {storage.join(root, RUNS_DIR, '<run id>')}")
+    raise ValueError(f"{path} has no manifest.json: not a committed run ({option} takes a run folder, a chain "
+                     "folder or a nightly root)")
+
+
+def expect_tables(run_dir: str, option: str, tables: tuple[str, ...]) -> str:
+    """The run folder holding ``tables`` (``holding``) of what ``run_dir`` names (``committed_folder``: a run, a
+    chain folder, a nightly root), or one line naming what ``option`` expects and what ``run_dir`` holds. An input
+    is what it holds, not which command made it."""
+    found_in = committed_folder(run_dir, option)
+    if what_folder(found_in).kind == STAGES:  # the demo's output: its last stage run holding them
+        subs = [storage.join(found_in, n) for n in sorted(storage.listdir(found_in)) if not n.startswith(".")]
+        runs = [(str(read_manifest(s).get("created_at") or ""), s) for s in subs
+                if what_folder(s).kind == RUN and holding(s, tables) is not None]
+        if runs:
+            return max(runs)[1]
+        raise ValueError(f"{option} expects a committed run holding {' and '.join(tables)}; {run_dir} holds "
+                         "stage runs, none of them holding it")
+    manifest = read_manifest(found_in)
+    found = holding(found_in, tables, manifest)
+    if found is None:
+        held = manifest.get("tables") if isinstance(manifest.get("tables"), dict) else {}
+        raise ValueError(f"{option} expects a committed run holding {' and '.join(tables)}; {run_dir} is a "
+                         f"{manifest['command']} run holding {', '.join(sorted(held)) or 'no tables'}")
+    return found
+
+
+def expect_corpus(path: str, option: str = "--input") -> None:
+    """Refuse a run folder, chain folder or nightly root given as a corpus (its Parquet files would be read as
+    papers), with one line saying what it is."""
+    folder = what_folder(path)
+    if folder.kind in (RUN, CHAIN, NIGHTLY_ROOT, STAGES):
+        raise ValueError(f"{option} {path} is {folder.describe()}, not a corpus: give {option} {CORPUS_HELP}")
+
+
+def expect_nightly_root(path: str) -> None:
+    """Refuse a committed run or chain folder (or a folder inside a nightly root) given as a nightly ``--root``:
+    a night would start from scratch inside it. One line naming the right folder."""
+    folder = what_folder(path)
+    root = folder.root or (_night_root(folder.path) if folder.kind in (RUN, STAGES) else None)
+    if root is not None:
+        what = folder.describe() if folder.kind == CHAIN else f"inside the nightly root {root}"
+        raise ValueError(f"--root {path} is {what}: give --root {root}")
+    if folder.kind in (RUN, CHAIN, STAGES):
+        raise ValueError(f"--root {path} is {folder.describe()}, not a nightly root: give --root a folder of its "
+                         "own (new, or one an earlier nightly made: it holds runs/ and CURRENT)")
 
 
 def set_current(root: str, run_id: str) -> None:
@@ -75,8 +201,6 @@ def current_table(root: str, table: str, stage: str | None = None, columns: list
     run_dir = storage.join(storage.normalize(root), RUNS_DIR, run_id)
     if stage is not None:
         return read_table(storage.join(run_dir, stage), table, columns)
-    from verbatim_batch.core.runs.manifest import holding
-
     found = holding(run_dir, (table,))  # the stage folder that holds it (a chain's last, as the chain reads it)
     if found is None:
         raise FileNotFoundError(f"the current run {run_id} of {root} holds no {table} table")

@@ -195,18 +195,6 @@ def _has_table(run_dir: str, table: str) -> bool:
     return storage.isdir(storage.join(run_dir, table)) or storage.isfile(storage.join(run_dir, table + ".parquet"))
 
 
-def expect_tables(run_dir: str, option: str, tables: tuple[str, ...]) -> str:
-    """The run folder holding ``tables`` (``holding``), or one line naming what ``option`` expects and what
-    ``run_dir`` holds. An input is what it holds, not which command made it."""
-    manifest = read_manifest(run_dir)
-    found = holding(run_dir, tables, manifest)
-    if found is None:
-        held = manifest.get("tables") if isinstance(manifest.get("tables"), dict) else {}
-        raise ValueError(f"{option} expects a committed run holding {' and '.join(tables)}; {run_dir} is a "
-                         f"{manifest['command']} run holding {', '.join(sorted(held)) or 'no tables'}")
-    return found
-
-
 def load_manifests(run_dirs: list[str]) -> pa.Table:
     """Manifests of several runs as one table with the MANIFEST schema."""
     return pa.Table.from_pylist([_as_arrow_row(read_manifest(d)) for d in run_dirs], schema=MANIFEST)
