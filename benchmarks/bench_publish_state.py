@@ -8,7 +8,8 @@ Chunk nights only (they run on CPU here): 11,400 synthetic papers (``verbatim-ba
 bench_scale.py does), then ``chunk --previous`` with nothing changed. Each night's run is published to one
 warehouse with ``verbatim-batch publish RUN --warehouse LAKE``, measured as bench_scale.py measures a call (a
 cgroup per call: every process of its tree). What each publish wrote comes from its snapshot's summary (data files,
-bytes, rows added, position deletes) and the warehouse's files before and after.
+bytes, rows added, position deletes) and the warehouse's files before and after. The warehouse is made anew each
+time; runs already in ``--work`` are published as they are (remove them to measure the chunk nights again).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -61,12 +63,14 @@ def main() -> None:
     res: dict = {"date": dt.date.today().isoformat(), "machine": machine(), "papers": args.papers,
                  "corpus": synth(corpus, args.papers, 0), "nights": []}
     lake = work / "lake"
+    shutil.rmtree(lake, ignore_errors=True)  # every night published afresh: the first publish is the first
     runs = [work / "run-0", work / "run-1", work / "run-2"]
     for k, run in enumerate(runs):
-        edited = edit(corpus, 0.01, 1000 + k) if k == 1 else 0
+        made = (run / "manifest.json").exists()  # a run already there is published as it is (not edited again)
+        edited = edit(corpus, 0.01, 1000 + k) if k == 1 and not made else 0
         cmd = ["chunk", "--input", str(corpus), "--output", str(run), "--num-cpus", str(args.num_cpus),
                "--run-id", f"n{k}", *(["--previous", str(runs[k - 1])] if k else [])]
-        if not (run / "manifest.json").exists():
+        if not made:
             chunk = run_cli(cmd, logs / f"chunk-{k}.log", env)
         else:
             chunk = {"skipped": "already there"}

@@ -172,6 +172,94 @@ def test_a_night_commits_what_changed_as_one_tagged_snapshot_and_an_unchanged_ni
     assert len(_state(table, night_snapshot(table, "r2"))) == 5
 
 
+def _carried_night(runs: Path, previous: Path, run_id: str, keep: list[str], fresh: list[dict]) -> Path:
+    """A chunk night as a run with ``--previous`` commits it: the previous night's rows of ``keep`` carried by the
+    sink (its one file rewritten, with the rows it came from in files.json), ``fresh`` rows in a file of their
+    own."""
+    from verbatim_batch.engine.sink import (
+        carry_rows,
+        no_counts,
+        record_write,
+        sum_live_files,
+        write_files_index,
+        write_table_file,
+    )
+
+    run = runs / run_id
+    _, counts = carry_rows(str(previous), {"chunks": tables.CHUNKS}, "chunk_id", keep, str(run))
+    assert counts["files_rewritten"] == 1, counts
+    path, stats = write_table_file(str(run), "chunks", "part-fresh", tables.to_table(fresh, tables.CHUNKS),
+                                   tables.CHUNKS, no_counts)
+    record_write(str(run), "fresh", {"rows": {"chunks": len(fresh)}, "files": {"chunks": path}, "counts": {},
+                                     "stats": {path: stats}})
+    write_files_index(str(run), sum_live_files(str(run), {"chunks": tables.CHUNKS}), ["chunks"])
+    (run / "manifest.json").write_text(json.dumps({
+        "command": "chunk", "run_id": run_id, "created_at": "2026-12-01T00:00:00+00:00", "config": "{}",
+        "tables": {"chunks": {"files": 2, "rows": len(keep) + len(fresh)}}}))
+    return run
+
+
+def test_a_carried_file_takes_the_recorded_hashes_of_the_rows_it_came_from_and_publishes_them_exactly(
+        tmp_path, monkeypatch):
+    """A night whose run rewrote the previous night's unchanged rows into a new file (``--previous``: the sink
+    keeps the rows of unchanged papers and records which rows of which file they are) is compared without reading
+    that file's rows: its row hashes are those recorded for the rows it came from, once its own key column matches
+    theirs. A provenance that does not match (other rows, a count that differs) is not used: the file is read and
+    hashed. Either way the published rows are the run's rows, each with the hash of its own columns."""
+    import verbatim_batch.stages.publish as publish
+    from verbatim_batch.engine.lake_state import row_hashes
+
+    lake, runs = tmp_path / "lake", tmp_path / "runs"
+    first = [_chunk(i) for i in range(8)]
+    r1 = _run(runs, "r1", first)
+    _publish(r1, lake)
+    keep = [f"c{i}" for i in (0, 1, 3, 4, 6, 7)]  # c2 edited, c5 gone, c8 new
+    fresh = [_chunk(2, "chunk 2, edited"), _chunk(8)]
+    r2 = _carried_night(runs, r1, "r2", keep, fresh)
+    index = json.loads((r2 / "files.json").read_text())["chunks"]
+    carried = next(name for name in index if name.startswith("part-carried-"))
+    assert index[carried]["carried_from"] == {"digest": storage.file_digest(str(r1 / "chunks" / "part-0.parquet")),
+                                              "rows": [[0, 2], [3, 5], [6, 8]]}
+
+    read: list[str] = []
+    real_read = storage.read_parquet
+
+    def spy(loc, columns=None, filter=None):
+        read.append(f"{Path(loc).name}:{'rows' if columns is None else ','.join(columns)}")
+        return real_read(loc, columns=columns, filter=filter)
+
+    monkeypatch.setattr(publish.storage, "read_parquet", spy)
+    done = _publish(r2, lake)["tables"][0]
+    assert (done["rows"], done["deleted"]) == (2, 2)  # c2's new row and c8 added; c2's old row and c5 deleted
+    assert f"{carried}:chunk_id" in read and f"{carried}:rows" not in read, read  # its key column only
+    assert "part-fresh.parquet:rows" in read
+
+    def published_rows(table) -> list[dict]:
+        got = table.scan().to_arrow()
+        assert got[ROW_HASH].to_pylist() == row_hashes(got).tolist()  # each row's hash is that of its columns
+        return sorted(got.drop_columns([NIGHT, ROW_HASH]).to_pylist(), key=lambda r: r["chunk_id"])
+
+    run_rows = sorted(pq.read_table(r2 / "chunks").to_pylist(), key=lambda r: r["chunk_id"])
+    assert published_rows(_chunks(lake)) == run_rows
+    assert _state(_chunks(lake))["c3"][0] == "r1" and _state(_chunks(lake))["c2"][0] == "r2"
+
+    # a provenance naming other rows of that file (as many): refused by the key column, the file read and hashed
+    keep3 = [f"c{i}" for i in (0, 1, 3, 4, 6)]  # c7 and c8 gone, c2 the same row in a new file, c9 new
+    r3 = _carried_night(runs, r2, "r3", keep3, [_chunk(2, "chunk 2, edited"), _chunk(9)])
+    index = json.loads((r3 / "files.json").read_text())
+    carried3 = next(name for name in index["chunks"] if name.startswith("part-carried-"))
+    honest = index["chunks"][carried3]["carried_from"]
+    assert honest["rows"] == [[0, 5]]
+    index["chunks"][carried3]["carried_from"] = {"digest": honest["digest"], "rows": [[1, 6]]}  # shifted by one
+    (r3 / "files.json").write_text(json.dumps(index))
+    read.clear()
+    done = _publish(r3, lake)["tables"][0]
+    assert f"{carried3}:rows" in read, read
+    assert (done["rows"], done["deleted"]) == (1, 2)  # c9 added, c7 and c8 deleted: nothing else moved
+    run_rows = sorted(pq.read_table(r3 / "chunks").to_pylist(), key=lambda r: r["chunk_id"])
+    assert published_rows(_chunks(lake)) == run_rows
+
+
 def test_keep_nights_expires_what_no_kept_tag_reads_and_deletes_only_those_files(tmp_path):
     lake, runs = tmp_path / "lake", tmp_path / "runs"
     states = [[_chunk(i, f"night {n} chunk {i}" if i == n else None) for i in range(4)] for n in range(4)]

@@ -11,7 +11,10 @@ with the night's tag and summary in the same commit.
 
 The row hashes of a night's Parquet file are kept by the file's digest (``HASHES_DIR`` under the table, content
 addressed, so never stale): a file that is unchanged since an earlier night (a nightly run carries unchanged
-files by their bytes) is not read again. The cache can be deleted at any time; it is rebuilt when missing.
+files by their bytes) is not read again, and neither is a file its run carried from an earlier one by rewriting
+that file's unchanged rows (``carried_hashes``: its ``files.json`` names the earlier file's digest and which of
+its rows it holds, so its hashes are those rows' recorded hashes). The cache can be deleted at any time; it is
+rebuilt when missing.
 """
 
 from __future__ import annotations
@@ -131,20 +134,54 @@ def _cache_path(table: Table, digest: str) -> str:
     return f"{table.location().rstrip('/')}/{HASHES_DIR}/{digest.replace(':', '-')}.parquet"
 
 
-def cached_hashes(table: Table, digest: str) -> np.ndarray | None:
-    """The row hashes recorded for a night file with this digest, or None (never recorded, or removed)."""
+def _read_cache(table: Table, digest: str, columns: list[str]) -> pa.Table | None:
     try:
         with table.io.new_input(_cache_path(table, digest)).open() as fh:
-            return pq.read_table(fh)[ROW_HASH].to_numpy()
-    except (OSError, pa.ArrowException):
+            return pq.read_table(fh, columns=columns)
+    except (OSError, KeyError, pa.ArrowException):  # never recorded, removed, or recorded without these columns
         return None
 
 
-def store_hashes(table: Table, digest: str, hashes: np.ndarray) -> None:
-    """Record a night file's row hashes under its digest (a cache: a failure to write it is no error)."""
+def cached_hashes(table: Table, digest: str) -> np.ndarray | None:
+    """The row hashes recorded for a night file with this digest, or None (never recorded, or removed)."""
+    got = _read_cache(table, digest, [ROW_HASH])
+    return None if got is None else got[ROW_HASH].to_numpy()
+
+
+def carried_hashes(table: Table, provenance: Any, keys: pa.Table) -> np.ndarray | None:
+    """The row hashes of a night file that its run carried from an earlier file by rewriting some of that
+    file's rows (``provenance``: its ``files.json`` entry's ``carried_from``, the earlier file's digest and the
+    ``[start, stop)`` ranges of its rows, in order; ``keys``: the night file's key columns): those rows' hashes
+    as recorded for the earlier file. None, and the file is read and hashed, when the earlier file has no record
+    or when the provenance is not ranges of it whose recorded keys are, row for row, ``keys``."""
+    if not isinstance(provenance, dict) or not isinstance(provenance.get("digest"), str):
+        return None
+    ranges = provenance.get("rows")
+    if not isinstance(ranges, list) or not ranges or not all(
+            isinstance(r, list) and len(r) == 2 and all(type(v) is int for v in r) for r in ranges):
+        return None
+    bounds = np.asarray(ranges, np.int64).reshape(-1, 2)
+    starts, stops = bounds[:, 0], bounds[:, 1]
+    if (starts < 0).any() or (stops <= starts).any() or (starts[1:] < stops[:-1]).any() \
+            or int((stops - starts).sum()) != keys.num_rows:
+        return None
+    source = _read_cache(table, provenance["digest"], [ROW_HASH, *keys.column_names])
+    if source is None or int(stops[-1]) > source.num_rows:
+        return None
+    rows = source.take(pa.array(np.concatenate([np.arange(a, b) for a, b in bounds])))
+    try:
+        same = keys.cast(rows.select(keys.column_names).schema).equals(rows.select(keys.column_names))
+    except (pa.ArrowException, ValueError):
+        return None
+    return rows[ROW_HASH].to_numpy() if same else None
+
+
+def store_hashes(table: Table, digest: str, hashes: np.ndarray, keys: pa.Table) -> None:
+    """Record a night file's row hashes and key columns under its digest (a cache: a failure to write it is no
+    error)."""
     try:
         with table.io.new_output(_cache_path(table, digest)).create(overwrite=True) as fh:
-            pq.write_table(pa.table({ROW_HASH: pa.array(hashes, pa.int64())}), fh)
+            pq.write_table(keys.append_column(ROW_HASH, pa.array(hashes, pa.int64())), fh)
     except (OSError, pa.ArrowException):
         pass
 

@@ -36,6 +36,8 @@ from verbatim_batch.engine.resources import Resources, ray_args
 
 log = logging.getLogger(__name__)
 TableCounter = Callable[[str, pa.Table], dict[str, int]]
+CARRIED_FROM = "carried_from"  # a rewritten carried file's stats: the file its rows come from, and which rows
+MAX_CARRIED_RANGES = 10_000  # ranges of rows a carried file's provenance lists at most (else it lists none)
 
 
 def no_counts(name: str, table: pa.Table) -> dict[str, int]:
@@ -142,10 +144,25 @@ def _carry_file(previous: str, prev_dir: str, name: str, f: str, schema: pa.Sche
             log.warning("%s: unreadable (%s): not carried, its rows are done again", src, _one_line(exc))
             return pa.array([], pa.string()), 0, "unreadable"
         path, stats = write_table_file(staging, name, part, table, schema, table_counts)
+        if intact:
+            stats |= carried_from(known["digest"], mask)
         how = "rewritten"
     record_write(staging, record, {"rows": {name: n}, "files": {name: path}, "counts": {}, "stats": {path: stats}},
                  keys=keys)
     return found[key_column].combine_chunks(), n, how
+
+
+def carried_from(digest: str, mask: pa.Array) -> dict[str, Any]:
+    """A rewritten carried file's provenance for its stats (``files.json``): its rows are, in order, the rows
+    ``[start, stop)`` of each range of the file whose bytes have ``digest`` (what a publish reuses the row hashes
+    of that file by, ``lake_state.carried_hashes``); nothing when the ranges are too many to list."""
+    import numpy as np
+
+    wanted = np.asarray(pc.fill_null(mask, False).to_numpy(zero_copy_only=False), bool)  # as filter() drops nulls
+    edges = np.flatnonzero(np.diff(np.r_[False, wanted, False].astype(np.int8)))
+    if not len(edges) or len(edges) // 2 > MAX_CARRIED_RANGES:
+        return {}
+    return {CARRIED_FROM: {"digest": digest, "rows": edges.reshape(-1, 2).tolist()}}
 
 
 def _one_line(exc: BaseException) -> str:

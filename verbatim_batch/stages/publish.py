@@ -54,6 +54,7 @@ from verbatim_batch.engine.lake_state import (
     ROW_HASH,
     Change,
     cached_hashes,
+    carried_hashes,
     commit_state,
     live_state,
     multiset_diff,
@@ -62,6 +63,7 @@ from verbatim_batch.engine.lake_state import (
 )
 from verbatim_batch.engine.lake_state import write_data_files as write_in_process
 from verbatim_batch.engine.runner import Command
+from verbatim_batch.engine.sink import CARRIED_FROM
 from verbatim_batch.engine.telemetry.options import MetricsOptions
 
 log = logging.getLogger(__name__)
@@ -173,6 +175,7 @@ class NightFiles:
     files: list[str]
     digests: list[str]
     hashes: list[np.ndarray] = field(default_factory=list)
+    carried: list[Any] = field(default_factory=list)  # per file: its files.json ``carried_from`` (or None)
 
     @property
     def content(self) -> str:
@@ -188,7 +191,7 @@ def checked_files(night: Night, name: str) -> NightFiles:
     stage_dir = night.stages[name]
     index, problems = read_files_index(stage_dir)
     listed = (index or {}).get(name, {}) if index is not None else None
-    digests = []
+    digests, carried = [], []
     for path in files:
         digest = storage.file_digest(path)
         base = path.rsplit("/", 1)[-1]
@@ -198,6 +201,7 @@ def checked_files(night: Night, name: str) -> NightFiles:
             raise ValueError(f"{name}/{base} of {stage_dir} {why} (changed after the commit?): nothing published; "
                              f"`verbatim-batch verify {night.run_dir}` lists what changed")
         digests.append(digest)
+        carried.append(known.get(CARRIED_FROM) if known is not None else None)
     if listed is not None:
         missing = sorted(set(listed) - {p.rsplit("/", 1)[-1] for p in files})
         if missing or problems:
@@ -206,17 +210,27 @@ def checked_files(night: Night, name: str) -> NightFiles:
                              f"{night.run_dir}` lists what changed")
     else:
         log.warning("%s: the run has no files.json (an older release): its files are published unchecked", stage_dir)
-    return NightFiles(files, digests)
+    return NightFiles(files, digests, carried=carried)
 
 
 def night_hashes(table: Any, name: str, night: str, nights: NightFiles) -> None:
-    """Each night file's row hashes: recorded for its digest by an earlier publish, else read and recorded."""
+    """Each night file's row hashes: recorded for its digest by an earlier publish, or, for a file its run
+    carried from an earlier one, the recorded hashes of the rows its ``files.json`` says it took from that file
+    (``carried_hashes``: checked against the file's own key columns); else read and hashed. Recorded for the
+    file's digest, with its keys, either way."""
+    key = list(PUBLISHED[name].key)
     nights.hashes = []
-    for path, digest in zip(nights.files, nights.digests, strict=True):
+    for i, (path, digest) in enumerate(zip(nights.files, nights.digests, strict=True)):
         hashes = cached_hashes(table, digest)
+        if hashes is None and i < len(nights.carried) and nights.carried[i] is not None:
+            keys = storage.read_parquet(path, columns=key)
+            hashes = carried_hashes(table, nights.carried[i], keys)
+            if hashes is not None:
+                store_hashes(table, digest, hashes, keys)
         if hashes is None:
-            hashes = conform(storage.read_parquet(path), name, night)[ROW_HASH].to_numpy()
-            store_hashes(table, digest, hashes)
+            rows = conform(storage.read_parquet(path), name, night)
+            hashes = rows[ROW_HASH].to_numpy()
+            store_hashes(table, digest, hashes, rows.select(key))
         nights.hashes.append(hashes)
 
 
