@@ -40,3 +40,17 @@ def test_missing_columns_are_named_before_anything_runs(ray_local):
     # a preprocess function may make the columns: then the workers check them as they run
     renamed = api.extract(rows, preprocess=lambda r: {"query": r["question"], "chunk": r["passage"]})
     assert renamed is not None
+
+
+def test_a_text_column_of_another_type_is_refused_before_any_task(ray_local):
+    """A ``markdown`` column of integers failed inside a worker (RayTaskError(ArrowConversionError)); it is one
+    ValueError naming the column, from the dataset's schema, before any task runs (issue 53, item 7)."""
+    import ray
+
+    papers = ray.data.from_items([{"paper_id": "P1", "markdown": 5}, {"paper_id": "P2", "markdown": 7}])
+    with pytest.raises(ValueError, match=r"api.chunk: column 'markdown' holds int64 values; it needs text"):
+        api.chunk(papers)
+    pairs = ray.data.from_items([{"query": "q", "chunk": 3.5}])
+    with pytest.raises(ValueError, match=r"api.extract: column 'chunk' holds double values"):
+        api.extract(pairs)
+    assert api.chunk(ray.data.from_items([{"paper_id": 1, "markdown": "# A\n\ntext"}])) is not None  # ids: any

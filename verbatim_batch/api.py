@@ -79,6 +79,9 @@ TAKES: dict[str, tuple[tuple[type, ...], tuple[str, ...]]] = {
 }
 
 
+TEXT_COLUMNS = ("markdown", "context", "text", "query", "chunk")  # read as text: another type is refused up front
+
+
 def _check_config(name: str, config: Any) -> None:
     """``config`` is one ``api.<name>`` takes, else a TypeError naming the function it configures (checked on
     the driver, before any Ray work: an EmbedderConfig given to extract would run embedding and fail in a worker)."""
@@ -103,6 +106,13 @@ def _check_columns(name: str, ds: Any) -> None:
     if missing := [c for c in TAKES[name][1] if c not in names]:
         raise ValueError(f"api.{name} needs the column(s) {', '.join(missing)}; the dataset has "
                          f"{', '.join(names) or 'none'} (a preprocess function can make them)")
+    types = dict(zip(names, getattr(schema, "types", None) or [], strict=False))
+    for column in (c for c in TAKES[name][1] if c in TEXT_COLUMNS):
+        kind = types.get(column)
+        if isinstance(kind, pa.DataType) and not (pa.types.is_string(kind) or pa.types.is_large_string(kind)
+                                                  or pa.types.is_null(kind)):
+            raise ValueError(f"api.{name}: column {column!r} holds {kind} values; it needs text (strings): cast "
+                             "it, or a preprocess function can make it")
 
 
 @dataclass(frozen=True)

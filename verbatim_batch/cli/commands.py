@@ -14,7 +14,7 @@ from typing import Any
 
 from verbatim_batch.core import storage
 from verbatim_batch.engine.runner import Command
-from verbatim_batch.report.summary import print_run
+from verbatim_batch.report.summary import night_changes, print_run
 
 EXAMPLES = resources.files("verbatim_batch") / "examples"
 
@@ -94,14 +94,7 @@ def print_night(job: Any, result: tuple[str, dict[str, Any]]) -> None:
     path, manifest = result
     counts = manifest["counts"]
     print(f"nightly run {manifest['run_id']} committed to {path}; current -> {manifest['run_id']}")
-    base = json.loads(manifest.get("config") or "{}").get("base")
-    if "chunks.papers_unchanged" in counts:
-        print("  papers: " + ", ".join(f"{counts.get('chunks.papers_' + k, 0)} {k}"
-                                       for k in ("unchanged", "changed", "added", "removed")))
-    elif base is None:  # a first night: every paper is new
-        print(f"  papers: {counts.get('chunks.papers', 0)} added (first night)")
-    else:
-        print(f"  papers: {counts.get('chunks.papers_chunked', 0)} chunked, none carried from {base}")
+    print(f"  {night_changes(manifest)}")
     print(f"  chunks embedded {counts.get('embeddings.rows_new', 0)}, "
           f"carried {counts.get('embeddings.rows_carried', 0)}; index {manifest.get('index_update', {}).get('action')}")
     print(f"  pairs extracted {counts.get('spans.rows_new', 0)}, carried {counts.get('spans.rows_carried', 0)}; "

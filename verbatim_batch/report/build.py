@@ -49,6 +49,7 @@ from verbatim_batch.report.html import (
 )
 from verbatim_batch.report.perf import performance_html, performance_rows
 from verbatim_batch.report.sections import extract_section, retrieval_section
+from verbatim_batch.report.summary import night_changes
 
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
@@ -112,6 +113,8 @@ def build_report(run_dir: str, manifest: dict[str, Any] | None = None) -> dict[s
     if total > 0 and counts.get("papers_bytes"):
         rate["mb_per_s"] = counts["papers_bytes"] / 1e6 / total
     out["throughput"] = rate
+    if changes := night_changes(manifest):  # the header says what a night changed
+        out["changed"] = changes
     subs = {s: _sub_manifest(run_dir, s) for s in manifest.get("stages") or {}} if command in COMPOSITES else {}
     out["performance"] = performance_rows(manifest, subs)
     out["time_breakdown"] = time_breakdown(manifest)
@@ -185,6 +188,7 @@ def render_html(report: dict[str, Any], sections: Sequence[str] = ()) -> str:
             summary[key] = report[key]
     # what the run found comes first; how it ran (time, counts) after
     body = [f"<h1>verbatim-batch {esc(command)} · {esc(report.get('run_id'))}</h1>",
+            *([f'<p class="meta">This night: {esc(report["changed"])}</p>'] if report.get("changed") else []),
             *sections,
             kv_table("Summary", summary), kv_table("Tables (rows)", report.get("tables", {})),
             performance_html(report.get("performance") or {}),

@@ -23,7 +23,7 @@ def performance_rows(manifest: dict[str, Any], sub: dict[str, dict[str, Any] | N
 def _gpu(perf: dict[str, Any]) -> str:
     gpu = perf.get("gpu") or {}
     if "skipped" in gpu:
-        return f"none ({gpu['skipped']})"
+        return "none"  # why: once, under the table (``gpu_notes``)
     return f"{gpu.get('gpu_seconds', 0):,.1f} GPU-s, {gpu.get('utilisation_mean', 0):.0f}% mean on {gpu.get('devices')}"
 
 
@@ -42,7 +42,10 @@ def performance_html(rows: dict[str, dict[str, Any]]) -> str:
                  f"{(p.get('peak_rss_bytes') or 0) / 1e9:,.2f}", _gpu(p))
         body.append(f"<tr><th>{esc(stage)}</th>" + "".join(f"<td>{esc(c)}</td>" for c in cells) + "</tr>")
     scope = next((p.get("scope") for p in rows.values() if p.get("scope")), "")
+    skipped = list(dict.fromkeys(str((p.get("gpu") or {}).get("skipped")) for p in rows.values()
+                                 if "skipped" in (p.get("gpu") or {})))
     note = (f'<p class="meta">CPU-seconds and memory: {esc(scope)}, sampled every 2 s. rows/s: rows done by '
             "this run over the time its work took. Actor idle share: time model actors waited for input between "
-            "batches, over time busy and waiting (after loading).</p>")
+            "batches, over time busy and waiting (after loading)."
+            + (f" GPU: none sampled: {esc('; '.join(skipped))}." if skipped else "") + "</p>")
     return f"<h2>Performance</h2><table><tr>{head}</tr>{''.join(body)}</table>{note}"

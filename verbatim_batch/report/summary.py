@@ -17,6 +17,24 @@ def _table_location(path: str, name: str) -> str:
     return folder
 
 
+def night_changes(manifest: dict) -> str | None:
+    """What a night changed, in a line: its papers unchanged, changed, added and removed against its base (a
+    first night's are all added); None for a run that is no night."""
+    if manifest.get("command") != "nightly":
+        return None
+    counts = manifest.get("counts") or {}
+    if "chunks.papers_unchanged" in counts:
+        return "papers: " + ", ".join(f"{counts.get('chunks.papers_' + k, 0)} {k}"
+                                      for k in ("unchanged", "changed", "added", "removed"))
+    try:
+        base = json.loads(manifest.get("config") or "{}").get("base")
+    except (TypeError, ValueError):
+        base = None
+    if base is None:
+        return f"papers: {counts.get('chunks.papers', 0)} added (first night)"
+    return f"papers: {counts.get('chunks.papers_chunked', 0)} chunked, none carried from {base}"
+
+
 def print_run(path: str, manifest: dict) -> None:
     """Where a committed run's tables are, and its main counts."""
     counts = manifest["counts"]

@@ -127,6 +127,8 @@ def committed_folder(path: str, option: str) -> str:
         return storage.join(folder.path, RUNS_DIR, run_id)
     if folder.kind == MISSING:
         raise FileNotFoundError(f"{option}: {path} not found")
+    if storage.exists(storage.join(folder.path, MANIFEST_FILE)):
+        read_manifest(folder.path)  # a manifest not of ours: its own line says what is wrong with it
     if root is not None:
         raise ValueError(f"{option}: {path} is inside the nightly root {root}, not a run: give {root} (its current "
                          f"night) or one night's folder {storage.join(root, RUNS_DIR, '<run id>')}")
