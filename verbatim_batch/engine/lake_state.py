@@ -148,6 +148,9 @@ def cached_hashes(table: Table, digest: str) -> np.ndarray | None:
     return None if got is None else got[ROW_HASH].to_numpy()
 
 
+KEY_HASH = "key_hash"  # in the cache: a 64-bit hash of each row's key columns (``row_hashes`` of them)
+
+
 def carried_hashes(table: Table, provenance: Any, keys: pa.Table) -> np.ndarray | None:
     """The row hashes of a night file that its run carried from an earlier file by rewriting some of that
     file's rows (``provenance``: its ``files.json`` entry's ``carried_from``, the earlier file's digest and the
@@ -165,23 +168,22 @@ def carried_hashes(table: Table, provenance: Any, keys: pa.Table) -> np.ndarray 
     if (starts < 0).any() or (stops <= starts).any() or (starts[1:] < stops[:-1]).any() \
             or int((stops - starts).sum()) != keys.num_rows:
         return None
-    source = _read_cache(table, provenance["digest"], [ROW_HASH, *keys.column_names])
+    source = _read_cache(table, provenance["digest"], [ROW_HASH, KEY_HASH])
     if source is None or int(stops[-1]) > source.num_rows:
         return None
-    rows = source.take(pa.array(np.concatenate([np.arange(a, b) for a, b in bounds])))
-    try:
-        same = keys.cast(rows.select(keys.column_names).schema).equals(rows.select(keys.column_names))
-    except (pa.ArrowException, ValueError):
+    rows = np.concatenate([np.arange(a, b) for a, b in bounds])
+    if not np.array_equal(source[KEY_HASH].to_numpy()[rows], row_hashes(keys)):
         return None
-    return rows[ROW_HASH].to_numpy() if same else None
+    return source[ROW_HASH].to_numpy()[rows]
 
 
 def store_hashes(table: Table, digest: str, hashes: np.ndarray, keys: pa.Table) -> None:
-    """Record a night file's row hashes and key columns under its digest (a cache: a failure to write it is no
-    error)."""
+    """Record a night file's row hashes and the hashes of its key columns under its digest (a cache: a failure
+    to write it is no error)."""
     try:
         with table.io.new_output(_cache_path(table, digest)).create(overwrite=True) as fh:
-            pq.write_table(keys.append_column(ROW_HASH, pa.array(hashes, pa.int64())), fh)
+            pq.write_table(pa.table({ROW_HASH: pa.array(hashes, pa.int64()),
+                                     KEY_HASH: pa.array(row_hashes(keys), pa.int64())}), fh)
     except (OSError, pa.ArrowException):
         pass
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from verbatim_batch.core import storage, tables
 from verbatim_batch.core.faults import fault_point
@@ -37,6 +38,7 @@ from verbatim_batch.engine.lake import (
     PUBLISHED,
     SOURCE_PROP,
     IcebergTarget,
+    arrow_schema,
     catalog_faults,
     conform,
     ensure_table,
@@ -223,8 +225,12 @@ def night_hashes(table: Any, name: str, night: str, nights: NightFiles) -> None:
     for i, (path, digest) in enumerate(zip(nights.files, nights.digests, strict=True)):
         hashes = cached_hashes(table, digest)
         if hashes is None and i < len(nights.carried) and nights.carried[i] is not None:
-            keys = storage.read_parquet(path, columns=key)
-            hashes = carried_hashes(table, nights.carried[i], keys)
+            try:  # its key columns, as conform casts them
+                keys = storage.read_parquet(path, columns=key).cast(
+                    pa.schema([arrow_schema(name).field(k) for k in key]))
+            except (KeyError, ValueError, pa.ArrowException):
+                keys = None  # read and hashed below, where a bad column is reported
+            hashes = carried_hashes(table, nights.carried[i], keys) if keys is not None else None
             if hashes is not None:
                 store_hashes(table, digest, hashes, keys)
         if hashes is None:
