@@ -35,6 +35,37 @@ def night_changes(manifest: dict) -> str | None:
     return f"papers: {counts.get('chunks.papers_chunked', 0)} chunked, none carried from {base}"
 
 
+QUESTION_WORDS = frozenset("what how why which who whom whose when where does do did is are was were can could "
+                           "should will would has have".split())
+
+
+def looks_like_question(query: str) -> bool:
+    """A natural question (ends with ``?`` or opens with a question word), not a keyword query."""
+    words = query.strip().lower().split()
+    return bool(words) and (query.strip().endswith("?") or words[0] in QUESTION_WORDS)
+
+
+def questions_hint(path: str, manifest: dict) -> str | None:
+    """For an extract run by the offline (semantic) extractor whose queries are mostly natural questions: a line
+    saying so, with the command that runs the highlighter (which answers them; the semantic one abstains)."""
+    try:
+        config = manifest.get("config")
+        config = json.loads(config) if isinstance(config, str) else config or {}
+        if manifest.get("command") != "extract" or config.get("extractor") != "semantic":
+            return None
+        queries = set(storage.read_parquet(storage.join(path, "pairs"), columns=["query"])["query"].to_pylist())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None  # a summary line is advice, never a reason to fail
+    queries.discard(None)
+    asked = sum(looks_like_question(q) for q in queries)
+    if not queries or asked * 2 <= len(queries):
+        return None
+    return (f"{asked} of {len(queries)} queries look like natural questions: the offline semantic extractor suits "
+            "keyword queries and abstains on many questions; the highlighter answers them: verbatim-batch extract "
+            f"--retrieval {config.get('retrieval') or 'RETRIEVAL'} --extractor highlighter --model MODEL --output "
+            "SPANS (docs/extraction.md)")
+
+
 def print_run(path: str, manifest: dict) -> None:
     """Where a committed run's tables are, and its main counts."""
     counts = manifest["counts"]
@@ -54,6 +85,8 @@ def print_run(path: str, manifest: dict) -> None:
         print(f"  {counts['pairs']} pairs: {counts.get('pairs_with_spans', 0)} with spans, "
               f"{counts.get('pairs_abstained', 0)} abstained, {counts.get('pairs_failed', 0)} failed; "
               f"{counts.get('spans', 0)} spans, {counts.get('verbatim_violations', 0)} withheld as non-verbatim")
+        if hint := questions_hint(path, manifest):
+            print(f"  {hint}")
     if "truncated" in counts:
         print(f"  {counts.get('tokens', 0)} tokens; {counts.get('multi_window', 0)} chunks longer than the model's "
               f"window embedded in {counts.get('windows', 0)} windows in all; {counts['truncated']} chunks cut after "

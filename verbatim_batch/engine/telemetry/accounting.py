@@ -43,7 +43,8 @@ def stage_metrics(counts: Mapping[str, int], timings: Mapping[str, float], decla
     return {
         "rows": row_outcomes(counts, declared),
         "duration_seconds": round(float(timings.get("total", 0.0) or 0.0), 3),
-        "model_tokens": int(counts.get("tokens", 0) or 0),
+        # the work done: tokens of the rows this run put through the model, not of the rows it carried
+        "model_tokens": max(0, int(counts.get("tokens", 0) or 0) - int(counts.get("carried.tokens", 0) or 0)),
         "model_batches": int(counts.get("batches", 0) or 0),
         "read_bytes": int(read_bytes),
         "written_bytes": int(written_bytes),
