@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from importlib import resources
 
@@ -91,6 +92,15 @@ def test_ctrl_c_ends_a_run_with_one_line_and_no_traceback(tmp_path):
     assert "Traceback" not in err, err[-3000:]
     assert lines[-1].startswith("verbatim-batch run: interrupted; committed work is kept")
     assert (tmp_path / "chain" / "chunks" / "manifest.json").is_file()  # the committed stage stays
+    # no --run-id was given: the line names the one the run used, and a rerun with it resumes (issue 53, item 3)
+    import re
+
+    run_id = re.search(r"rerun with the same --run-id to resume: --run-id (\S+)\)$", lines[-1].strip()).group(1)
+    rerun = subprocess.run([*cmd, "--run-id", run_id], capture_output=True, text=True,
+                           env=env, timeout=900)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert f"resuming run {run_id}: chunks" in rerun.stderr and "taken as committed" in rerun.stderr, rerun.stderr
+    assert json.loads((tmp_path / "chain" / "chunks" / "manifest.json").read_text())["run_id"] == run_id
 
 
 @pytest.mark.parametrize("argv", [

@@ -137,10 +137,16 @@ def _run(args: argparse.Namespace) -> tuple[int, str]:
 def _ended(command: str, what: str, code: int, resume: bool = True) -> int:
     """A command ended by a fault, a limit or a signal: Ray shut down first (its own lines come before ours),
     then one line, then ``code``."""
+    from verbatim_batch.engine.runner import outer_run_id
     from verbatim_batch.engine.worker_faults import RESUME
 
     stop_ray_quietly()
-    print(f"verbatim-batch {command}: {what}{'; ' + RESUME if resume else ''}", file=sys.stderr)
+    run_id = outer_run_id()
+    if resume:
+        what += f"; {RESUME.removesuffix(')')}: --run-id {run_id})" if run_id else f"; {RESUME}"
+    elif run_id and RESUME in what:  # a stage stopped past its bound: its line says how to resume, not with what
+        what = what.replace(RESUME, f"{RESUME.removesuffix(')')}: --run-id {run_id})")
+    print(f"verbatim-batch {command}: {what}", file=sys.stderr)
     return code
 
 

@@ -48,6 +48,7 @@ from verbatim_batch.core import limits, storage
 from verbatim_batch.core.options import input_paths, option, options_of, settings
 from verbatim_batch.core.redact import redact
 from verbatim_batch.core.runs import (
+    CARRIED_PREFIX,
     acquire_lock,
     build_manifest,
     check_output_names,
@@ -395,8 +396,28 @@ def resolve_reads(stage: Stage) -> None:
         stage.job = dataclasses.replace(stage.job, **changes)
 
 
+_OUTER: list[str | None] = [None]  # the run id the outermost run of this process uses (given or generated)
+_DEPTH = [0]  # runs going on in this process: a chain's stages run inside the chain's run
+
+
+def outer_run_id() -> str | None:
+    """The run id of the outermost run this process started last (a generated one too): what an interrupted
+    command names so that "rerun with the same --run-id" can be done."""
+    return _OUTER[0]
+
+
 def run_stage(stage: Stage) -> tuple[str, dict[str, Any]]:
     """Run ``stage`` into ``stage.job.output``; returns ``(path, manifest)`` of the committed run."""
+    if _DEPTH[0] == 0:
+        _OUTER[0] = stage.job.run_id
+    _DEPTH[0] += 1
+    try:
+        return _run_stage(stage)
+    finally:
+        _DEPTH[0] -= 1
+
+
+def _run_stage(stage: Stage) -> tuple[str, dict[str, Any]]:
     job = stage.job
     t0 = time.perf_counter()
     if job.run_id is not None:
@@ -435,6 +456,8 @@ def _run(stage: Stage, output: str, window: perf.Window | None, t0: float) -> tu
     inputs = [*plan.inputs, *([job.previous] if job.previous else [])]
     refuse_output_inside_inputs(output, inputs)
     run_id = job.run_id or new_run_id(stage.command, config)
+    if _DEPTH[0] == 1 and isinstance(stage, CompositeStage):  # bound to its folder: a rerun with it resumes (an
+        _OUTER[0] = run_id  # unnamed stage run's staging is removed when it fails: it has no id to give)
     settings = config_hash(config)
     resources = stage.resolved()
     runtime = {**plan.runtime, **({"resources": dataclasses.asdict(resources)} if resources else {})}
@@ -493,6 +516,17 @@ def _lost(stage: Stage, n_in: int, accounted: int, message: str) -> RuntimeError
     rows = accounting.row_outcomes({"rows_in": n_in, "rows_new": accounted}, {})
     session.record(stage.command, {"rows": rows, "duration_seconds": 0.0})
     return RuntimeError(message)
+
+
+def _carried_counts(result: Any) -> dict[str, int]:
+    """The table counts (``Stage.table_counts``: tokens, ...) of the rows carried from ``--previous``, as
+    ``carried.<count>``: the metrics count the work done, so the tokens of carried rows are not counted again."""
+    out: dict[str, int] = {}
+    for path, stats in result.stats.items():
+        if storage.split(path)[1].startswith(CARRIED_PREFIX):
+            for key, value in (stats.get("counts") or {}).items():
+                out[f"carried.{key}"] = out.get(f"carried.{key}", 0) + int(value or 0)
+    return out
 
 
 def _unique_in(keys: pa.Array | pa.ChunkedArray, value_set: pa.Array) -> int:
@@ -583,7 +617,7 @@ def _run_table_stage(stage: TableStage, plan: Plan, ctx: StageContext) -> StageR
     own = stage.counts(plan, work, outcome)
     own = own if isinstance(own, StageResult) else StageResult(tables={}, counts=own)
     standard = {"rows_in": work.n_in, "rows_new": outcome.new, "rows_carried": n_carried, "rows_resumed": resumed,
-                **carried_files, **({"files_compacted": merged} if merged else {})}
+                **carried_files, **({"files_compacted": merged} if merged else {}), **_carried_counts(result)}
     clash = set(standard) & set(own.counts)
     if clash:
         raise RuntimeError(f"{stage.command} counts {sorted(clash)} clash with the runner's standard counts")
