@@ -186,10 +186,10 @@ def test_every_table_loads_in_pyarrow_pandas_duckdb_and_datasets(chain, tmp_path
 
 
 def test_cli_prints_the_real_path_of_each_table(chain, capsys):
-    from verbatim_batch.cli.commands import report
+    from verbatim_batch.report.summary import print_run
 
     for run_dir in chain.values():
-        report(run_dir, read_manifest(run_dir))
+        print_run(run_dir, read_manifest(run_dir))
     printed = re.findall(r"rows  (\S+)", capsys.readouterr().out)
     assert len(printed) == sum(len(read_manifest(r)["tables"]) for r in chain.values())
     assert all(os.path.exists(p) for p in printed) and any(p.endswith("ids.parquet") for p in printed)
