@@ -9,6 +9,7 @@ config, and each model config's hash (the id of what made a row). No Ray: plans 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import typing
 
@@ -16,6 +17,11 @@ import pytest
 
 from verbatim_batch.core.options import OptionError, _base, check, is_runtime, options_of
 from verbatim_batch.core.tables import config_hash
+from verbatim_batch.extract.highlighter import HighlighterConfig
+from verbatim_batch.extract.llm import LLMConfig
+from verbatim_batch.extract.semantic import SemanticConfig
+from verbatim_batch.retrieval.embedder import EmbedderConfig
+from verbatim_batch.retrieval.reranker import RerankerConfig
 from verbatim_batch.stages.chains import Chain, sections, stage_command, stage_keys
 from verbatim_batch.stages.chunk import ChunkJob, ChunkStage
 from verbatim_batch.stages.extract import ExtractJob, ExtractStage
@@ -248,3 +254,30 @@ def test_the_window_rule_is_declared_once_and_refuses_before_any_work(argv, tmp_
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "stride" in err and "Traceback" not in err, err
     assert not (tmp_path / "o").exists()
+
+
+def _plain_bounded(cls):
+    return [f for f in dataclasses.fields(cls) if "bounds" in f.metadata]
+
+
+@pytest.mark.parametrize("make", [
+    EmbedderConfig, functools.partial(RerankerConfig, model="m"), HighlighterConfig, SemanticConfig,
+    functools.partial(LLMConfig, model="m"),
+], ids=["embedder", "reranker", "highlighter", "semantic", "llm"])
+def test_plain_fields_take_their_declared_bounds_when_built(make):
+    """A plain field (no flag) declared with bounds (``runtime(256, low=1)``, ``bounded(0.5, ...)``) is checked
+    when its config is built, with the one-line ``OptionError`` naming it, as an option is: the bounds live on
+    the declaration, not in a hand check beside it."""
+    cls = type(make())
+    fields = _plain_bounded(cls)
+    assert fields, f"{cls.__name__}: no plain field declares bounds"
+    for f in fields:
+        opt = f.metadata["bounds"]
+        outside = []
+        if opt.low is not None:
+            outside.append(opt.low if opt.low_open else opt.low - 1)
+        if opt.high is not None:
+            outside.append(opt.high if opt.high_open else opt.high + 1)
+        for value in outside:
+            with pytest.raises(OptionError, match=rf"^{f.name} must be "):
+                make(**{f.name: type(f.default)(value)})

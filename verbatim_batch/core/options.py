@@ -76,9 +76,20 @@ def option(default: Any = MISSING, help: str = "", *, default_factory: Any = MIS
     return field(default=default, default_factory=default_factory, metadata={"option": Option(help, **settings)})
 
 
-def runtime(default: Any = MISSING, *, default_factory: Any = MISSING) -> Any:
-    """A plain (not an option) dataclass field that only decides how the run goes, never its output."""
-    return field(default=default, default_factory=default_factory, metadata={"runtime": True})
+def runtime(default: Any = MISSING, *, default_factory: Any = MISSING, **bounds: Any) -> Any:
+    """A plain (not an option) dataclass field that only decides how the run goes, never its output; its
+    ``bounds`` (``low``, ``high``, ``low_open``, ``high_open``) are checked when the config is built."""
+    return field(default=default, default_factory=default_factory, metadata={"runtime": True} | _bounded(bounds))
+
+
+def bounded(default: Any, **bounds: Any) -> Any:
+    """A plain (not an option: no flag, no YAML key) field that decides the output, its ``bounds`` checked when the
+    config is built, as an option's are."""
+    return field(default=default, metadata=_bounded(bounds))
+
+
+def _bounded(bounds: dict[str, Any]) -> dict[str, Any]:
+    return {"bounds": Option("", **bounds)} if bounds else {}
 
 
 def is_runtime(f: dataclasses.Field) -> bool:
@@ -117,6 +128,12 @@ def validate(obj: Any) -> None:
             check(of, value)
         except OptionError as exc:
             raise OptionError(f"{of.key} {exc}") from None
+    for f in dataclasses.fields(obj):  # the plain fields declared with bounds (``runtime(..., low=1)``, ``bounded``)
+        if (opt := f.metadata.get("bounds")) is not None:
+            try:
+                _bounds(opt, getattr(obj, f.name))
+            except OptionError as exc:
+                raise OptionError(f"{f.name} {exc}") from None
 
 
 class Declared:

@@ -101,7 +101,7 @@ class HighlighterConfig(Declared):
                         choices=("auto", "float32", "bfloat16", "float16"))
     attn_implementation: str = "auto"
     token_budget: int = option(32768, "padded tokens per forward pass", low=1, high=limits.TOKENS, runtime=True)
-    max_batch_rows: int = runtime(128)
+    max_batch_rows: int = runtime(128, low=1)
     trust_remote_code: bool = option(False, "allow model code from the hub (off by default)")
 
     def __post_init__(self) -> None:
@@ -110,8 +110,6 @@ class HighlighterConfig(Declared):
             raise ValueError(problem)
         if self.max_query_tokens is None:
             object.__setattr__(self, "max_query_tokens", default_query_tokens(self.max_length))
-        if self.max_batch_rows <= 0:
-            raise ValueError("max_batch_rows must be positive")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

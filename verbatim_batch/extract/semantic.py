@@ -50,7 +50,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from verbatim_batch.core import limits, tables
-from verbatim_batch.core.options import Declared, option, runtime, settings
+from verbatim_batch.core.options import Declared, bounded, option, runtime, settings
 from verbatim_batch.extract.kind import ExtractorKind
 from verbatim_batch.extract.sentences import CAPTION, NON_BODY, RUN_IN, TABLE_ROW, Unit, units
 from verbatim_batch.extract.spans import PairResult, Span, postprocess
@@ -160,8 +160,9 @@ class SemanticConfig(Declared):
     lexical_weight: float = 0.4  # weight of the query-word overlap in the score
     paragraph_weight: float = 0.2  # weight of the paragraph's similarity in the score
     context_weight: float = 0.3  # weight of the similarity of the unit with its neighbours in the paragraph
-    unit_slack: float = 0.05  # units of an answering pair are kept from threshold - unit_slack
-    paragraph_fill: float = 0.5  # select a whole paragraph when this share of its characters is selected (1: never)
+    unit_slack: float = bounded(0.05, low=0)  # units of an answering pair are kept from threshold - unit_slack
+    # select a whole paragraph when this share of its characters is selected (1: never)
+    paragraph_fill: float = bounded(0.5, low=0, low_open=True, high=1)
     paragraph_select: float = 0.75  # ... or when it holds a selected unit and its similarity reaches this (1: never)
     margin: float | None = option(0.18, "keep only sentences within this of the pair's best one (1: off)", low=0)
     min_chars: int = option(10, "drop spans shorter than this", low=0, high=limits.CHARS)
@@ -188,14 +189,9 @@ class SemanticConfig(Declared):
 
     def __post_init__(self) -> None:
         super().__post_init__()  # the declared bounds (threshold in [0, 1], as its flag takes it)
-        # the plain (undeclared) fields
-        weights = (self.lexical_weight, self.paragraph_weight, self.context_weight)
+        weights = (self.lexical_weight, self.paragraph_weight, self.context_weight)  # checked against each other
         if min(weights) < 0 or sum(weights) > 1 + 1e-9:
             raise ValueError("lexical_weight, paragraph_weight and context_weight must be >= 0 and sum to at most 1")
-        if self.unit_slack < 0:
-            raise ValueError(f"unit_slack must be >= 0, got {self.unit_slack}")
-        if not 0.0 < self.paragraph_fill <= 1.0:
-            raise ValueError(f"paragraph_fill must be in (0, 1], got {self.paragraph_fill}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -123,7 +123,7 @@ class EmbedderConfig(Declared):
                                      "under a References/Bibliography heading gets its first window only: cited "
                                      "titles match many topics and answer none)")
     token_budget: int = option(16384, "padded tokens per forward pass", low=1, high=limits.TOKENS, runtime=True)
-    max_batch_rows: int = runtime(256)
+    max_batch_rows: int = runtime(256, low=1)
     pooling: str = "auto"  # auto: from the model's 1_Pooling/config.json, else mean
     normalize: bool = True
     output_dtype: str = option("float32", "embedding vectors' type", choices=tuple(_OUTPUT_DTYPES))
@@ -139,8 +139,6 @@ class EmbedderConfig(Declared):
             raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
         if self.pooling not in ("auto", *POOLING_MODES):
             raise ValueError(f"pooling must be auto or one of {POOLING_MODES}, got {self.pooling!r}")
-        if self.max_batch_rows <= 0:
-            raise ValueError("max_batch_rows must be positive")
 
     def to_dict(self) -> dict:
         return asdict(self)

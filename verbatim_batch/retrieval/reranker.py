@@ -50,15 +50,13 @@ class RerankerConfig(Declared):
                         choices=("auto", "float32", "bfloat16", "float16"))
     device: str = runtime("auto")
     token_budget: int = option(16384, "padded tokens per forward pass", low=1, high=limits.TOKENS, runtime=True)
-    max_batch_rows: int = runtime(256)
+    max_batch_rows: int = runtime(256, low=1)
     trust_remote_code: bool = option(False, "allow model code from the hub (off by default)")
 
     def __post_init__(self) -> None:
         super().__post_init__()  # the declared bounds and choices
         if not self.model:
             raise ValueError("a reranker needs a model (hub id or local path)")
-        if self.max_batch_rows <= 0:
-            raise ValueError("max_batch_rows must be positive")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
