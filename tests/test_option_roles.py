@@ -281,3 +281,30 @@ def test_plain_fields_take_their_declared_bounds_when_built(make):
         for value in outside:
             with pytest.raises(OptionError, match=rf"^{f.name} must be "):
                 make(**{f.name: type(f.default)(value)})
+
+
+def test_a_pair_carries_across_its_inputs_and_the_pair_choice_only(tmp_path):
+    """What a previous extract run's pairs carry across is derived from the declarations
+    (``options.carried_across``: the inputs and the options declared ``selects``, here ``method`` and ``top_k``):
+    a previous run with another top-k or method or other inputs still carries; one with another value of an option
+    that decides what a pair gives does not."""
+    from verbatim_batch.core.options import carried_across
+    from verbatim_batch.core.runs import build_manifest, write_manifest
+    from verbatim_batch.stages.extract import same_extractor
+
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(json.dumps({"query": "q", "chunk": "c"}) + "\n")
+    config = ExtractStage(ExtractJob(output=str(tmp_path / "o"), pairs=str(pairs), extractor=SemanticConfig())) \
+        .plan().config
+    assert {"method", "top_k", "pairs", "retrieval"} <= set(carried_across(ExtractJob))
+
+    def carries(**changed) -> bool:
+        run = tmp_path / f"prev-{len(list(tmp_path.iterdir()))}"
+        write_manifest(str(run), build_manifest(run_id="p", command="extract", config=dict(config) | changed,
+                                                inputs=[], tables={}, counts={}, timings_s={}))
+        return same_extractor(str(run), dict(config))
+
+    assert carries()
+    assert carries(top_k=config.get("top_k", 5) + 3, method="dense", pairs="elsewhere.jsonl")
+    assert not carries(max_chunk_chars=config["max_chunk_chars"] + 1)
+    assert not carries(extractor_hash="another")

@@ -57,6 +57,7 @@ class Option:
     default_help: str | None = None  # the default in words, where the value alone says little
     metavar: str | None = None
     runtime: bool = False  # only how the run goes (workers, batch sizes, retries, addresses), never its output
+    selects: bool = False  # chooses which rows there are, not what a row holds: a row carries across a change
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class Group:
     select_help: str = ""
     only: tuple[str, ...] | None = None  # of the nested options, only these
     fixed: tuple[tuple[str, Any], ...] = ()  # values the job sets itself (e.g. the HTTP backend)
+    selects: bool = False  # as ``Option.selects``: each row carries by its own fingerprint across a change
 
 
 def option(default: Any = MISSING, help: str = "", *, default_factory: Any = MISSING, **settings: Any) -> Any:
@@ -101,6 +103,19 @@ def is_runtime(f: dataclasses.Field) -> bool:
 def runtime_fields(cls: type) -> frozenset[str]:
     """The names of ``cls``'s fields that only decide how the run goes."""
     return frozenset(f.name for f in dataclasses.fields(cls) if is_runtime(f))
+
+
+def carried_across(cls: type) -> tuple[str, ...]:
+    """The output-deciding fields of ``cls`` a row carries across (from ``--previous``): its inputs (path options)
+    and the options and groups declared ``selects`` (which rows there are, not what a row holds)."""
+    out = []
+    for f in dataclasses.fields(cls):
+        opt, grp = f.metadata.get("option"), f.metadata.get("group")
+        if is_runtime(f):
+            continue
+        if (opt is not None and (opt.path or opt.selects)) or (grp is not None and grp.selects):
+            out.append(f.name)
+    return tuple(out)
 
 
 def settings(obj: Any) -> dict[str, Any]:
@@ -146,12 +161,12 @@ class Declared:
 
 def group(*kinds: type, default: Any = None, default_factory: Any = MISSING, required: bool = False,
           select: str | None = None, select_default: str | None = None, select_help: str = "",
-          only: tuple[str, ...] | None = None, fixed: dict[str, Any] | None = None) -> Any:
+          only: tuple[str, ...] | None = None, fixed: dict[str, Any] | None = None, selects: bool = False) -> Any:
     """A dataclass field holding a nested config (one of ``kinds``) whose options the command takes (None by
     default; ``required``: no default, the job is built with one)."""
     if required or default_factory is not MISSING:
         default = MISSING
-    spec = Group(tuple(kinds), select, select_default, select_help, only, tuple((fixed or {}).items()))
+    spec = Group(tuple(kinds), select, select_default, select_help, only, tuple((fixed or {}).items()), selects)
     return field(default=default, default_factory=default_factory, metadata={"group": spec})
 
 

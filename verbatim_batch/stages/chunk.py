@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from verbatim_batch.core import limits, storage
-from verbatim_batch.core.options import group, option, settings
+from verbatim_batch.core.options import carried_across, group, option, settings
 from verbatim_batch.core.runs import (
     committed_table_dir,
     expect_corpus,
@@ -58,8 +58,6 @@ log = logging.getLogger(__name__)
 INGEST_TABLES = {"papers": PAPERS, "chunks": CHUNKS, "quarantine": QUARANTINE}
 
 
-# The settings a night changes and its papers carry across (each paper carries by its fingerprint).
-CARRY_ACROSS = ("input", "metadata", "format", "chunker")  # the chunker: by its hash (``chunker_config_hash``)
 
 @dataclass
 class ChunkJob(RunOptions):
@@ -67,7 +65,8 @@ class ChunkJob(RunOptions):
 
     input: str = option(help="the corpus: a folder of .md or .txt files, or a Parquet/JSONL file or "
                        "folder", path=True)
-    format: str = option("auto", "input format (auto: from file extensions)", choices=("auto", *corpus.FORMATS))
+    format: str = option("auto", "input format (auto: from file extensions)", choices=("auto", *corpus.FORMATS),
+                         selects=True)  # a paper carries by its own fingerprint, however it was read
     metadata: str | None = option(None, "metadata table (.parquet/.jsonl/.csv) joined by paper id", path=True)
     chunker: ChunkerConfig = group(ChunkerConfig, default_factory=ChunkerConfig)
     max_paper_mb: float = option(DEFAULT_MAX_PAPER_MB, "quarantine papers larger than this (MB)", low=0,
@@ -118,7 +117,9 @@ def unchanged_map(job: ChunkJob) -> tuple[dict[str, PreviousPaper], int]:
     prev, now = manifest_config(job.previous), job.config()
     # a paper carries across the inputs (it carries by its own fingerprint), never across another setting; one a
     # run of an earlier release did not record counts as unchanged
-    if not job.store_text or any(prev.get(k, v) != v for k, v in now.items() if k not in CARRY_ACROSS):
+    # (the chunker is compared by its hash, chunker_config_hash, which the config holds beside it)
+    across = (*carried_across(ChunkJob), "chunker")
+    if not job.store_text or any(prev.get(k, v) != v for k, v in now.items() if k not in across):
         return {}, 0
     papers_dir = committed_table_dir(job.previous, "papers")
     if set(_table_columns(papers_dir)) != set(PAPERS.names):

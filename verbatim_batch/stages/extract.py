@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from verbatim_batch.core import limits, storage
-from verbatim_batch.core.options import group, is_runtime, option, runtime_fields, settings
+from verbatim_batch.core.options import carried_across, group, is_runtime, option, runtime_fields, settings
 from verbatim_batch.core.records import read_queries
 from verbatim_batch.core.runs import (
     committed_table_dir,
@@ -143,9 +143,10 @@ class ExtractJob(RunOptions):
     chunks: str | None = option(None, "the chunk run", path=True, default_help="found through the run's manifests")
     queries: str | None = option(None, "the retrieval run's query file", path=True,
                                  default_help="from its manifest")
+    # which pairs there are, not what a pair gives: a pair carries across them (``options.carried_across``)
     method: str | None = option(None, "retrieval method whose top-k rows become pairs",
-                                default_help="rerank for a rerank run, else hybrid")
-    top_k: int = option(5, "retrieved chunks per query to extract from", low=1, high=limits.PER_QUERY)
+                                default_help="rerank for a rerank run, else hybrid", selects=True)
+    top_k: int = option(5, "retrieved chunks per query to extract from", low=1, high=limits.PER_QUERY, selects=True)
     batch_rows: int = option(64, "pairs per actor call, sorted and packed inside", low=1,
                              high=limits.BATCH, runtime=True)
     concurrency: int | None = option(None, "model actors", low=1,
@@ -424,8 +425,6 @@ def extract_dataset(job: ExtractJob, pairs: pa.Table | ray.data.Dataset, run_id:
     return PLACEMENTS[registry.placement(job.extractor)](setup, pairs)
 
 
-# The job's settings that choose which pairs there are, not what a pair gives: a pair carries across them.
-PAIR_CHOICE = ("method", "top_k")
 _NOT_OWN = ("extractor", "pairs", "retrieval", "chunks", "queries")  # by hash, and resolved (``pair_sources``)
 
 
@@ -436,15 +435,16 @@ def output_settings(job: ExtractJob) -> dict[str, Any]:
 
 
 def _pair_settings() -> tuple[str, ...]:
-    """The job's output-deciding options that decide what a pair gives (all but the pair choice)."""
-    return tuple(f.name for f in fields(ExtractJob)
-                 if not is_runtime(f) and f.name not in _NOT_OWN and f.name not in PAIR_CHOICE)
+    """The job's output-deciding options that decide what a pair gives (all but the inputs and the pair choice,
+    ``options.carried_across``; the extractor by its hash)."""
+    across = {*carried_across(ExtractJob), *_NOT_OWN}
+    return tuple(f.name for f in fields(ExtractJob) if not is_runtime(f) and f.name not in across)
 
 
 def same_extractor(previous: str, config: dict[str, Any]) -> bool:
     """Whether ``previous`` ran the extractor of ``config`` (config hash and weights) under the same job settings
-    that decide a pair's rows (every output-deciding option but ``PAIR_CHOICE``; one that a run of an earlier
-    release did not record counts as unchanged): else nothing carries."""
+    that decide a pair's rows (every output-deciding option but those a pair carries across; one that a run of an
+    earlier release did not record counts as unchanged): else nothing carries."""
     prev = manifest_config(previous)
     same_job = all(prev.get(k, config.get(k)) == config.get(k) for k in _pair_settings())
     return same_job and prev.get("extractor_hash") == config["extractor_hash"] and not (
