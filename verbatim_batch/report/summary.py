@@ -45,6 +45,16 @@ def looks_like_question(query: str) -> bool:
     return bool(words) and (query.strip().endswith("?") or words[0] in QUESTION_WORDS)
 
 
+def _config(manifest: dict) -> dict:
+    """A manifest's recorded ``config`` (a JSON text in a manifest; a dict where a caller built one), {} if none."""
+    config = manifest.get("config")
+    try:
+        config = json.loads(config) if isinstance(config, str) else config
+    except ValueError:
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
 def questions_hint(path: str, manifest: dict) -> str | None:
     """For an extract run by the offline (semantic) extractor whose queries are mostly natural questions: a line
     saying so, with the command that runs the highlighter (which answers them; the semantic one abstains)."""
@@ -64,6 +74,27 @@ def questions_hint(path: str, manifest: dict) -> str | None:
             "keyword queries and abstains on many questions; the highlighter answers them: verbatim-batch extract "
             f"--retrieval {config.get('retrieval') or 'RETRIEVAL'} --extractor highlighter --model MODEL --output "
             "SPANS (docs/extraction.md)")
+
+
+def truncated_lines(counts: dict, embedder: dict) -> list[str]:
+    """What an embed run's ``truncated`` count means, in words, with the option that changes it: chunks whose text
+    ran past ``--max-windows`` windows (the rest is not embedded, so retrieval cannot find it there), and reference
+    lists embedded in their first window only (``--reference-windows``)."""
+    truncated = counts.get("truncated", 0)
+    limit = embedder.get("max_windows")
+    # a truncated row of one window under a limit above one is a reference list (first window only); an older
+    # manifest without the count takes every truncated row as cut at the limit
+    references = counts.get("truncated_first_window", 0) if (limit or 1) > 1 else 0
+    cut = truncated - references
+    lines = []
+    if cut:
+        at = f"--max-windows {limit}" if limit else "--max-windows"
+        lines.append(f"{cut} chunk(s) longer than {at} windows: the text past the last window is not embedded, so "
+                     "retrieval does not find it there; a larger --max-windows embeds more (more vectors, more time)")
+    if references:
+        lines.append(f"{references} reference list(s) embedded in their first window only (cited titles match many "
+                     "topics and answer none); --reference-windows embeds them whole")
+    return lines
 
 
 def print_run(path: str, manifest: dict) -> None:
@@ -87,7 +118,13 @@ def print_run(path: str, manifest: dict) -> None:
               f"{counts.get('spans', 0)} spans, {counts.get('verbatim_violations', 0)} withheld as non-verbatim")
         if hint := questions_hint(path, manifest):
             print(f"  {hint}")
-    if "truncated" in counts:
+    if "truncated" in counts and "windows" in counts:  # an embed run
         print(f"  {counts.get('tokens', 0)} tokens; {counts.get('multi_window', 0)} chunks longer than the model's "
-              f"window embedded in {counts.get('windows', 0)} windows in all; {counts['truncated']} chunks cut after "
-              "--max-windows")
+              f"window embedded in {counts.get('windows', 0)} windows in all")
+        for line in truncated_lines(counts, _config(manifest).get("embedder") or {}):
+            print(f"  {line}")
+    elif counts.get("truncated"):  # a rerank run: (query, chunk) inputs cut to the reranker's length
+        limit = (_config(manifest).get("reranker") or {}).get("max_length")
+        at = f"--max-length {limit}" if limit else "--max-length"
+        print(f"  {counts['truncated']} (query, chunk) input(s) cut to the reranker's {at} tokens: it scored the "
+              "start of those chunks only; a larger --max-length (up to the model's own) scores more of each")

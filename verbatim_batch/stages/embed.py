@@ -116,6 +116,9 @@ def embed_table_counts(name: str, table: pa.Table) -> dict[str, int]:
     windows = table["windows"].cast(pa.int64())
     return {"tokens": pc.sum(table["n_tokens"]).as_py() or 0,
             "truncated": pc.sum(table["truncated"].cast(pa.int64())).as_py() or 0,
+            # truncated rows of one window: with --max-windows above 1, reference lists (their first window only)
+            "truncated_first_window": pc.sum(pc.and_(table["truncated"], pc.equal(windows, 1)).cast(pa.int64())
+                                             ).as_py() or 0,
             "windows": pc.sum(windows).as_py() or 0,
             "multi_window": pc.sum(pc.greater(windows, 1).cast(pa.int64())).as_py() or 0}
 
