@@ -215,7 +215,8 @@ def check_nightly(folder: Path, ran: list[Ran]) -> None:
 
 def check_publish(folder: Path, ran: list[Ran]) -> None:
     assert (folder / "lake" / "catalog.db").is_file()  # "pyiceberg's SQL catalog on SQLite, lake/catalog.db"
-    for line, night in [("publish nightly/", None), ("publish runs/chain-1", "runs/chain-1")]:
+    # the page's first block (the nightly root's line, by its comment), then the chain folder's
+    for line, night in [("# the current night of a nightly root", None), ("publish runs/chain-1", "runs/chain-1")]:
         out = ran_of(ran, line).out
         assert "published from" in out and all(f"verbatim.{t}" in out for t in ("chunks", "retrieval", "pairs",
                                                                                     "spans")), out
@@ -224,6 +225,10 @@ def check_publish(folder: Path, ran: list[Ran]) -> None:
     nights = sorted(p.name for p in (folder / "nightly" / "runs").iterdir())
     assert len(nights) == 2, nights  # the night that published itself
     assert "published" in ran_of(ran, "--root nightly/ --warehouse lake/").out
+    # --keep-nights and --convert on tables already current: the night is there, nothing more to do
+    for line in ("--keep-nights 30", "--convert"):
+        out = ran_of(ran, line).out
+        assert out.count("nothing to do") == 4, out
 
 
 def check_quickstart(folder: Path, ran: list[Ran]) -> None:
