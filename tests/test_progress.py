@@ -13,7 +13,8 @@ from verbatim_batch.engine.progress import Progress, duration, status
 
 
 def test_status_line_and_durations():
-    assert status(250, 1000, 10.0) == "250/1,000 rows (25.0%) in 10s, 25.0 rows/s, ETA 30s"
+    assert status(250, 1000, 10.0, eta="30s") == "250/1,000 rows (25.0%) in 10s, 25.0 rows/s, ETA 30s"
+    assert status(250, 1000, 10.0) == "250/1,000 rows (25.0%) in 10s, 25.0 rows/s, ETA settling"  # not settled
     assert status(0, 1000, 10.0) == "0/1,000 rows: starting (workers start, models load) for 10s"
     assert [duration(s) for s in (4.2, 185, 7620)] == ["4s", "3m05s", "2h07m"]
 
@@ -74,7 +75,7 @@ def test_before_the_first_write_the_line_says_what_the_models_do():
     loaded, then rows through the model with a rate and an ETA, capped at the rows to do."""
     assert "starting (workers start, models load)" in status(0, 361, 30.0, {})
     assert status(0, 361, 30.0, {"loaded": 1}) == "0/361 rows: 1 model loaded, first batch running for 30s"
-    assert status(0, 361, 60.0, {"loaded": 2, "rows": 120}) == (
+    assert status(0, 361, 60.0, {"loaded": 2, "rows": 120}, "2m00s") == (
         "0/361 rows written; 120 through the model (33.2%) in 1m00s, 2.0 rows/s, ETA 2m00s")
     assert "361 through the model (100.0%)" in status(0, 361, 60.0, {"rows": 500})  # retried rows: capped
     assert status(10, 100, 10.0, {"rows": 50}).startswith("10/100 rows (10.0%)")  # written rows lead once any
@@ -133,3 +134,49 @@ def test_without_a_ray_the_reporter_reports_nothing_and_starts_no_ray():
         "print('ok')\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def _seconds(text: str) -> int:
+    """``duration``'s text back to seconds (``3m05s`` -> 185)."""
+    parts = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", text)
+    assert parts and text, text
+    h, m, s = (int(x or 0) for x in parts.groups())
+    return 3600 * h + 60 * m + s
+
+
+def test_an_eta_is_shown_only_once_the_rate_has_settled():
+    """Issue 53: an early ETA said 56 minutes for a 2-minute stage (the rate over the first rows, start-up in it).
+    On a fake clock: a minute of start-up, the first 20 rows at 62 s (a rate over the stage so far: 0.3 rows/s,
+    about 50 minutes for the 1,000), then 20 rows every 2 s (10 rows/s: the truth). No ETA is shown until the rate
+    since the first rows has held ``SETTLE_S`` over ``SETTLE_STEPS`` advances; then it is the truth's, and stays."""
+    from verbatim_batch.engine.progress import SETTLE_S, SETTLE_STEPS, Eta
+
+    progress = Progress("embed", "/nonexistent", 1000, how="off")
+    progress.t0 = 0.0
+    lines = [progress._status(0, t, {}) for t in (5.0, 30.0, 60.0)]  # start-up: no rows, no ETA
+    assert all("ETA" not in x and "starting" in x for x in lines), lines
+    first = progress._status(20, 62.0, {})
+    assert first.endswith("ETA settling"), first
+    shown: list[tuple[float, int, int]] = []
+    done, now = 20, 62.0
+    while done < 1000:
+        done, now = done + 20, now + 2.0
+        eta = progress._status(done, now, {}).rsplit("ETA ", 1)[1]
+        if eta != "settling":
+            shown.append((now, done, _seconds(eta)))
+        elif shown:
+            raise AssertionError(f"an ETA shown at {shown[0][0]} s went back to settling at {now} s")
+    first_shown, rows_then, _ = shown[0]
+    assert first_shown - 62.0 >= SETTLE_S and (rows_then - 20) // 20 >= SETTLE_STEPS, shown[0]
+    for at, rows, eta in shown:  # the truth: 10 rows/s from here
+        truth = (1000 - rows) / 10
+        assert abs(eta - truth) <= max(2.0, 0.1 * truth), (at, rows, eta, truth)
+
+    # rows through the model before any is written have their own ETA, settled the same way
+    eta = Eta()
+    for t, rows in ((40.0, 50), (41.0, 60), (42.0, 70)):
+        eta.observe(rows, t)
+    assert eta.left(1000, 42.0) is None  # two advances, but 2 s: not settled
+    for t, rows in ((50.0, 150), (60.0, 250)):
+        eta.observe(rows, t)
+    assert _seconds(eta.left(1000, 60.0)) == 75  # (1000 - 250) rows at 10 rows/s since the first rows

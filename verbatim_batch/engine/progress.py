@@ -10,8 +10,12 @@ exactly what is done: rows whose files are written.
 
 On a terminal it draws one bar, redrawn in place every second; otherwise (a log, ``ray job submit``'s output)
 it writes one line every ``VERBATIM_PROGRESS_INTERVAL`` seconds (5) when something changed, and at least every
-six intervals while nothing does, then a last line with the total time. ``VERBATIM_PROGRESS`` chooses:
-``auto`` (default), ``bar``, ``log``, ``off``, or ``ray`` (Ray Data's own progress bars instead of these).
+six intervals while nothing does, then a last line with the total time. Its rows/s is over the stage so far; its
+ETA is from the rate since the first rows (start-up and model loading left out) and is shown only once that rate
+has held ``SETTLE_S`` seconds over ``SETTLE_STEPS`` advances (``Eta``): until then the line says ``ETA settling``
+(a rate over the first rows alone, start-up included, said 56 minutes of a 2-minute stage).
+``VERBATIM_PROGRESS`` chooses: ``auto`` (default), ``bar``, ``log``, ``off``, or ``ray`` (Ray Data's own
+progress bars instead of these).
 """
 
 from __future__ import annotations
@@ -30,6 +34,9 @@ from verbatim_batch.engine import live
 MODES = ("auto", "bar", "log", "off", "ray")
 HEARTBEAT = 6  # intervals without a change before a log line says so anyway
 BAR_WIDTH = 24
+SETTLE_S = 15.0  # an ETA is shown once the rate since the first rows has held this long ...
+SETTLE_STEPS = 2  # ... over at least this many advances of the count past the first rows
+SETTLING = "settling"
 
 
 def mode() -> str:
@@ -53,27 +60,55 @@ def duration(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
-def _rate_eta(done: int, total: int, elapsed: float) -> tuple[float, str]:
-    rate = done / elapsed if elapsed > 0 else 0.0
-    return rate, duration((total - done) / rate) if rate > 0 and total >= done else "?"
+class Eta:
+    """The time left of a count (rows written, or rows through the model), from its rate since the first rows
+    were seen: the stage's start-up and model loading are not in it. ``left`` is None (not shown) until that rate
+    has held ``SETTLE_S`` seconds over ``SETTLE_STEPS`` advances of the count past the first rows; once shown it
+    stays shown (both only grow). Times are the caller's clock (``time.monotonic`` in ``Progress``)."""
+
+    def __init__(self) -> None:
+        self.first: tuple[int, float] | None = None  # (count, time) of the first rows seen
+        self.last = 0
+        self.steps = 0
+
+    def observe(self, count: int, now: float) -> None:
+        if count <= 0:
+            return
+        if self.first is None:
+            self.first, self.last = (count, now), count
+        elif count > self.last:
+            self.steps, self.last = self.steps + 1, count
+
+    def left(self, total: int, now: float) -> str | None:
+        """``duration`` of the time left to ``total``, or None while the rate has not settled."""
+        if self.first is None or self.steps < SETTLE_STEPS:
+            return None
+        count, since = self.first
+        span = now - since
+        if span < SETTLE_S or self.last <= count:
+            return None
+        return duration(max(0, total - self.last) * span / (self.last - count))
 
 
-def status(done: int, total: int, elapsed: float, live: dict[str, int] | None = None) -> str:
-    """``1,234/5,000 rows (24.7%) in 30s, 41.2 rows/s, ETA 1m31s``: rows/s over the stage so far (model
-    loading included, so the ETA errs long). Before the first write, ``live`` (the model actors' reports:
-    ``loaded`` models, ``rows`` through a model, ``engine.live``) says what the time is spent on."""
+def status(done: int, total: int, elapsed: float, live: dict[str, int] | None = None,
+           eta: str | None = None) -> str:
+    """``1,234/5,000 rows (24.7%) in 30s, 41.2 rows/s, ETA 1m31s``: rows/s over the stage so far; ``eta`` is the
+    count's settled ETA (``Eta.left``), ``settling`` when None. Before the first write, ``live`` (the model
+    actors' reports: ``loaded`` models, ``rows`` through a model, ``engine.live``) says what the time is spent on,
+    and ``eta`` is then the ETA of the rows through the model."""
     live = live or {}
     through = min(total, live.get("rows", 0))
+    eta = eta or SETTLING
     if not done:  # nothing written yet: say what that time is spent on
         if through:
-            rate, eta = _rate_eta(through, total, elapsed)
+            rate = through / elapsed if elapsed > 0 else 0.0
             return (f"0/{total:,} rows written; {through:,} through the model ({100 * through / total:.1f}%) in "
                     f"{duration(elapsed)}, {rate:.1f} rows/s, ETA {eta}")
         if live.get("loaded"):
             return (f"0/{total:,} rows: {live['loaded']} model{'s' if live['loaded'] > 1 else ''} loaded, first "
                     f"batch running for {duration(elapsed)}")
         return f"0/{total:,} rows: starting (workers start, models load) for {duration(elapsed)}"
-    rate, eta = _rate_eta(done, total, elapsed)
+    rate = done / elapsed if elapsed > 0 else 0.0
     share = f" ({100 * done / total:.1f}%)" if total else ""
     return f"{done:,}/{total:,} rows{share} in {duration(elapsed)}, {rate:.1f} rows/s, ETA {eta}"
 
@@ -102,6 +137,7 @@ class Progress:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._live: Any | None = None  # the model actors' live counter (``live``), while this stage runs
+        self._eta_written, self._eta_model = Eta(), Eta()  # rows written; rows through the model before any is
 
     def poll(self) -> int:
         """Rows done: read the write records that appeared since the last poll."""
@@ -142,19 +178,27 @@ class Progress:
                 continue
             now = time.monotonic()
             if self.how == "bar":
-                self._write("\r" + self._bar(done, now - self.t0), end="")
+                self._write("\r" + self._bar(done, now), end="")
             elif now - last_line >= self.every:
                 figures = live.read(self._live) if not done else {}  # the model's count until rows are written
                 moved = (done, figures.get("rows", 0), figures.get("loaded", 0))
                 if moved != last_done or now - last_line >= HEARTBEAT * self.every:
-                    self._write(f"[{self.what}] {status(done, self.total, now - self.t0, figures)}")
+                    self._write(f"[{self.what}] {self._status(done, now, figures)}")
                     last_line, last_done = now, moved
 
-    def _bar(self, done: int, elapsed: float) -> str:
+    def _status(self, done: int, now: float, figures: dict[str, int]) -> str:
+        """The status line at ``now``, each count's ETA fed and asked (``Eta``)."""
+        self._eta_written.observe(done, now)
+        through = min(self.total, figures.get("rows", 0))
+        self._eta_model.observe(through, now)
+        eta = self._eta_written.left(self.total, now) if done else self._eta_model.left(self.total, now)
+        return status(done, self.total, now - self.t0, figures, eta)
+
+    def _bar(self, done: int, now: float) -> str:
         filled = int(BAR_WIDTH * min(done, self.total) / self.total) if self.total else BAR_WIDTH
         figures = live.read(self._live) if not done else {}
-        return (f"[{self.what}] |{'#' * filled}{'.' * (BAR_WIDTH - filled)}| "
-                f"{status(done, self.total, elapsed, figures)}  ")
+        line = self._status(done, now, figures)
+        return f"[{self.what}] |{'#' * filled}{'.' * (BAR_WIDTH - filled)}| {line}  "
 
     def _write(self, text: str, end: str = "\n") -> None:
         try:
@@ -173,11 +217,12 @@ class Progress:
             done = self.poll()
         except Exception:  # noqa: BLE001
             done = self.done
-        elapsed = time.monotonic() - self.t0
+        now = time.monotonic()
+        elapsed = now - self.t0
         rate = done / elapsed if elapsed > 0 else 0.0
         end = "stopped at" if failed else "done:"
         if self.how == "bar":
-            self._write("\r" + self._bar(done, elapsed))
+            self._write("\r" + self._bar(done, now))
         self._write(f"[{self.what}] {end} {done:,}/{self.total:,} rows in {duration(elapsed)} ({rate:.1f} rows/s)")
 
     def __enter__(self) -> Progress:
