@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from verbatim_batch.core import storage, tables
+from verbatim_batch.core import limits, storage, tables
 from verbatim_batch.core.options import Declared, option
 from verbatim_batch.core.redact import redact_text
 from verbatim_batch.engine.lake_state import NIGHT, ROW_HASH, with_hashes
@@ -94,7 +94,7 @@ class IcebergTarget(Declared):
     keep_nights: int | None = option(
         None, "nights kept readable by their tag: older nights' tags go, snapshots no kept tag names are expired "
         "and the files only they read are deleted (the current state is never touched)", low=1,
-        default_help="all")
+        high=limits.ROWS, default_help="all")
 
     @property
     def catalog_name(self) -> str:

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from verbatim_batch.core import storage, tables
+from verbatim_batch.core import limits, storage, tables
 from verbatim_batch.core.faults import fault_point
 from verbatim_batch.core.options import group, option
 from verbatim_batch.core.redact import redact_text
@@ -85,7 +85,7 @@ class PublishJob(MetricsOptions):
     source: str = ""
     target: IcebergTarget = group(IcebergTarget, default_factory=IcebergTarget)
     address: str | None = option(None, "Ray cluster address", default_help="RAY_ADDRESS, else a local Ray")
-    num_cpus: int | None = option(None, "CPUs for a local Ray", low=1, default_help="all")
+    num_cpus: int | None = option(None, "CPUs for a local Ray", low=1, high=limits.WORKERS, default_help="all")
     convert: bool = option(False, "first convert tables the previous release wrote (a partition per night) to "
                            "current-state tables: the newest night becomes the current state, every earlier night "
                            "still readable becomes its tag")
