@@ -14,7 +14,7 @@ from typing import Any
 
 from verbatim_batch.core import storage
 from verbatim_batch.engine.runner import Command
-from verbatim_batch.report.summary import night_changes, print_run
+from verbatim_batch.report.summary import night_changes, night_stages, print_run
 
 EXAMPLES = resources.files("verbatim_batch") / "examples"
 
@@ -95,8 +95,7 @@ def print_night(job: Any, result: tuple[str, dict[str, Any]]) -> None:
     counts = manifest["counts"]
     print(f"nightly run {manifest['run_id']} committed to {path}; current -> {manifest['run_id']}")
     print(f"  {night_changes(manifest)}")
-    print(f"  chunks embedded {counts.get('embeddings.rows_new', 0)}, "
-          f"carried {counts.get('embeddings.rows_carried', 0)}; index {manifest.get('index_update', {}).get('action')}")
+    print(f"  {night_stages(manifest)}")
     print(f"  pairs extracted {counts.get('spans.rows_new', 0)}, carried {counts.get('spans.rows_carried', 0)}; "
           f"{counts.get('spans.spans', 0)} spans")
     if manifest.get("published"):

@@ -35,6 +35,7 @@ cluster a node fetches the chunk blocks its partitions need.
 from __future__ import annotations
 
 import math
+import sys
 import zlib
 from collections.abc import Iterator
 from typing import Any
@@ -167,6 +168,8 @@ def input_hashes(pairs: pa.Table) -> pa.Array:
 
 def _resolved(values: list) -> list:
     """A list of refs (passed inside a list, Ray does not resolve them) as their values."""
+    if "ray" not in sys.modules:  # called in this process without Ray: values already
+        return values
     import ray
 
     refs = [i for i, v in enumerate(values) if isinstance(v, ray.ObjectRef)]
@@ -218,9 +221,9 @@ PLAN_TASK = Resources(cpus=1)  # each planning task: one file or partition
 
 
 def _ray_up() -> bool:
-    import ray
-
-    return ray.is_initialized()
+    """Whether this process has Ray up, without importing it (a night with nothing to do never imports Ray)."""
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
 
 
 def _call(fn, *args, num_returns: int | str = 1):
@@ -238,6 +241,8 @@ def _call(fn, *args, num_returns: int | str = 1):
 def _get(value):
     """The value of a ref (or list of refs), with a failed task's own exception raised (e.g. a query file's
     ``ValueError``), not Ray's wrapper."""
+    if "ray" not in sys.modules:  # no ref was ever made here: values, as computed in this process
+        return value
     import ray
 
     if isinstance(value, list) and not any(isinstance(v, ray.ObjectRef) for v in value):
@@ -254,9 +259,11 @@ def _get(value):
 
 
 def _put(value):
+    if not _ray_up():
+        return value
     import ray
 
-    return value if isinstance(value, ray.ObjectRef) or not _ray_up() else ray.put(value)
+    return value if isinstance(value, ray.ObjectRef) else ray.put(value)
 
 
 class PairPlanner:

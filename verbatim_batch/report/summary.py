@@ -35,6 +35,38 @@ def night_changes(manifest: dict) -> str | None:
     return f"papers: {counts.get('chunks.papers_chunked', 0)} chunked, none carried from {base}"
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def night_stages(manifest: dict) -> str | None:
+    """Each stage of a night by its state, in a line: ``unchanged`` where the stage did no work and nothing
+    before it changed (docs/nightly.md), else what it did (papers chunked, chunks embedded and carried, the
+    index ``added``/``rebuilt``, retrieval searched again, pairs extracted and carried); None for a run that is no
+    night."""
+    if manifest.get("command") != "nightly":
+        return None
+    c = manifest.get("counts") or {}
+    chunked, removed = c.get("chunks.papers_chunked", 0), c.get("chunks.papers_removed", 0)
+    first = _config(manifest).get("base") is None
+    same = not first and not chunked and not removed  # the corpus as the base night had it
+    chunk = "unchanged" if same else f"{_plural(chunked, 'paper')} chunked" + (f", {removed} removed" if removed
+                                                                              else "")
+    embedded = c.get("embeddings.rows_new", 0)
+    same = same and not embedded
+    embed = "unchanged" if same else (f"{_plural(embedded, 'chunk')} embedded, "
+                                      f"{c.get('embeddings.rows_carried', 0)} carried")
+    action = (manifest.get("index_update") or {}).get("action") or "rebuilt"
+    action = "built" if first and action == "rebuilt" else action
+    index = action if action != "added" else (f"added ({_plural(c.get('index.added', 0), 'vector')} added, "
+                                              f"{c.get('index.removed', 0)} removed)")
+    retrieve = "unchanged" if c.get("retrieval.reused") else "searched" if first else "searched again"
+    extracted = c.get("spans.rows_new", 0)
+    extract = "unchanged" if retrieve == "unchanged" and not extracted else (
+        f"{_plural(extracted, 'pair')} extracted, {c.get('spans.rows_carried', 0)} carried")
+    return f"stages: chunk {chunk}; embed {embed}; index {index}; retrieve {retrieve}; extract {extract}"
+
+
 QUESTION_WORDS = frozenset("what how why which who whom whose when where does do did is are was were can could "
                            "should will would has have".split())
 

@@ -11,7 +11,6 @@ import logging
 import os
 from collections import Counter
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
@@ -24,7 +23,6 @@ from verbatim_batch.core.runs import (
     expect_corpus,
     jsonable,
     manifest_config,
-    read_manifest,
     read_readable,
 )
 from verbatim_batch.core.tables import CHUNKS, PAPERS, QUARANTINE
@@ -158,19 +156,6 @@ def _footer_rows(table_dir: str, names: list[str]) -> int:
     return n
 
 
-def _looks_changed(job: ChunkJob, files: list[corpus.SourceFile]) -> bool:
-    """Whether the listing alone shows work for a run: no previous run, or a file modified (or added) since
-    the previous run was committed. It only picks where the checks run; what changed is decided by content
-    (a file touched with the same bytes is still unchanged)."""
-    if not job.previous:
-        return True
-    try:
-        committed = datetime.fromisoformat(read_manifest(job.previous)["created_at"]).timestamp()
-    except (KeyError, ValueError, OSError):
-        return True
-    return any(f.mtime is None or f.mtime >= committed for f in files if not f.problem)
-
-
 def _table_columns(table_dir: str) -> list[str]:
     """Column names of a committed table (its first file's schema)."""
     for f in sorted(f for f in storage.listdir(table_dir) if f.endswith(".parquet")):
@@ -278,10 +263,12 @@ class ChunkStage(TableStage):
             files = [f for f in files if f.path != meta_path]
         # named in the manifest and the committed run's summary (report.summary.print_run), never silently
         n_skipped, first = corpus.skipped_files(job.input, fmt, ignore=(meta_path,) if meta_path else ())
-        if fmt != "md" or job.address or os.environ.get("RAY_ADDRESS") or _looks_changed(job, files):
-            # Ray first: duplicates of Parquet/JSONL corpora are a Ray read; on a cluster, or when the listing
-            # already shows work, the checks below run as Ray tasks. Else they run here, and a night that
-            # finds nothing changed never starts Ray.
+        if fmt != "md" or job.address or os.environ.get("RAY_ADDRESS"):
+            # Ray first: duplicates of Parquet/JSONL corpora are a Ray read; on a cluster the checks below run as
+            # Ray tasks (every node hashes its share). On this machine they run in this process's threads, as
+            # fast as a local Ray's tasks, so a night whose files' bytes are unchanged (touched files included:
+            # their listing looked changed, and a local Ray was started for nothing) never starts Ray; the runner
+            # starts it for the papers left to read.
             ctx.ray()
         if fmt == "md":
             from verbatim_batch.engine.listing import md_duplicates

@@ -175,7 +175,10 @@ def update_index_files(previous: str, embeddings_dir: str, chunks_dir: str, fold
     removed = np.flatnonzero(~keep_vectors)
     n_new = int(new_counts.sum())
     base_n, changed = since_rebuild
-    action, drift = plan_update(base_n, changed + len(removed), n_new, max_drift)
+    # drift counts since the last build, but the action is tonight's: nothing removed or added is ``unchanged``
+    # (with earlier nights' changes in the drift, it said ``added`` with 0 added and 0 removed)
+    action, drift = ("unchanged", changed / max(base_n, 1)) if not len(removed) and not n_new else \
+        plan_update(base_n, changed + len(removed), n_new, max_drift)
     if action == "rebuilt":
         return None
     dim = storage.parquet_file(storage.join(embeddings_dir, files[0])).schema_arrow.field("vector").type.list_size
