@@ -159,7 +159,7 @@ def test_report_against_a_gateway_answering_a_byte_every_two_seconds_ends_within
     assert len(lines) == 2 and lines[0].startswith("verbatim-batch report: error:"), done.stderr
     assert lines[1] == (f"verbatim-batch: warning: metrics not pushed to {gateway.url}: no complete answer within "
                         f"{push.DEADLINE_S:g} s (the push's deadline); given up")
-    assert [m for m, _, _ in gateway.requests] == ["POST"]
+    assert [m for m, _, _ in gateway.requests] == ["PUT"]  # a refused run: its own group, replaced
 
 
 def test_a_refusing_gateway_says_why_in_one_line_without_the_password(capsys):

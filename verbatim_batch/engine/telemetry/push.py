@@ -1,9 +1,12 @@
 """Metrics to a Prometheus Pushgateway when a command ends (``--metrics-push URL``): the batch-job convention.
 
-The group is ``job`` (``--metrics-job``) and ``command``: a committed command replaces its group (HTTP PUT),
-``verbatim_last_success_timestamp_seconds`` included; a refused or failed one only adds its samples (POST), so
-the last success stays. Counters hold the last command's figures, not a running total (a Pushgateway keeps
-what was pushed last).
+The group of a committed command is ``job`` (``--metrics-job``) and ``command``, which it replaces (HTTP PUT),
+``verbatim_last_success_timestamp_seconds`` included. A refused, failed or interrupted one pushes its
+``verbatim_runs_total`` alone, to a group of its own, ``job``, ``command`` and ``status`` (``session.finish``):
+it never replaces a committed command's series (a POST into the committed group replaced every family it
+pushed, ``verbatim_runs_total{status="committed"}`` among them), and its partial figures never mix with the last
+night's. Counters hold the last command's figures, per group, not a running total (a Pushgateway keeps what
+was pushed last).
 
 What the push never does: follow a redirect (an answer 3xx is one warning naming where it points, and nothing
 is sent there), send the URL's ``user:password`` (basic auth) to any host but the one named, print the password,
@@ -128,8 +131,9 @@ def _request(parts: urllib.parse.SplitResult, method: str, path: str, body: byte
 
 
 def push(url: str, job: str, command: str, rows: list[tuple[str, dict[str, str], Any]], replace: bool,
-         deadline_s: float = DEADLINE_S) -> bool:
-    """Push ``rows`` to the gateway at ``url``; False (and one warning line) when it cannot, within
+         deadline_s: float = DEADLINE_S, group: dict[str, str] | None = None) -> bool:
+    """Push ``rows`` to the gateway at ``url``, into the group ``job``, ``command`` and ``group``'s labels
+    (replacing it: PUT; else adding to it: POST); False (and one warning line) when it cannot, within
     ``deadline_s`` in all."""
     from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
@@ -139,7 +143,7 @@ def push(url: str, job: str, command: str, rows: list[tuple[str, dict[str, str],
     parts = urllib.parse.urlsplit(url)
     netloc = parts.netloc.rpartition("@")[2]
     gateway = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
-    path = parts.path.rstrip("/") + group_path(job, {"command": command})
+    path = parts.path.rstrip("/") + group_path(job, {"command": command} | (group or {}))
     headers = {"Content-Type": CONTENT_TYPE_LATEST, "Connection": "close"}
     if parts.username is not None:  # basic auth, to this host only: nothing else is ever contacted
         pair = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"

@@ -94,7 +94,11 @@ def finish(status: str) -> None:
     if session.push:
         from verbatim_batch.engine.telemetry.push import push
 
-        push(session.push, session.job, session.command, rows, replace=status == "committed")
+        if status == "committed":  # the command's group, replaced: the last success and its figures
+            push(session.push, session.job, session.command, rows, replace=True)
+        else:  # its run alone, in a group of its status: a refused night never replaces a committed one's series
+            push(session.push, session.job, session.command, [r for r in rows if r[0] == "verbatim_runs_total"],
+                 replace=True, group={"status": status})
     address = session.address or os.environ.get("RAY_ADDRESS")
     ray = sys.modules.get("ray")
     joined = bool(ray is not None and ray.is_initialized() and not _started_locally())
