@@ -4,6 +4,7 @@ CPUs and GPUs, and the CPU actor-pool rule (``actor_pool``) that ``resources.ray
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import time
@@ -57,8 +58,10 @@ def quiet_ray_data() -> None:
       pools always leave a CPU to the tasks around them (``actor_pool``), so it was never true here; a job
       that truly cannot progress fails by Ray Data's own no-progress timeout, and its progress line shows
       0 rows/s meanwhile. It is consumed (``log_once``) before any dataset runs.
-    - Each dataset's start ("Starting execution of Dataset ... Execution plan of ...") is not printed: the
-      stage's own progress line says what runs. Ray Data's INFO lines about finished datasets stay.
+    - Ray Data's own INFO lines ("Starting execution of Dataset ...", "... execution finished in 6.20 seconds",
+      "Data sink StageTableSink finished. 2 rows ... written") are not printed between the progress lines:
+      its console handler is set to WARNING (its warnings and errors still print), and its log file, the
+      session's ``logs/ray-data/ray-data.log``, keeps them all. ``VERBATIM_PROGRESS=ray`` keeps them too.
     - Ray's "Token authentication is enabled for this Ray cluster" WARNING, printed at every local start, is
       not: a local Ray always uses it (nothing for the user to do). Token auth itself stays on.
     - Model loading bars from transformers ("Loading weights: 100%") are off in every worker
@@ -66,7 +69,6 @@ def quiet_ray_data() -> None:
     - Ray Data's stack traces of a lost worker (a Ray bug, they say; a killed process, in fact) stay in its log
       file: the command ends with one line of its own (``worker_faults``).
     """
-    import logging
 
     from ray.data import DataContext
     from ray.util.debug import log_once
@@ -84,9 +86,11 @@ def quiet_ray_data() -> None:
     from verbatim_batch.engine.worker_faults import HideFaultTracebacks
 
     for handler in logging.getLogger("ray.data").handlers:  # the console one; its log file keeps everything
-        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler) and \
-                not any(isinstance(f, HideFaultTracebacks) for f in handler.filters):
-            handler.addFilter(HideFaultTracebacks())
+        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+            if not any(isinstance(f, HideFaultTracebacks) for f in handler.filters):
+                handler.addFilter(HideFaultTracebacks())
+            if mode() != "ray":  # below our progress lines: warnings and errors only
+                handler.setLevel(max(handler.level, logging.WARNING))
     for name in QUIET_ENV:
         os.environ.setdefault(name, "1")  # inherited by the workers of a local Ray
 
@@ -174,6 +178,10 @@ def _start_local(num_cpus: int | None = None, log_to_driver: bool = True, oom_re
     resolve = getattr(services, "resolve_ip_for_localhost", None)
     if resolve is not None:
         services.resolve_ip_for_localhost = lambda host: host
+    # "Started a local Ray instance." (INFO): the stage's progress line says it starts; warnings still print
+    worker_log = logging.getLogger("ray._private.worker")
+    level = worker_log.level
+    worker_log.setLevel(max(level, logging.WARNING))
     try:
         for attempt in range(LOCAL_START_ATTEMPTS):
             started = time.time()
@@ -193,6 +201,7 @@ def _start_local(num_cpus: int | None = None, log_to_driver: bool = True, oom_re
                 _abandon_start(started)
                 raise
     finally:
+        worker_log.setLevel(level)
         if resolve is not None:
             services.resolve_ip_for_localhost = resolve
     global _STARTED_LOCAL
