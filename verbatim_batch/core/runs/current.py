@@ -77,6 +77,8 @@ def _night_root(path: str) -> str | None:
     """The nightly root ``path`` lies in as ``ROOT/runs``, ``ROOT/runs/<id>`` or a night's stage, if it does."""
     up = path if storage.is_remote(path) else os.path.realpath(path)
     for _ in range(3):
+        if storage.is_remote(up) and "/" not in up.split("://", 1)[1].strip("/"):
+            return None  # a bucket's root: no folder above it
         parent, name = storage.split(up)
         if name == RUNS_DIR and storage.exists(storage.join(parent, CURRENT_FILE)):
             return parent
