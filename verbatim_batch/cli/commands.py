@@ -109,12 +109,15 @@ def print_night(job: Any, result: tuple[str, dict[str, Any]]) -> None:
 
 def demo_chain(n_papers: int | None = None, scratch: str | None = None):
     """The demo's chain: the bundled example corpus and labelled queries, offline defaults. With ``n_papers``,
-    the first N papers (by name) and the queries labelled with them, copied into ``scratch``."""
+    the first N papers (by name) that have labelled queries, and those queries, copied into ``scratch`` (a paper
+    no query is about would leave a run with nothing to retrieve)."""
     from verbatim_batch.stages.chains import Chain
 
     corpus_dir, queries = str(EXAMPLES / "corpus"), str(EXAMPLES / "queries.jsonl")
     if n_papers is not None and scratch is not None:
-        names = sorted(p.name for p in (EXAMPLES / "corpus").glob("*.md"))[:n_papers]
+        asked = {json.loads(line).get("paper_id") for line in
+                 (EXAMPLES / "queries.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()}
+        names = sorted(p.name for p in (EXAMPLES / "corpus").glob("*.md") if p.stem in asked)[:n_papers]
         ids = {n.removesuffix(".md") for n in names}
         corpus_dir = os.path.join(scratch, "corpus")
         os.makedirs(corpus_dir)

@@ -87,7 +87,8 @@ class RayOptions(MetricsOptions):
 @dataclass(kw_only=True)
 class DemoOptions(RayOptions):
     output: str = option("verbatim-demo", "folder for the demo's runs", path=True)
-    n_papers: int | None = option(None, "only the first N bundled papers and their queries (a quicker look)", low=1,
+    n_papers: int | None = option(None, "only the first N bundled papers that have labelled queries, and those "
+                                  "queries (a quicker look)", low=1,
                                   high=limits.ROWS,
                                   default_help="all")
 
