@@ -89,3 +89,31 @@ def test_a_signal_while_ray_starts_ends_with_the_code_and_one_line(papers, tmp_p
     assert not (out / "manifest.json").exists()
     _, alive = psutil.wait_procs(ray_procs, timeout=120)
     assert not alive, [p.pid for p in alive]
+
+
+# A process whose import of the CLI sends it a signal half-way, while ``verbatim_batch.cli.options`` (and so the
+# stage registry) is being imported: the moment a signal used to end the command silently (SIGTERM) or with a
+# KeyboardInterrupt traceback (SIGINT). The signal is real; only its moment is chosen by an import hook.
+_MID_IMPORT = """
+import importlib.abc, os, signal, sys
+
+class Fire(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "verbatim_batch.cli.options":
+            os.kill(os.getpid(), {signum})
+        return None
+
+sys.meta_path.insert(0, Fire())
+from verbatim_batch.cli import main
+sys.exit(main(["--help"]))
+"""
+
+
+@pytest.mark.parametrize("signum, code, says", [(signal.SIGTERM, 143, "terminated (SIGTERM)"),
+                                                (signal.SIGINT, 130, "interrupted")])
+def test_a_signal_while_the_cli_loads_ends_with_the_line_and_the_code(signum, code, says):
+    done = subprocess.run([sys.executable, "-c", _MID_IMPORT.format(signum=int(signum))], capture_output=True,
+                          text=True, timeout=300, preexec_fn=_default_signals)
+    assert done.returncode == code, (done.returncode, done.stderr[-2000:])
+    assert done.stderr.strip() == f"verbatim-batch: {says} while starting; nothing was run", done.stderr[-2000:]
+    assert "usage:" not in done.stdout  # it stopped there: --help never ran

@@ -7,13 +7,31 @@ into jobs. A ``--config FILE`` (YAML) supplies defaults that flags override (``v
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
 import time
 
-from verbatim_batch.cli.commands import EXAMPLES, handler
-from verbatim_batch.cli.options import COMMANDS, Parser, add_options, flag_of
+
+def _while_starting(signum: int, frame: object) -> None:
+    """A SIGTERM or Ctrl-C while the CLI's own modules load (a second or more on a busy machine, before ``main``
+    puts its handlers in place): the one line and 143 or 130, not Python's silent death or a traceback."""
+    what = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted"
+    os.write(2, f"verbatim-batch: {what} while starting; nothing was run\n".encode())
+    os._exit(128 + signum)
+
+
+# put back once the modules are in: a caller importing the package keeps its own handlers
+_BEFORE = {sig: signal.signal(sig, _while_starting) for sig in (signal.SIGTERM, signal.SIGINT)
+           if threading.current_thread() is threading.main_thread() and signal.getsignal(sig) in (
+               signal.SIG_DFL, signal.default_int_handler)}
+
+from verbatim_batch.cli.commands import EXAMPLES, handler  # noqa: E402 - after the start-up handlers
+from verbatim_batch.cli.options import COMMANDS, Parser, add_options, flag_of  # noqa: E402
+
+for _sig, _handler in _BEFORE.items():
+    signal.signal(_sig, _handler)
 
 DESCRIPTION = ("Chunk papers, embed and index them, retrieve, and extract verbatim evidence spans at their exact "
                "offsets, on Ray. `verbatim-batch demo` runs the whole chain on the bundled papers; "
