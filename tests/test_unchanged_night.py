@@ -24,7 +24,10 @@ UNCHANGED = "stages: chunk unchanged; embed unchanged; index unchanged; retrieve
 def test_a_night_with_nothing_changed_starts_no_ray_and_names_each_stage_unchanged(tmp_path):
     root, corpus = tmp_path / "root", make_corpus(tmp_path / "corpus", PAPERS[:3])
     first = nightly(root, corpus, "n1")
-    assert "index built" in first.stdout and "Started a local Ray instance" in first.stderr
+    assert "index built" in first.stdout
+    started = [s for s in ("chunks", "embeddings", "index", "retrieval", "spans")
+               if "ray_start" in read_manifest(str(root / "runs" / "n1" / s))["timings_s"]]
+    assert started, "the first night started no Ray"  # (Ray's own line about it is no longer printed)
     edited = corpus / PAPERS[0]
     edited.write_text(edited.read_text(encoding="utf-8") + "\n\nA late erratum on the held-out split.\n",
                       encoding="utf-8")
