@@ -14,7 +14,7 @@ from typing import Any
 
 from verbatim_batch.core import storage
 from verbatim_batch.engine.runner import Command
-from verbatim_batch.report.summary import night_changes, night_stages, print_run
+from verbatim_batch.report.summary import print_run
 
 EXAMPLES = resources.files("verbatim_batch") / "examples"
 
@@ -87,24 +87,6 @@ def _evaluation_report(folder: str, result: dict, rows: list | None, sweep: dict
 
     path = write_evaluation_report(storage.normalize(folder), result, rows or [], sweep, title)
     print(f"report: {path}", file=sys.stderr if quiet else sys.stdout)  # --json keeps stdout pure JSON
-
-
-def print_night(job: Any, result: tuple[str, dict[str, Any]]) -> None:
-    """A committed night: what changed, what was redone and carried, where to read it."""
-    path, manifest = result
-    counts = manifest["counts"]
-    print(f"nightly run {manifest['run_id']} committed to {path}; current -> {manifest['run_id']}")
-    print(f"  {night_changes(manifest)}")
-    print(f"  {night_stages(manifest)}")
-    print(f"  pairs extracted {counts.get('spans.rows_new', 0)}, carried {counts.get('spans.rows_carried', 0)}; "
-          f"{counts.get('spans.spans', 0)} spans")
-    if manifest.get("published"):
-        print_published(manifest["published"])
-    if storage.is_remote(job.root):  # object stores have no `current` symlink: CURRENT names the run
-        print(f"  load the current span table: verbatim_batch.core.runs.current_table('{job.root}', 'spans')")
-    else:  # the night's own folder, not ROOT/current/...: a reader listing through the link while the next
-        #     night moves it would open files of another night (FileNotFoundError)
-        print(f"  load this night's span table: pandas.read_parquet('{os.path.join(path, 'spans', 'spans')}')")
 
 
 def demo_chain(n_papers: int | None = None, scratch: str | None = None):
@@ -224,30 +206,13 @@ def cmd_evaluate_retrieval(args: argparse.Namespace) -> int:
     return 0
 
 
-def print_published(result: dict[str, Any]) -> None:
-    """What a publish did, a line per table."""
-    for c in result.get("converted", []):
-        print(f"{c['table']} converted to a current-state table: {c['nights']} nights as tags")
-    print(f"night {result['night']} published from {result['source']}")
-    for t in result["tables"]:
-        if not t["published"]:
-            what = f"already published (snapshot {t['snapshot']}): nothing to do"
-        elif not (t["rows"] or t["deleted"]):
-            what = f"nothing changed: tagged the current snapshot {t['snapshot']}"
-        else:
-            what = (f"snapshot {t['snapshot']}: {t['rows']} rows added in {t['files']} files (written by "
-                    f"{t['written_by']}), {t['deleted']} deleted")
-        print(f"  {t['table']:<18} {what}")
-
-
 def _stage_handler(command: Command) -> Callable[[argparse.Namespace], int]:
     """A registered stage's (or chain's) handler: its job from the parsed options, its run, its summary."""
     def handle(args: argparse.Namespace) -> int:
         job = job_of(args, **{name: getattr(args, name) for name, _ in command.positional})
         result = command.run(job)
-        show = SUMMARIES.get(command.name, command.summary)
-        if show is not None:
-            show(job, result)
+        if command.summary is not None:
+            command.summary(job, result)
         else:
             print_run(*result)
         return 0
@@ -255,9 +220,6 @@ def _stage_handler(command: Command) -> Callable[[argparse.Namespace], int]:
     return handle
 
 
-# how two results print that ``cli`` still owns (the publish lines, also printed after a night that publishes)
-SUMMARIES: dict[str, Callable[[Any, Any], None]] = {"nightly": print_night,
-                                                    "publish": lambda job, result: print_published(result)}
 # the CLI's own commands (``options.CLI_COMMANDS``); every other command is a registered stage's or a chain's
 OWN_HANDLERS = {"evaluate": cmd_evaluate, "evaluate-retrieval": cmd_evaluate_retrieval, "demo": cmd_demo,
                 "report": cmd_report, "verify": cmd_verify}

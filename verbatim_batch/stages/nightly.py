@@ -58,7 +58,9 @@ from verbatim_batch.engine.runner import (
     StageResult,
     run_stage,
 )
+from verbatim_batch.report.summary import night_changes, night_stages
 from verbatim_batch.stages.chains import Chain, chain_result, chain_settings, run_chain
+from verbatim_batch.stages.publish import PublishJob, print_published, run_publish
 
 
 @dataclass(kw_only=True)
@@ -105,8 +107,6 @@ class NightlyStage(CompositeStage):
         job: NightlyJob = self.job
         manifest = manifest | {"pruned": publish(storage.normalize(job.root), manifest["run_id"], job.keep_runs)}
         if job.publish is not None:  # also on a rerun of a committed night: a publish cut short completes
-            from verbatim_batch.stages.publish import PublishJob, run_publish
-
             try:
                 manifest["published"] = run_publish(PublishJob(source=path, target=job.publish,
                                                                address=job.address, num_cpus=job.num_cpus))
@@ -148,5 +148,23 @@ def run_nightly(job: NightlyJob) -> tuple[str, dict[str, Any]]:
         release_lock(lock)
 
 
+def print_night(job: NightlyJob, result: tuple[str, dict[str, Any]]) -> None:
+    """A committed night: what changed, what was redone and carried, where to read it."""
+    path, manifest = result
+    counts = manifest["counts"]
+    print(f"nightly run {manifest['run_id']} committed to {path}; current -> {manifest['run_id']}")
+    print(f"  {night_changes(manifest)}")
+    print(f"  {night_stages(manifest)}")
+    print(f"  pairs extracted {counts.get('spans.rows_new', 0)}, carried {counts.get('spans.rows_carried', 0)}; "
+          f"{counts.get('spans.spans', 0)} spans")
+    if manifest.get("published"):
+        print_published(None, manifest["published"])
+    if storage.is_remote(job.root):  # object stores have no `current` symlink: CURRENT names the run
+        print(f"  load the current span table: verbatim_batch.core.runs.current_table('{job.root}', 'spans')")
+    else:  # the night's own folder, not ROOT/current/...: a reader listing through the link while the next
+        #     night moves it would open files of another night (FileNotFoundError)
+        print(f"  load this night's span table: pandas.read_parquet('{storage.join(path, 'spans', 'spans')}')")
+
+
 COMMAND = Command("nightly", "incremental run against the last committed one; moves ROOT/current", NightlyJob,
-                  run_nightly, omit=("overwrite", *NOT_INCREMENTAL), chain=True)  # summary: cli (print_night)
+                  run_nightly, summary=print_night, omit=("overwrite", *NOT_INCREMENTAL), chain=True)

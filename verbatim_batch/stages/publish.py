@@ -351,7 +351,23 @@ def run_publish(job: PublishJob) -> dict[str, Any]:
     return {"night": night.night, "source": night.run_dir, "tables": done, "converted": converted}
 
 
+def print_published(job: PublishJob | None, result: dict[str, Any]) -> None:
+    """What a publish did, a line per table."""
+    for c in result.get("converted", []):
+        print(f"{c['table']} converted to a current-state table: {c['nights']} nights as tags")
+    print(f"night {result['night']} published from {result['source']}")
+    for t in result["tables"]:
+        if not t["published"]:
+            what = f"already published (snapshot {t['snapshot']}): nothing to do"
+        elif not (t["rows"] or t["deleted"]):
+            what = f"nothing changed: tagged the current snapshot {t['snapshot']}"
+        else:
+            what = (f"snapshot {t['snapshot']}: {t['rows']} rows added in {t['files']} files (written by "
+                    f"{t['written_by']}), {t['deleted']} deleted")
+        print(f"  {t['table']:<18} {what}")
+
+
 COMMAND = Command("publish", "publish a night's chunks, retrieval, pairs and spans as Apache Iceberg tables (one "
                   "snapshot per night; a night already published is left as it is)", PublishJob, run_publish,
                   positional=(("source", "a nightly root (its current night), a nightly or chain run folder, or a "
-                               "chunk, retrieve or extract run"),))  # summary: cli (print_published)
+                               "chunk, retrieve or extract run"),), summary=print_published)
