@@ -39,7 +39,7 @@ def job_of(args: argparse.Namespace, **override: Any) -> Any:
     spec = COMMANDS[args.command]
     if spec.chain and getattr(args, "embed.model", None) is None:  # the bundled embedder needs no hub
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    return build(spec.cls, values_of(args) | override, lambda of: flag_of(args.command, of.key))
+    return build(spec.job, values_of(args) | override, lambda of: flag_of(args.command, of.key))
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:

@@ -154,7 +154,7 @@ def group_sections(command: str) -> set[str]:
 
     from verbatim_batch.cli.options import COMMANDS
 
-    return {f.name for f in dataclasses.fields(COMMANDS[command].cls)
+    return {f.name for f in dataclasses.fields(COMMANDS[command].job)
             if "group" in f.metadata and f.name in COMMANDS and f.name != command}
 
 

@@ -186,7 +186,7 @@ command_flags.cache_clear = lambda: _command_flags.cache_clear()  # type: ignore
 @cache
 def _command_flags(spec: Command, steps: tuple[Command, ...]) -> dict[str, Flag]:
     out: dict[str, Flag] = {}
-    for of in options_of(spec.cls):
+    for of in options_of(spec.job):
         if of.key not in spec.omit:
             out[of.key] = Flag(of.key, of, (of.flag,))
     if spec.chain:

@@ -204,18 +204,13 @@ class Command:
     help: str
     job: type  # the dataclass whose option fields the command takes
     run: Callable[[Any], Any] | None = None  # job -> result (a run's ``(folder, manifest)``)
-    summary: Callable[[Any], None] | None = None  # prints the result (None: the run folder's tables and counts)
+    summary: Callable[[Any, Any], None] | None = None  # (job, result) -> prints it (None: the run folder's tables)
     stage: type[Stage] | None = None  # what a chain step reads and writes
     folder: str | None = None  # its folder in a chain run: set for a chain step, in registry order
     when: Callable[[Any], bool] | None = None  # a chain step the chain runs only when it says so (the reranker)
     omit: tuple[str, ...] = ()  # of the job's options, those the command does not take
     positional: tuple[tuple[str, str], ...] = ()  # (name, help) of positional arguments
     chain: bool = False  # takes every chain stage's options too (``run``, ``nightly``)
-    handler: Callable[[Any], int] | None = None  # a command of the CLI's own: parsed arguments -> exit code
-
-    @property
-    def cls(self) -> type:
-        return self.job
 
 
 def declaration_problems(cls: type[Stage]) -> list[str]:
