@@ -151,7 +151,7 @@ def measure(runs: dict[str, str], staging: str, placement: str) -> dict:
 
     from verbatim_batch.engine.pair_plan import query_blocks
     from verbatim_batch.engine.ray_env import init_ray
-    from verbatim_batch.engine.runner import StageContext
+    from verbatim_batch.engine.stage import StageContext
     from verbatim_batch.extract.llm import LLMConfig
     from verbatim_batch.extract.semantic import SemanticConfig
     from verbatim_batch.stages import extract as ex

@@ -32,7 +32,8 @@ import json, os, sys, time
 import pyarrow as pa
 import pyarrow.parquet as pq
 from dataclasses import dataclass
-from verbatim_batch.engine.runner import Plan, RunOptions, TableStage, Work, run_stage
+from verbatim_batch.engine.stage import Plan, RunOptions, TableStage, Work
+from verbatim_batch.engine.runner import run_stage
 
 ROWS = pa.schema([pa.field("key", pa.string(), nullable=False), pa.field("value", pa.int64())])
 BLOCK = 65536

@@ -36,7 +36,8 @@ from verbatim_batch.core.runs import (
     read_writes,
     release_lock,
 )
-from verbatim_batch.engine.runner import Plan, RunOptions, StageContext, TableStage, Work, run_stage
+from verbatim_batch.engine.runner import run_stage
+from verbatim_batch.engine.stage import Plan, RunOptions, StageContext, TableStage, Work
 from verbatim_batch.quality.verify import verify_run
 
 ROWS = pa.schema([pa.field("key", pa.string(), nullable=False), pa.field("value", pa.int64())])

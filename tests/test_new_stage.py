@@ -21,7 +21,8 @@ from verbatim_batch.core import storage
 from verbatim_batch.core.options import option, settings
 from verbatim_batch.core.runs import committed_table_dir, read_manifest
 from verbatim_batch.core.tables import config_hash
-from verbatim_batch.engine.runner import Command, Plan, RunOptions, Stage, StageContext, StageResult, run_stage
+from verbatim_batch.engine.runner import run_stage
+from verbatim_batch.engine.stage import Command, Plan, RunOptions, Stage, StageContext, StageResult
 from verbatim_batch.stages import chains, registry
 from verbatim_batch.stages.chains import Chain
 from verbatim_batch.stages.extract import ExtractJob, ExtractStage

@@ -172,7 +172,7 @@ def test_training_config_follows_the_roles(tmp_path):
 
 
 def test_metrics_and_run_options_are_runtime_everywhere():
-    from verbatim_batch.engine.runner import RunOptions
+    from verbatim_batch.engine.stage import RunOptions
 
     for f in dataclasses.fields(RunOptions):
         assert is_runtime(f), f"{f.name}: a run option never decides output"

@@ -16,7 +16,7 @@ from verbatim_batch.core import storage
 from verbatim_batch.core.runs import build_manifest, read_table, write_manifest
 from verbatim_batch.core.tables import CHUNKS, PAIRS, RETRIEVAL
 from verbatim_batch.engine import pair_plan
-from verbatim_batch.engine.runner import StageContext
+from verbatim_batch.engine.stage import StageContext
 from verbatim_batch.stages import extract as ex
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -1,7 +1,7 @@
 """The settings a run id is bound to are derived from the options' roles, for every stage (issue 51).
 
 Each stage's ``plan().config`` (hashed and bound to the run id: a killed run resumed with other settings is
-refused) is built by ``runner.bound_settings`` from the job's output-deciding options plus what the plan
+refused) is built by ``engine.stage.bound_settings`` from the job's output-deciding options plus what the plan
 resolved. Here every stage of the registry plans over small committed runs made by hand (manifests written by
 the real code, tables where a plan reads them), and each of its options is changed in turn: a runtime option
 never changes the bound settings (a resumed run with another value resumes), an output option always does.

@@ -17,7 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from verbatim_batch.core.runs import SettingsChangedError, read_manifest
-from verbatim_batch.engine.runner import (
+from verbatim_batch.engine.runner import run_stage
+from verbatim_batch.engine.stage import (
     CompositeStage,
     Outcome,
     Plan,
@@ -26,7 +27,6 @@ from verbatim_batch.engine.runner import (
     StageResult,
     TableStage,
     Work,
-    run_stage,
 )
 
 ROWS = pa.schema([pa.field("key", pa.string(), nullable=False), pa.field("value", pa.int64()),

@@ -13,7 +13,7 @@ import pytest
 
 from verbatim_batch.core.runs import build_manifest, expect_tables, holding, write_manifest
 from verbatim_batch.engine.resources import Resources
-from verbatim_batch.engine.runner import Stage, TableStage
+from verbatim_batch.engine.stage import Stage, TableStage
 
 
 def _run(path: Path, command: str, tables: dict, stages: dict | None = None, created: str = "") -> str:
@@ -141,7 +141,8 @@ def test_the_runner_hands_a_stage_its_resources_with_the_jobs_options_and_record
 
     from verbatim_batch.core.options import option
     from verbatim_batch.core.runs import read_manifest
-    from verbatim_batch.engine.runner import Plan, RunOptions, StageResult, run_stage
+    from verbatim_batch.engine.runner import run_stage
+    from verbatim_batch.engine.stage import Plan, RunOptions, StageResult
 
     @dataclasses.dataclass(kw_only=True)
     class ToyJob(RunOptions):

@@ -55,7 +55,7 @@ def test_row_outcomes_take_what_a_stage_declares():
 
 def test_every_stage_declares_known_outcomes():
     from verbatim_batch import stages as pipeline  # noqa: F401 - every stage class defined
-    from verbatim_batch.engine.runner import Stage
+    from verbatim_batch.engine.stage import Stage
     from verbatim_batch.stages import train as job  # noqa: F401
 
     def subclasses(cls):

@@ -13,7 +13,7 @@ from importlib import resources
 from typing import Any
 
 from verbatim_batch.core import storage
-from verbatim_batch.engine.runner import Command
+from verbatim_batch.engine.stage import Command
 from verbatim_batch.report.summary import print_run
 
 EXAMPLES = resources.files("verbatim_batch") / "examples"

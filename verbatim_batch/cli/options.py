@@ -18,7 +18,7 @@ from typing import Any
 
 from verbatim_batch.core import limits
 from verbatim_batch.core.options import OptionError, OptionField, check, option, options_of
-from verbatim_batch.engine.runner import Command, RunOptions
+from verbatim_batch.engine.stage import Command, RunOptions
 from verbatim_batch.engine.telemetry.options import MetricsOptions
 from verbatim_batch.stages import chains, nightly, registry
 from verbatim_batch.stages.extract import extractor_group

@@ -26,15 +26,8 @@ from verbatim_batch.core.options import Declared, OptionError, check, group, is_
 from verbatim_batch.core.records import read_queries
 from verbatim_batch.core.runs import committed_run, expect_corpus, jsonable, read_manifest
 from verbatim_batch.corpus import readers as corpus
-from verbatim_batch.engine.runner import (
-    Command,
-    CompositeStage,
-    Plan,
-    RunOptions,
-    StageContext,
-    StageResult,
-    run_stage,
-)
+from verbatim_batch.engine.runner import run_stage
+from verbatim_batch.engine.stage import Command, CompositeStage, Plan, RunOptions, StageContext, StageResult
 from verbatim_batch.report.summary import print_run
 from verbatim_batch.stages import registry, rerank
 

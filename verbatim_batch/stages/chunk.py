@@ -37,18 +37,9 @@ from verbatim_batch.corpus.ingest import (
 )
 from verbatim_batch.corpus.metadata import load_metadata, metadata_stats
 from verbatim_batch.engine.ray_env import cpus
-from verbatim_batch.engine.runner import (
-    Command,
-    Outcome,
-    Plan,
-    RunOptions,
-    StageContext,
-    StageResult,
-    TableStage,
-    Work,
-    run_stage,
-)
+from verbatim_batch.engine.runner import run_stage
 from verbatim_batch.engine.sink import changed_files
+from verbatim_batch.engine.stage import Command, Outcome, Plan, RunOptions, StageContext, StageResult, TableStage, Work
 from verbatim_batch.quality.verify import check_papers
 
 log = logging.getLogger(__name__)

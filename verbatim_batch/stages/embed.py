@@ -16,16 +16,8 @@ from verbatim_batch.core.tables import embeddings_schema
 from verbatim_batch.engine.batches import drop_keys, strip_internal, with_counts
 from verbatim_batch.engine.model_actor import ModelActor, host
 from verbatim_batch.engine.resources import Cluster, Resources, ray_args, task_bounds
-from verbatim_batch.engine.runner import (
-    Command,
-    Plan,
-    RunOptions,
-    StageContext,
-    TableStage,
-    Work,
-    bound_settings,
-    run_stage,
-)
+from verbatim_batch.engine.runner import run_stage
+from verbatim_batch.engine.stage import Command, Plan, RunOptions, StageContext, TableStage, Work, bound_settings
 from verbatim_batch.retrieval.embedder import EmbedderConfig
 
 if TYPE_CHECKING:

@@ -34,17 +34,8 @@ from verbatim_batch.engine.batches import drop_keys, strip_internal, with_counts
 from verbatim_batch.engine.model_actor import ModelActor, host, stage_failed
 from verbatim_batch.engine.pair_plan import query_blocks
 from verbatim_batch.engine.resources import Cluster, Resources, ray_args, task_bounds
-from verbatim_batch.engine.runner import (
-    Command,
-    Outcome,
-    Plan,
-    RunOptions,
-    StageContext,
-    StageResult,
-    TableStage,
-    Work,
-    run_stage,
-)
+from verbatim_batch.engine.runner import run_stage
+from verbatim_batch.engine.stage import Command, Outcome, Plan, RunOptions, StageContext, StageResult, TableStage, Work
 from verbatim_batch.extract import registry
 from verbatim_batch.extract.gate import DEFAULT_MAX_CHUNK_CHARS
 from verbatim_batch.extract.highlighter import HighlighterConfig

@@ -14,16 +14,8 @@ from verbatim_batch.core import storage
 from verbatim_batch.core.options import group, option
 from verbatim_batch.core.runs import committed_table_dir, manifest_config, read_manifest
 from verbatim_batch.engine.resources import Resources, ray_args
-from verbatim_batch.engine.runner import (
-    Command,
-    Plan,
-    RunOptions,
-    Stage,
-    StageContext,
-    StageResult,
-    bound_settings,
-    run_stage,
-)
+from verbatim_batch.engine.runner import run_stage
+from verbatim_batch.engine.stage import Command, Plan, RunOptions, Stage, StageContext, StageResult, bound_settings
 from verbatim_batch.retrieval.index.dense import DenseSpec
 from verbatim_batch.retrieval.index.folder import build_index_files, index_fingerprint, update_index_files
 

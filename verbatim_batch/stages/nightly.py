@@ -48,7 +48,8 @@ from verbatim_batch.core.runs import (
     safe_run_id,
 )
 from verbatim_batch.engine.lake import IcebergTarget
-from verbatim_batch.engine.runner import (
+from verbatim_batch.engine.runner import run_stage
+from verbatim_batch.engine.stage import (
     NOT_INCREMENTAL,
     Command,
     CompositeStage,
@@ -56,7 +57,6 @@ from verbatim_batch.engine.runner import (
     RunOptions,
     StageContext,
     StageResult,
-    run_stage,
 )
 from verbatim_batch.report.summary import night_changes, night_stages
 from verbatim_batch.stages.chains import Chain, chain_result, chain_settings, run_chain

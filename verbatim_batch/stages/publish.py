@@ -64,8 +64,8 @@ from verbatim_batch.engine.lake_state import (
     store_hashes,
 )
 from verbatim_batch.engine.lake_state import write_data_files as write_in_process
-from verbatim_batch.engine.runner import Command
 from verbatim_batch.engine.sink import CARRIED_FROM
+from verbatim_batch.engine.stage import Command
 from verbatim_batch.engine.telemetry.options import MetricsOptions
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,8 @@ from verbatim_batch.core.runs import committed_table_dir, read_table
 from verbatim_batch.core.tables import GENERATED_QUERIES
 from verbatim_batch.engine.batches import drop_keys
 from verbatim_batch.engine.resources import Resources, ray_args
-from verbatim_batch.engine.runner import (
+from verbatim_batch.engine.runner import run_stage
+from verbatim_batch.engine.stage import (
     NOT_INCREMENTAL,
     Command,
     Outcome,
@@ -25,7 +26,6 @@ from verbatim_batch.engine.runner import (
     TableStage,
     Work,
     bound_settings,
-    run_stage,
 )
 from verbatim_batch.extract.llm import LLMConfig
 

@@ -1,6 +1,6 @@
 """The stage registry: every stage module, listed once, in chain order.
 
-Each stage module declares its ``COMMAND`` (``engine.runner.Command``): its job (the options), its stage, how it
+Each stage module declares its ``COMMAND`` (``engine.stage.Command``): its job (the options), its stage, how it
 runs and reports, and, with a ``folder``, its step in the chain. Everything else is derived from this list:
 the CLI's commands, flags, handlers and ``--help`` (``cli.options``), the YAML sections (``cli.config``), the
 chain's steps and wiring (``chains``), ``build_job`` for Python, and the option reference (``cli.reference``).
@@ -10,7 +10,7 @@ A new stage is its own module and one line here; a stage of a user's own (outsid
 
 from __future__ import annotations
 
-from verbatim_batch.engine.runner import Command
+from verbatim_batch.engine.stage import Command
 from verbatim_batch.stages import chunk, embed, extract, index, publish, querygen, rerank, retrieve, silver, train
 
 STAGES: list[Command] = [

@@ -25,7 +25,8 @@ from verbatim_batch.core.tables import RERANKED, stable_hash
 from verbatim_batch.engine.batches import drop_keys
 from verbatim_batch.engine.model_actor import ModelActor
 from verbatim_batch.engine.resources import Resources, ray_args
-from verbatim_batch.engine.runner import (
+from verbatim_batch.engine.runner import run_stage
+from verbatim_batch.engine.stage import (
     Command,
     Outcome,
     Plan,
@@ -35,7 +36,6 @@ from verbatim_batch.engine.runner import (
     TableStage,
     Work,
     bound_settings,
-    run_stage,
 )
 from verbatim_batch.retrieval.reranker import RerankerConfig
 

@@ -17,7 +17,8 @@ from verbatim_batch.core.runs import jsonable, manifest_config
 from verbatim_batch.core.tables import RETRIEVAL, query_id_for, stable_hash
 from verbatim_batch.engine.batches import drop_keys
 from verbatim_batch.engine.resources import Cluster, Resources, ray_args
-from verbatim_batch.engine.runner import (
+from verbatim_batch.engine.runner import run_stage
+from verbatim_batch.engine.stage import (
     Command,
     Outcome,
     Plan,
@@ -26,7 +27,6 @@ from verbatim_batch.engine.runner import (
     TableStage,
     Work,
     bound_settings,
-    run_stage,
 )
 from verbatim_batch.retrieval.retriever import RetrieverConfig
 

@@ -20,7 +20,8 @@ from verbatim_batch.core import limits, storage
 from verbatim_batch.core.options import group, option, settings
 from verbatim_batch.core.runs import committed_table_dir, read_table
 from verbatim_batch.core.tables import group_by
-from verbatim_batch.engine.runner import (
+from verbatim_batch.engine.runner import run_stage
+from verbatim_batch.engine.stage import (
     NOT_INCREMENTAL,
     Command,
     CompositeStage,
@@ -30,7 +31,6 @@ from verbatim_batch.engine.runner import (
     StageContext,
     StageResult,
     bound_settings,
-    run_stage,
 )
 from verbatim_batch.extract.highlighter import HighlighterConfig
 from verbatim_batch.extract.highlighter_spans import window_problem

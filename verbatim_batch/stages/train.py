@@ -27,16 +27,8 @@ from typing import Any
 
 from verbatim_batch.core import limits, storage
 from verbatim_batch.core.options import option, settings
-from verbatim_batch.engine.runner import (
-    NOT_INCREMENTAL,
-    Command,
-    Plan,
-    RunOptions,
-    Stage,
-    StageContext,
-    StageResult,
-    run_stage,
-)
+from verbatim_batch.engine.runner import run_stage
+from verbatim_batch.engine.stage import NOT_INCREMENTAL, Command, Plan, RunOptions, Stage, StageContext, StageResult
 from verbatim_batch.extract.highlighter_spans import window_problem
 from verbatim_batch.silver.train import data
 from verbatim_batch.silver.train.data import collate
