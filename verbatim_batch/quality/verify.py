@@ -1,34 +1,15 @@
-"""Re-check a committed chunk run against its manifest and its own papers table.
+"""Re-check a committed run against its manifest and its own tables; report what could not be checked.
 
-``verify_run`` checks, and reports what it could not check:
+A chunk run (``verify_run``): files and rows per table against the manifest; each stored paper's ``sha256`` and
+``n_chars``; each chunk's text at its char and byte offsets, indexes 0..n-1, ``paper_sha256``, and every
+non-whitespace character in exactly one chunk; no id twice, no chunk without its paper. Papers written with
+``--no-store-text`` get the checks that need no text and are counted in ``unchecked``. An extract run
+(``verify_span_run``): every span against the chunk (and paper) text it claims to quote, and every span's pair
+in the pairs table with its ``n_spans``.
 
-* the folder against the manifest: each table's number of Parquet files and rows (an extra, missing or
-  truncated file is an error);
-* every paper with stored text: ``sha256(markdown)`` equals its ``sha256`` and ``len(markdown)`` its
-  ``n_chars``;
-* every chunk: ``papers.markdown[start:end] == text``, byte offsets match the UTF-8 encoding, chunk
-  indexes run 0..n-1 with ``n == papers.n_chunks``, ``paper_sha256`` is its paper's ``sha256``, and
-  across each paper every non-whitespace character is in exactly one chunk;
-* ids: no paper id twice, no chunk id twice, no chunk without its paper.
-
-Papers written with ``--no-store-text`` have no text to check against: their chunks get the checks that
-need no text (lengths, order, hashes), and they are counted in ``unchecked``.
-
-Papers and chunks written by one task share a file name; carried rows (``--previous``) do not, so chunks
-are found through a paper-id index of the chunk files, and the check streams one papers file at a time.
-
-A committed **extract run** (``verify SPANS_RUN``) gets ``verify_span_run``: the folder against the manifest,
-then every span against the text it claims to quote: ``chunk[start:end] == text`` (the chunk from the chunk
-run named in the run's config, or from its pairs file), ``paper_start``/``paper_end`` equal to the chunk's
-paper offset plus ``start``/``end`` and ``markdown[paper_start:paper_end] == text`` where the chunk run stored
-the paper text; every span's pair is in the pairs table, whose ``n_spans`` counts its spans.
-
-A run folder is input like any other: a file that cannot be read (a flipped byte, a truncated footer), whose
-bytes differ from the run's ``files.json``, or that is not a plain file of the run (a symbolic link, a pipe, a
-device) is a finding, one line each, never a traceback, and is never opened when it is not a plain file. Only
-the run folder is read, whatever its manifest names (tables and stages are plain names inside it); an extract
-run's chunk run and pairs file, which its config names, are read only when they are a committed chunk run and
-a regular file.
+A damaged, edited or non-plain file is a one-line finding, never a traceback, and a non-plain file is never
+opened. Only the run folder is read, whatever its manifest names; an extract run's chunk run and pairs file are
+read only when they are a committed chunk run and a regular file.
 """
 
 from __future__ import annotations
@@ -75,15 +56,9 @@ def _short(path: str) -> str:
     return "/".join(parts[-2:])
 
 
-def _rows(path: str) -> int:
-    fs, local = storage.resolve(path)
-    return pq.ParquetFile(local, filesystem=fs).metadata.num_rows
-
-
 def check_folder(root: str, manifest: dict, errors: list[str], bad: set[str] | None = None) -> dict[str, int]:
-    """Files and rows of each table the manifest lists, against the folder, and each file's bytes against the
-    run's ``files.json``; returns rows per table. Files that are not plain files of the run or cannot be read
-    are findings, and their ``table/name`` go into ``bad`` (the checks after this one leave them alone)."""
+    """Files and rows of each table against the manifest, and bytes against ``files.json``; rows per table.
+    A file that is not plain or cannot be read is a finding and joins ``bad`` (later checks leave it alone)."""
     bad = set() if bad is None else bad
     rows: dict[str, int] = {}
     tables = manifest.get("tables")
@@ -128,7 +103,7 @@ def check_folder(root: str, manifest: dict, errors: list[str], bad: set[str] | N
                     errors.append(f"{rel}{name}: its bytes differ from files.json (damaged or edited after the "
                                   "commit)")
             try:
-                n += _rows(path)
+                n += storage.parquet_file(path).metadata.num_rows
             except READ_ERRORS as exc:
                 errors.append(f"{rel}{name}: unreadable ({_one_line(exc)})")
                 bad.add(rel + name)
@@ -141,14 +116,6 @@ def check_folder(root: str, manifest: dict, errors: list[str], bad: set[str] | N
     return rows
 
 
-def _row_groups(path: str) -> int:
-    return storage.parquet_file(path).num_row_groups
-
-
-def _read_group(path: str, group: int, columns: list[str]) -> pa.Table:
-    return storage.parquet_file(path).read_row_group(group, columns=columns)
-
-
 def _first_occurrences(values: pa.Array) -> pa.Array:
     """Indices of ``values`` that are not the value's first occurrence, ascending."""
     idx = pa.array(np.arange(len(values), dtype=np.int64))
@@ -159,49 +126,45 @@ def _first_occurrences(values: pa.Array) -> pa.Array:
 
 
 def check_units(root: str, bad: set[str] | None = None) -> tuple[list[str], list[tuple], list[str]]:
-    """``(problems before, units, problems after)`` of a chunk run folder's papers check, planned from ids alone.
+    """``(problems before, units, problems after)`` of a chunk run's papers check, planned from ids alone, in Arrow.
 
-    Each unit is one papers row group: ``(papers file name, row group, [(chunks file name, row group)] that
-    hold its papers' chunks, its rows that repeat an earlier paper id)``, what ``check_unit`` takes. Chunk
-    files are indexed by row group from their ``chunk_id`` and ``paper_id`` columns, in Arrow (no Python
-    object per row): chunk ids seen twice come first (in file order, like every report), chunks whose paper
-    has no row last. A file that is not a plain file or cannot be read is a problem before, never opened or
-    read further (its ``table/name`` is added to ``bad``, which also names files found bad already)."""
-    papers_dir, chunks_dir = storage.join(root, "papers"), storage.join(root, "chunks")
+    A unit is one papers row group: ``(papers file, row group, [(chunks file, row group)] holding its papers'
+    chunks, its rows that repeat an earlier paper id)``, what ``check_unit`` takes. Chunk ids seen twice come
+    first, chunks without a paper row last. A file that is not plain or cannot be read is a problem before, never
+    read further; its ``table/name`` joins ``bad`` (which names the files found bad already)."""
     bad = set() if bad is None else bad
     unreadable: list[str] = []
 
-    def readable(table: str, name: str) -> bool:
-        """A plain file (never a pipe or link) that ``check_folder`` did not already find bad."""
-        if f"{table}/{name}" in bad:
-            return False
-        if not storage.regular_file(storage.join(root, table, name)):
-            unreadable.append(f"{table}/{name}: not a plain file (a link, pipe or device); not read")
-            bad.add(f"{table}/{name}")
-            return False
-        return True
+    def id_groups(table: str, columns: list[str]) -> list[tuple]:
+        """``(file, row group, *columns as strings)`` of each row group of the plain, readable files of a table."""
+        out = []
+        for name in _parquet_files(storage.join(root, table)):
+            path = storage.join(root, table, name)
+            if f"{table}/{name}" in bad:
+                continue
+            if not storage.regular_file(path):
+                unreadable.append(f"{table}/{name}: not a plain file (a link, pipe or device); not read")
+                bad.add(f"{table}/{name}")
+                continue
+            try:
+                pf, parts = storage.parquet_file(path), []
+                for group in range(pf.num_row_groups):
+                    t = pf.read_row_group(group, columns=columns)
+                    parts.append((name, group, *(t[c].combine_chunks().cast(pa.string()) for c in columns)))
+            except READ_ERRORS as exc:  # chunks: their papers do not verify; papers: not checked, nor carried
+                unreadable.append(f"{table}/{name}: unreadable ({_one_line(exc)})")
+                bad.add(f"{table}/{name}")
+                continue
+            out.extend(parts)
+        return out
 
     groups: list[tuple[str, int]] = []
     cids, cpids, cgs = [], [], []
-    for name in _parquet_files(chunks_dir):
-        path = storage.join(chunks_dir, name)
-        if not readable("chunks", name):
-            continue
-        try:
-            parts = []
-            for group in range(_row_groups(path)):
-                t = _read_group(path, group, ["chunk_id", "paper_id"])
-                parts.append((t["chunk_id"].combine_chunks().cast(pa.string()),
-                              t["paper_id"].combine_chunks().cast(pa.string()), group))
-        except READ_ERRORS as exc:  # its chunks are missing from their papers: those papers do not verify
-            unreadable.append(f"chunks/{name}: unreadable ({_one_line(exc)})")
-            bad.add(f"chunks/{name}")
-            continue
-        for cid, cpid, group in parts:
-            cids.append(cid)
-            cpids.append(cpid)
-            cgs.append(pa.repeat(pa.scalar(len(groups), pa.int32()), len(cid)))
-            groups.append((name, group))
+    for name, group, cid, cpid in id_groups("chunks", ["chunk_id", "paper_id"]):
+        cids.append(cid)
+        cpids.append(cpid)
+        cgs.append(pa.repeat(pa.scalar(len(groups), pa.int32()), len(cid)))
+        groups.append((name, group))
     chunk_ids = pa.concat_arrays(cids) if cids else pa.array([], pa.string())
     chunk_pids = pa.concat_arrays(cpids) if cpids else pa.array([], pa.string())
     before = unreadable + [f"chunk id {cid} appears twice"
@@ -212,20 +175,8 @@ def check_units(root: str, bad: set[str] | None = None) -> tuple[list[str], list
                             ).group_by(["paper_id", "cg"], use_threads=False).aggregate([])
     units: list[tuple] = []
     ppids, pus = [], []
-    for name in _parquet_files(papers_dir):
-        path = storage.join(papers_dir, name)
-        if not readable("papers", name):
-            continue
-        try:
-            parts = [(group, _read_group(path, group, ["paper_id"])["paper_id"].combine_chunks().cast(pa.string()))
-                     for group in range(_row_groups(path))]
-        except READ_ERRORS as exc:  # its papers cannot be checked, nor carried
-            unreadable.append(f"papers/{name}: unreadable ({_one_line(exc)})")
-            bad.add(f"papers/{name}")
-            continue
-        for group, ids in parts:
-            if not len(ids):
-                continue
+    for name, group, ids in id_groups("papers", ["paper_id"]):
+        if len(ids):
             ppids.append(ids)
             pus.append(pa.repeat(pa.scalar(len(units), pa.int32()), len(ids)))
             units.append((name, group))
@@ -254,10 +205,9 @@ def check_units(root: str, bad: set[str] | None = None) -> tuple[list[str], list
 
 def check_unit(fs: pafs.FileSystem, papers_file: str, group: int, chunk_groups: list[tuple[str, int]],
                repeats: list[int], max_errors: int, want_rejected: bool) -> dict:
-    """One papers row group checked against the chunk row groups that hold its papers' chunks (a Ray task when
-    Ray is up; paths are in ``fs``, which travels with the task, credentials included): ``{"counts",
-    "n_errors", "errors" (the first max_errors), "rejected"}``, where ``rejected`` lists (when asked) the papers
-    that did not verify or could not be (no stored text). Small whatever the rows."""
+    """One papers row group against the chunk row groups holding its chunks (a Ray task when Ray is up; ``fs``
+    travels with it): ``{"counts", "n_errors", "errors", "rejected", "io_error"}``; ``rejected`` (when asked): the
+    papers that did not verify or have no stored text."""
 
     def read(path: str, g: int, columns: list[str]) -> pa.Table:
         return pq.ParquetFile(fs.open_input_file(path)).read_row_group(g, columns=columns)
@@ -319,8 +269,8 @@ def check_unit(fs: pafs.FileSystem, papers_file: str, group: int, chunk_groups: 
 
 
 def _units_in_tasks(calls: list[tuple], root: str) -> list:
-    """The units as Ray tasks. A unit a worker could not read (``io_error``: an object store whose credentials
-    this process has and its workers do not) is checked again here, with one warning: this reading counts."""
+    """The units as Ray tasks; one a worker could not read (``io_error``: credentials this process has and its
+    workers lack) is checked again here, with one warning."""
     try:
         results = run_each(check_unit, calls)
     except Exception as exc:  # noqa: BLE001 - RayTaskError wraps the worker's OSError
@@ -336,15 +286,11 @@ def _units_in_tasks(calls: list[tuple], root: str) -> list:
 
 
 def check_papers(root: str, max_errors: int = 20, want_rejected: bool = False, bad: set[str] | None = None) -> dict:
-    """Every paper and chunk row of a chunk run folder checked (``check_paper``) and the ids across files:
-    ``{"counts", "n_errors", "errors" (the first max_errors), "rejected"}``.
+    """Every paper and chunk row of a chunk run checked (``check_paper``), and the ids across files: ``{"counts",
+    "n_errors", "errors" (the first max_errors), "rejected", "units"}``.
 
-    The work runs in units of one papers row group (``check_units``, ``check_unit``): as Ray tasks when Ray
-    is up (a cluster, or a local Ray the caller started), else one after the other in this process. Either
-    way the caller gets the same result, errors in the same order, and collects only each unit's counts and
-    first errors, never rows. Memory per unit is a papers row group and the few chunk row groups (written in
-    paper order) that hold its chunks.
-    """
+    One unit per papers row group, as Ray tasks when Ray is up, else in this process: the same result either
+    way, and only counts and first errors come back, never rows."""
     before, units, after = check_units(root, bad)
     fs = storage.resolve(root)[0]
 
@@ -370,8 +316,7 @@ def check_papers(root: str, max_errors: int = 20, want_rejected: bool = False, b
 
 
 def paper_units(run_dir: str) -> int:
-    """Row groups of a chunk run's papers table (the units ``check_papers`` runs), from file footers; 0 for
-    anything else."""
+    """Row groups of a chunk run's papers table (the units ``check_papers`` runs); 0 for anything else."""
     papers_dir = storage.join(storage.normalize(run_dir), "papers")
     if not storage.isdir(papers_dir):
         return 0
@@ -381,7 +326,7 @@ def paper_units(run_dir: str) -> int:
         if not storage.regular_file(path):  # never opened: verify_run reports it
             continue
         try:
-            n += _row_groups(path)
+            n += storage.parquet_file(path).num_row_groups
         except READ_ERRORS:  # verify_run reports it
             continue
     return n
@@ -424,14 +369,11 @@ def check_paper(paper: dict, rows: list[dict]) -> list[str]:
 
 
 def verify_run(run_dir: str, max_errors: int = 20) -> dict:
-    """``{"papers", "chunks", "errors", "n_errors", "checked", "unchecked"}`` for a committed chunk run
-    (an extract run: see ``verify_span_run``).
+    """``{"papers", "chunks", "errors", "n_errors", "checked", "unchecked"}`` for a committed chunk run (an
+    extract run: ``verify_span_run``; a composite: ``verify_composite``).
 
-    ``errors`` lists the first ``max_errors`` problems (``n_errors`` counts all); ``checked`` counts what
-    was checked against stored text; ``unchecked`` counts what could not be (papers without stored text
-    and their chunks): a non-zero ``unchecked`` means the run is only partly verified. A folder that is not
-    a run (no manifest, or one that is not a run manifest) raises; anything wrong inside a run is a finding.
-    """
+    ``errors``: the first ``max_errors`` problems (``n_errors`` counts all); a non-zero ``unchecked`` (papers
+    without stored text, their chunks) means only partly verified. A folder that is not a run raises."""
     manifest = read_manifest(run_dir, strict=False)
     problems = [f"manifest.json: {p} (a forged or damaged manifest?)" for p in manifest_problems(manifest)]
     try:
@@ -484,9 +426,8 @@ COMPOSITES = ("run", "nightly", "silver")  # runs whose stages are committed run
 
 
 def verify_composite(root: str, manifest: dict, max_errors: int = 20) -> dict:
-    """A chain, nightly or silver run: every stage run inside it, each checked as its own kind. Stage names
-    come from the manifest, but only folders of the run are read: a name that is not a plain folder name, a
-    stage folder that is a link, and a stage that is not a committed run are findings."""
+    """A chain, nightly or silver run: each stage run inside it checked as its own kind; a stage name that is no
+    plain folder of the run, or a stage that is not a committed run, is a finding."""
     listed = manifest.get("stages")
     names = list(listed) if isinstance(listed, (dict, list)) and listed else sorted(
         n for n in storage.listdir(root) if storage.exists(storage.join(root, n, "manifest.json")))
@@ -517,9 +458,8 @@ SPAN_COLUMNS = ["pair_id", "chunk_id", "paper_id", "start", "end", "paper_start"
 
 
 def _span_sources(manifest: dict) -> tuple[str | None, str | None]:
-    """``(chunk run, pairs file)`` an extract run read its chunk texts from (either may be None): the chunk run
-    only when it is a committed chunk run, the pairs file only when it is a regular file (never a pipe or a
-    device, whatever a forged config names)."""
+    """``(chunk run, pairs file)`` an extract run read its texts from, each None unless a committed chunk run and
+    a regular file (never a pipe, whatever a forged config names)."""
     try:
         config = json.loads(manifest.get("config") or "{}")
     except (TypeError, ValueError, RecursionError):
@@ -565,7 +505,7 @@ def _paper_texts(chunks_run: str, paper_ids: set[str]) -> dict[str, str | None]:
 def check_spans(spans: list[dict], chunks: dict[str, dict], papers: dict[str, str | None]) -> tuple[
         list[str], Counter]:
     """Problems of span rows against their chunks (``chunk_id`` or ``pair_id`` -> ``{"text", "start"}``) and
-    papers (``paper_id`` -> markdown or None), and what was checked or could not be."""
+    papers (``paper_id`` -> markdown or None), and counts of what was checked."""
     problems: list[str] = []
     counts: Counter = Counter()
     for s in spans:
@@ -598,10 +538,8 @@ def check_spans(spans: list[dict], chunks: dict[str, dict], papers: dict[str, st
 
 
 def verify_span_run(run_dir: str, max_errors: int = 20, manifest: dict | None = None) -> dict:
-    """``{"spans", "pairs", "errors", "n_errors", "checked", "unchecked"}`` for a committed extract run: the
-    folder against the manifest, each span against its chunk's text (and its paper's, where stored), each span's
-    pair in the pairs table with ``n_spans`` spans. Spans whose chunk text cannot be found (the chunk run or
-    pairs file gone) are counted in ``unchecked``, not errors."""
+    """``{"spans", "pairs", "errors", "n_errors", "checked", "unchecked"}`` for a committed extract run; spans
+    whose chunk text cannot be found (its chunk run or pairs file gone) are ``unchecked``, not errors."""
     manifest = manifest or read_manifest(run_dir, strict=False)
     root = storage.normalize(run_dir)
     errors: list[str] = []
