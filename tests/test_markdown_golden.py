@@ -88,6 +88,14 @@ EDGE = {
     "long_paragraph": ("This is a sentence that goes on. " * 60).strip() + "\n" + "word " * 200,
     "oversized_table": "| x | y |\n|---|---|\n" + "| 1234567890 | abcdefghij |\n" * 40,
     "many_headings": "".join(f"{'#' * (i % 6 + 1)} Heading {i}\n\nBody {i}. Text {i}.\n\n" for i in range(30)),
+    "mixed_headings_refs": "## Intro\n\nText we do.\n\n**References**\n\nA. Smith. 2020. T. In Proc. ACL, pp. 1-2.\n\n"
+    "## Next\n\nWe go on with more words here.\n",
+    "closing_hashes_crlf": "# Title ##\r\n\r\nText.\r\n## References ##\r\n\r\nA. B. 2020. T. In Proceedings.\r\n"
+    "## Next ##\r\nWe show that it is so.\r\n",
+    "refs_in_fence": "We show that the model works here, and it is good for all of us.\n\n```\n# References\n```\n\n"
+    "We then go on with the rest of the text, which is prose.\n",
+    "bare_hash_after_refs": "# References\n\nA. B. 2020. T. In Proc.\n\n#\n\nWe do things here, and more.\n",
+    "indented_pipe_and_hash": "Text.\n\n     | deep | row |\n\n     # deep hash\n\n###NoSpace heading\n",
     "run_in": "**Peer Review** Many tasks are hard. We do them.\n\nHybrid retrieval with RRF. The hybrid works.\n\n"
     "Results and Discussion\n\nWe discuss.\n",
 }
