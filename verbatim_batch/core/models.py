@@ -1,15 +1,10 @@
 """Loading transformer models the same way for every stage (embedder, highlighter).
 
-A model is a hub id or a local directory. Only safetensors weights are ever read
-(never pickles), ``trust_remote_code`` is off unless asked for, and the weights get a
-content fingerprint that run manifests and span rows record as the model revision.
-
-A model folder is input like any other, and is checked before anything is allocated (``check_model_dir``, run
-by ``resolve_model_dir`` and again by ``load_model`` where the model loads): ``config.json`` bounded in size and
-its sizes (layers, hidden size, vocabulary, positions, ...) within sane limits, the parameters they describe
-held by the weights and fitting the memory at hand; each safetensors header bounded (the length its first 8
-bytes claim, every tensor's offsets and size inside the file); the tokenizer files bounded and parsed, and
-consistent with the vocabulary. A folder that fails is one ``ValueError`` line (exit 2) in seconds.
+A model is a hub id or a local directory. Only safetensors weights are read (never pickles), ``trust_remote_code``
+is off unless asked for, and the weights get a content fingerprint recorded as the model revision. A model folder
+is input like any other, checked before anything is allocated (``check_model_dir``): ``config.json`` and its sizes
+within sane limits, held by the weights and fitting the memory at hand; each safetensors header inside its file;
+the tokenizer files parsed and consistent with the vocabulary. A folder that fails is one ``ValueError`` line.
 """
 
 from __future__ import annotations
@@ -61,8 +56,7 @@ def resolve_dtype(dtype: str, device):
 
 
 def resolve_model_dir(model: str, revision: str | None = None, what: str = "model") -> Path:
-    """A local directory as is, else a hub snapshot (configs, tokenizer, safetensors only); checked
-    (``check_model_dir``) before it is returned."""
+    """A local directory as is, else a hub snapshot (configs, tokenizer, safetensors only); checked either way."""
     path = os.path.expanduser(model)
     if os.path.isdir(path):
         check_model_dir(Path(path), what)
@@ -99,8 +93,7 @@ def _read_bounded(path: Path, limit: int, what: str, folder: Path) -> bytes:
 
 
 def read_config(folder: Path, what: str = "model") -> dict | None:
-    """``config.json`` of a model folder (None when there is none), bounded and parsed; a sane-limits check of
-    the sizes it gives (``CONFIG_LIMITS``)."""
+    """``config.json`` of a model folder (None without one), bounded, parsed, its sizes within ``CONFIG_LIMITS``."""
     path = folder / "config.json"
     if not path.exists():
         return None
@@ -123,8 +116,7 @@ def read_config(folder: Path, what: str = "model") -> dict | None:
 
 
 def config_parameters(config: dict) -> int:
-    """About how many parameters a transformer of ``config`` has (embeddings, attention and feed-forward of
-    every layer): a lower bound for most architectures, enough to tell a config that cannot fit."""
+    """About how many parameters a transformer of ``config`` has: a lower bound, enough to tell one cannot fit."""
     def first(*keys: str, default: int = 0) -> int:
         return next((int(config[k]) for k in keys if type(config.get(k)) is int), default)
 
@@ -136,9 +128,8 @@ def config_parameters(config: dict) -> int:
 
 
 def safetensors_header(path: Path, what: str = "model", folder: Path | None = None) -> tuple[int, dict]:
-    """``(bytes of tensor data, header)`` of a safetensors file, checked without reading its data: the header
-    length its first 8 bytes claim within ``MAX_HEADER_BYTES`` and the file, a JSON object, every tensor's dtype,
-    shape and offsets inside the data and of the size its shape and dtype give."""
+    """``(bytes of tensor data, header)`` of a safetensors file, checked without reading its data: the header within
+    ``MAX_HEADER_BYTES`` and the file, every tensor's offsets inside the data and of the size its shape gives."""
     folder = folder or path.parent
     if not path.is_file():
         raise _bad(what, folder, f"{path.name} is not a regular file")
@@ -199,9 +190,8 @@ def check_memory(config: dict | None, dtype_bytes: int, what: str, folder: Path)
 
 
 def check_tokenizer(folder: Path, what: str = "model", vocab_size: int | None = None):
-    """Tokenizer files bounded and parsed (errors caught: one line); a tokenizer whose ids run past the model's
-    vocabulary is refused (its ids would index past the embedding table). Returns the tokenizer (None when the
-    folder has no tokenizer files)."""
+    """The folder's tokenizer (None without tokenizer files), its files bounded and parsed; refused when its ids
+    run past the model's vocabulary (they would index past the embedding table)."""
     names = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "added_tokens.json")
     present = [folder / n for n in names if (folder / n).exists()]
     if not present:
@@ -228,8 +218,7 @@ def check_tokenizer(folder: Path, what: str = "model", vocab_size: int | None = 
 
 
 def load_tokenizer(name: str, what: str = "tokenizer"):
-    """``AutoTokenizer`` of a hub id or a local folder (its files checked first: ``check_tokenizer``); any
-    failure is one ``ValueError`` line."""
+    """``AutoTokenizer`` of a hub id or a checked local folder; any failure is one ``ValueError`` line."""
     path = Path(os.path.expanduser(name))
     if path.is_dir():
         tok = check_tokenizer(path, what)
@@ -254,9 +243,8 @@ def _stamp(folder: Path) -> tuple:
 
 
 def check_model_dir(folder: Path, what: str = "model", dtype_bytes: int = 2) -> None:
-    """Check a model folder before anything is loaded (see the module's docstring); ``ValueError`` with one
-    line. ``dtype_bytes``: the bytes per parameter the memory check assumes (2, the least a loaded model
-    takes, unless the caller knows). Repeated checks of an unchanged folder cost nothing."""
+    """Check a model folder before anything is loaded (the module's docstring); one ``ValueError`` line.
+    ``dtype_bytes``: bytes per parameter the memory check assumes. An unchanged folder is checked once."""
     _check_cached(str(folder), what, dtype_bytes, _stamp(Path(folder)))
 
 
@@ -280,8 +268,7 @@ def _check_cached(folder_s: str, what: str, dtype_bytes: int, stamp: tuple) -> N
 
 
 def safetensors_files(weights_dir: Path) -> list[Path]:
-    """The safetensors files of a model directory, each header checked (``safetensors_header``); a clear error
-    when there are only pickles."""
+    """The safetensors files of a model directory, each header checked; a clear error when there are only pickles."""
     files = sorted(Path(weights_dir).glob("*.safetensors"))
     for f in files:
         safetensors_header(f, "model", Path(weights_dir))
@@ -295,11 +282,8 @@ def safetensors_files(weights_dir: Path) -> list[Path]:
 
 
 def fingerprint(files: list[Path]) -> str:
-    """sha256 over safetensors files: whole bytes when small (< 1 GiB), else header + sampled blocks + size.
-
-    Either way it changes whenever any tensor's dtype, shape or offset changes, and it
-    samples values; a 150M-parameter model hashes in well under a second.
-    """
+    """sha256 over safetensors files: whole bytes up to 1 GiB, else header, sizes and 64 sampled blocks (any
+    dtype, shape or offset change still shows)."""
     h = hashlib.sha256()
     total = sum(f.stat().st_size for f in files)
     full = total <= FULL_HASH_BYTES
@@ -329,12 +313,8 @@ def dtype_kwarg() -> str:
 
 def load_model(model_cls, weights_dir: Path, *, device, torch_dtype, attn_implementation: str = "auto",
                trust_remote_code: bool = False, **kwargs):
-    """``model_cls.from_pretrained`` with the best attention available; returns ``(model, attn)``.
-
-    ``auto`` tries flash-attention 2 (CUDA, half precision, when installed), then SDPA,
-    then the model's default. Extra ``kwargs`` go to ``from_pretrained`` (e.g. ``config``). The folder is
-    checked first (``check_model_dir``), its memory estimate at ``torch_dtype`` against this process's machine.
-    """
+    """``model_cls.from_pretrained`` (the folder checked first) with the best attention available; returns
+    ``(model, attn)``. ``auto`` tries flash-attention 2 (CUDA, half precision, installed), SDPA, then the default."""
     import torch
 
     check_model_dir(Path(weights_dir), "model", torch.empty((), dtype=torch_dtype).element_size())

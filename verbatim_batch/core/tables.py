@@ -1,12 +1,9 @@
-"""Arrow schemas of every table verbatim-batch writes, and the id functions.
+"""Arrow schemas of every table verbatim-batch writes (the contracts between stages), and the id functions.
 
-These are the contracts between stages: every stage reads and writes tables
-with exactly these schemas. Each schema carries ``SCHEMA_VERSION`` and its
-table name in its metadata, and the metadata travels into every Parquet file.
+Each schema carries ``SCHEMA_VERSION`` and its table name in its metadata, which travels into every Parquet file.
 
-Offsets are Python ``str`` indices (Unicode code points) into the paper text
-as stored in the papers table; ``byte_start``/``byte_end`` give the same
-positions in its UTF-8 encoding for readers in other languages.
+Offsets are Python ``str`` indices (Unicode code points) into the paper text as stored in the papers table;
+``byte_start``/``byte_end`` give the same positions in its UTF-8 encoding for readers in other languages.
 """
 
 from __future__ import annotations
@@ -26,14 +23,8 @@ _META_OFFSETS = b"verbatim_batch.offset_unit"
 
 
 def _schema(name: str, fields: list[pa.Field]) -> pa.Schema:
-    return pa.schema(
-        fields,
-        metadata={
-            _META_VERSION: SCHEMA_VERSION.encode(),
-            _META_TABLE: name.encode(),
-            _META_OFFSETS: OFFSET_UNIT.encode(),
-        },
-    )
+    meta = {_META_VERSION: SCHEMA_VERSION.encode(), _META_TABLE: name.encode(), _META_OFFSETS: OFFSET_UNIT.encode()}
+    return pa.schema(fields, metadata=meta)
 
 
 PAPERS = _schema(
@@ -310,13 +301,7 @@ class QuarantineReason:
     DUPLICATE_PATH = "duplicate_path"  # a symlinked folder that leads to a folder read under another path
     UNDECODABLE_NAME = "undecodable_name"  # a file or folder name that is not UTF-8 (shown with \\x escapes)
 
-    ALL = frozenset(
-        {
-            EMPTY, INVALID_UTF8, NUL_BYTES, BINARY, TOO_LARGE, DUPLICATE_ID,
-            MISSING_ID, MISSING_TEXT, INVALID_RECORD, READ_ERROR, CHUNKER_ERROR,
-            NOT_A_REGULAR_FILE, BROKEN_SYMLINK, SYMLINK_LOOP, DUPLICATE_PATH, UNDECODABLE_NAME,
-        }
-    )
+    ALL = frozenset(v for k, v in dict(locals()).items() if k.isupper())  # every reason above
 
 
 # --- small tables between stages ---------------------------------------------------------------------------
@@ -399,14 +384,12 @@ TRAIN_BATCHES = pa.schema([
 
 def schema_version_of(schema: pa.Schema) -> str | None:
     """The schema version recorded in a schema's (or Parquet file's) metadata."""
-    meta = schema.metadata or {}
-    value = meta.get(_META_VERSION)
+    value = (schema.metadata or {}).get(_META_VERSION)
     return value.decode() if value is not None else None
 
 
 def table_name_of(schema: pa.Schema) -> str | None:
-    meta = schema.metadata or {}
-    value = meta.get(_META_TABLE)
+    value = (schema.metadata or {}).get(_META_TABLE)
     return value.decode() if value is not None else None
 
 
@@ -415,8 +398,7 @@ def to_table(rows: Iterable[Mapping[str, Any]], schema: pa.Schema) -> pa.Table:
     rows = list(rows)
     names = set(schema.names)
     for row in rows:
-        extra = set(row) - names
-        if extra:
+        if extra := set(row) - names:
             raise ValueError(f"{table_name_of(schema)}: unknown columns {sorted(extra)}")
     return pa.Table.from_pylist(rows, schema=schema)
 
@@ -445,12 +427,8 @@ def config_hash(config: Mapping[str, Any]) -> str:
 
 
 def chunk_id(paper_id: str, text: str | bytes, chunker_config_hash: str, occurrence: int = 0) -> str:
-    """Deterministic chunk id: paper id + chunk content + chunker config.
-
-    ``occurrence`` separates chunks of one paper whose text is identical (0 for the
-    first copy), so ids stay unique without depending on offsets: an edit earlier
-    in a paper does not change the ids of later, unchanged chunks.
-    """
+    """Deterministic chunk id of paper id, text and chunker config; ``occurrence`` numbers a paper's chunks of
+    identical text, so ids never depend on offsets (an earlier edit keeps later chunks' ids)."""
     return stable_hash(paper_id, text, chunker_config_hash, str(occurrence))
 
 

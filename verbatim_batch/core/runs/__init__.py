@@ -70,16 +70,13 @@ from verbatim_batch.core.runs.manifest import (
 )
 
 __all__ = [
-    "BINDING_FILE", "CARRIED_PREFIX", "CURRENT_FILE", "CURRENT_LINK", "MANIFEST_FILE", "MAX_MANIFEST_BYTES",
-    "OutputBusyError", "OutputExistsError", "RUNS_DIR", "RunDir", "SettingsChangedError", "WRITES_DIR",
-    "CHAIN", "MISSING", "NIGHTLY_ROOT", "OTHER", "RUN", "STAGES",
-    "Folder", "acquire_lock", "committed_folder", "expect_corpus", "expect_nightly_root", "what_folder",
-    "build_manifest", "check_output_names", "claim_composite", "committed_run",
-    "committed_table_dir", "completed_keys",
-    "current_run", "current_table", "expect_tables", "file_stats", "holding", "jsonable", "live_files",
-    "load_manifests",
-    "lock_holder", "manifest_config", "manifest_problems", "new_run_id", "plain_relpath", "prune_runs", "publish",
-    "read_files_index", "read_manifest", "read_readable", "read_table", "read_writes", "record_keys", "run_of",
-    "record_problem", "record_write", "release_lock", "safe_run_id", "set_current", "staged", "validate_manifest",
-    "versions", "write_manifest",
+    "BINDING_FILE", "CARRIED_PREFIX", "CHAIN", "CURRENT_FILE", "CURRENT_LINK", "Folder", "MANIFEST_FILE",
+    "MAX_MANIFEST_BYTES", "MISSING", "NIGHTLY_ROOT", "OTHER", "OutputBusyError", "OutputExistsError", "RUN", "RUNS_DIR",
+    "RunDir", "STAGES", "SettingsChangedError", "WRITES_DIR", "acquire_lock", "build_manifest", "check_output_names",
+    "claim_composite", "committed_folder", "committed_run", "committed_table_dir", "completed_keys", "current_run",
+    "current_table", "expect_corpus", "expect_nightly_root", "expect_tables", "file_stats", "holding", "jsonable",
+    "live_files", "load_manifests", "lock_holder", "manifest_config", "manifest_problems", "new_run_id",
+    "plain_relpath", "prune_runs", "publish", "read_files_index", "read_manifest", "read_readable", "read_table",
+    "read_writes", "record_keys", "record_problem", "record_write", "release_lock", "run_of", "safe_run_id",
+    "set_current", "staged", "validate_manifest", "versions", "what_folder", "write_manifest"
 ]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import logging
 import os
 import uuid
@@ -12,7 +11,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from verbatim_batch.core import storage
-from verbatim_batch.core.runs.folder import BINDING_FILE, lock_holder, replaceable, safe_run_id
+from verbatim_batch.core.runs.folder import BINDING_FILE, _read_json, lock_holder, replaceable, safe_run_id
 from verbatim_batch.core.runs.manifest import MANIFEST_FILE, holding, read_manifest, read_table
 
 log = logging.getLogger(__name__)
@@ -23,8 +22,8 @@ CURRENT_LINK = "current"  # symlink to runs/<id>: resolve it once (os.path.realp
 
 
 def current_run(root: str) -> str | None:
-    """The id of the run ``root``'s ``current`` pointer names (None before the first commit, and when the
-    pointer is not a run id this tool writes: a damaged or edited ``CURRENT`` never leads outside ``runs/``)."""
+    """The run id ``root``'s ``CURRENT`` names; None before the first commit and for one that is no plain run id
+    (a damaged or edited pointer never leads outside ``runs/``)."""
     path = storage.join(storage.normalize(root), CURRENT_FILE)
     try:
         if not storage.is_remote(path) and os.path.exists(path) and not storage.regular_file(path):
@@ -49,10 +48,9 @@ CORPUS_HELP = "your papers (a folder of .md or .txt files, or a Parquet/JSONL fi
 
 @dataclass(frozen=True)
 class Folder:
-    """What a folder is: ``kind`` (``RUN``: a stage's committed run; ``CHAIN``: a chain's, ``run``, ``demo`` or a
-    night; ``NIGHTLY_ROOT``; ``STAGES``: a folder of committed stage runs without a manifest of its own, the demo's
-    output; ``OTHER``: anything else, a corpus say), its manifest's ``command``, and for a night's folder
-    (``ROOT/runs/<id>``, ``ROOT/current``) its nightly ``root``."""
+    """What a folder is: ``kind`` (``RUN``: a stage's committed run; ``CHAIN``: a chain's or a night's;
+    ``NIGHTLY_ROOT``; ``STAGES``: committed stage runs without a manifest of their own, the demo's output;
+    ``OTHER``: a corpus, say), its manifest's ``command``, and for a night's folder its nightly ``root``."""
 
     path: str
     kind: str
@@ -87,8 +85,7 @@ def _night_root(path: str) -> str | None:
 
 
 def what_folder(path: str) -> Folder:
-    """What ``path`` is, from what it holds (a manifest, a ``CURRENT`` pointer, stage runs), read before any
-    work so a folder of one kind given where another is wanted is refused with one line."""
+    """What ``path`` is, from what it holds, read before any work so that a folder of the wrong kind is refused."""
     path = storage.normalize(path)
     if not storage.exists(path):
         return Folder(path, MISSING)
@@ -108,8 +105,7 @@ def what_folder(path: str) -> Folder:
 
 
 def run_of(path: str) -> str:
-    """``path`` itself, or for a nightly root (no manifest of its own, a ``current`` pointer) its current run's
-    folder: what a command that reads a run is given either way."""
+    """``path`` itself, or a nightly root's current run folder."""
     path = storage.normalize(path)
     if what_folder(path).kind == NIGHTLY_ROOT and (run_id := current_run(path)):
         return storage.join(path, RUNS_DIR, run_id)
@@ -117,8 +113,8 @@ def run_of(path: str) -> str:
 
 
 def committed_folder(path: str, option: str) -> str:
-    """The committed run a command reads from ``path``: a run or chain folder itself, a nightly root's current
-    night; anything else refused with one line naming what ``option`` takes."""
+    """The committed run a command reads from ``path`` (a run or chain folder, a nightly root's current night);
+    anything else refused with one line naming what ``option`` takes."""
     folder = what_folder(path)
     root = _night_root(folder.path) if folder.kind in (STAGES, OTHER) else None
     if folder.kind in (RUN, CHAIN) or (folder.kind == STAGES and root is None):
@@ -139,9 +135,8 @@ def committed_folder(path: str, option: str) -> str:
 
 
 def expect_tables(run_dir: str, option: str, tables: tuple[str, ...]) -> str:
-    """The run folder holding ``tables`` (``holding``) of what ``run_dir`` names (``committed_folder``: a run, a
-    chain folder, a nightly root), or one line naming what ``option`` expects and what ``run_dir`` holds. An input
-    is what it holds, not which command made it."""
+    """The run folder holding ``tables`` in what ``run_dir`` names (``committed_folder``), else one line naming
+    what ``option`` expects and what it holds: an input is what it holds, not which command made it."""
     found_in = committed_folder(run_dir, option)
     if what_folder(found_in).kind == STAGES:  # the demo's output: its last stage run holding them
         subs = [storage.join(found_in, n) for n in sorted(storage.listdir(found_in)) if not n.startswith(".")]
@@ -161,16 +156,15 @@ def expect_tables(run_dir: str, option: str, tables: tuple[str, ...]) -> str:
 
 
 def expect_corpus(path: str, option: str = "--input") -> None:
-    """Refuse a run folder, chain folder or nightly root given as a corpus (its Parquet files would be read as
-    papers), with one line saying what it is."""
+    """Refuse a run, chain folder or nightly root given as a corpus (its Parquet would be read as papers)."""
     folder = what_folder(path)
     if folder.kind in (RUN, CHAIN, NIGHTLY_ROOT, STAGES):
         raise ValueError(f"{option} {path} is {folder.describe()}, not a corpus: give {option} {CORPUS_HELP}")
 
 
 def expect_nightly_root(path: str) -> None:
-    """Refuse a committed run or chain folder (or a folder inside a nightly root) given as a nightly ``--root``:
-    a night would start from scratch inside it. One line naming the right folder."""
+    """Refuse a run or chain folder, or one inside a nightly root, given as ``--root`` (a night would start from
+    scratch inside it), in one line naming the right folder."""
     folder = what_folder(path)
     root = folder.root or (_night_root(folder.path) if folder.kind in (RUN, STAGES) else None)
     if root is not None:
@@ -182,14 +176,11 @@ def expect_nightly_root(path: str) -> None:
 
 
 def set_current(root: str, run_id: str) -> None:
-    """Point ``current`` at a committed run: the id file (and, on local file systems, the symlink) are each
-    replaced atomically."""
+    """Point ``CURRENT`` (and, locally, the ``current`` symlink) at a committed run, each replaced atomically."""
     root = storage.normalize(root)
     target = storage.join(RUNS_DIR, run_id)
     read_manifest(storage.join(root, target))  # only committed runs become current
     if not storage.is_remote(root):
-        import os
-
         tmp_link = os.path.join(root, f".{CURRENT_LINK}.tmp-{uuid.uuid4().hex[:8]}")
         os.symlink(target, tmp_link)
         os.replace(tmp_link, os.path.join(root, CURRENT_LINK))
@@ -197,8 +188,7 @@ def set_current(root: str, run_id: str) -> None:
 
 
 def current_table(root: str, table: str, stage: str | None = None, columns: list[str] | None = None) -> pa.Table:
-    """A table of the current run, e.g. ``current_table(root, "spans")`` (works where symlinks do not:
-    object stores, Windows)."""
+    """A table of the current run, e.g. ``current_table(root, "spans")`` (also where symlinks do not work)."""
     run_id = current_run(root)
     if run_id is None:
         raise FileNotFoundError(f"{root} has no current run yet")
@@ -223,24 +213,15 @@ def _ours_unfinished(path: str, name: str) -> bool:
     """A run folder this tool started and never committed: its binding file names this run id."""
     where = storage.join(path, BINDING_FILE)
     try:
-        if not storage.regular_file(where):
-            return False
-        bound = json.loads(storage.read_text_bounded(where, 1 << 16))
-    except (OSError, ValueError, RecursionError):
+        return storage.regular_file(where) and (_read_json(where) or {}).get("run_id") == name
+    except OSError:
         return False
-    return isinstance(bound, dict) and bound.get("run_id") == name
 
 
 def prune_runs(root: str, keep: int, protect: tuple[str, ...] = ()) -> list[str]:
-    """Delete committed runs beyond the ``keep`` newest and unfinished runs older than the newest commit.
-
-    Only runs this tool wrote are candidates: a committed run has a valid manifest of ours, an unfinished
-    one our binding file with its own id; anything else under ``runs/`` (a user's folder, a symlink, a run
-    whose manifest is damaged or forged) is never touched. The current run and ``protect`` are never
-    deleted, nor is an unfinished run whose lock is held by a live process (a night still going), nor the
-    base that such a night builds on (the run it named as ``base`` in the root's lock). Returns the ids
-    removed.
-    """
+    """Delete committed runs beyond the ``keep`` newest and unfinished runs older than the newest commit; returns
+    the ids removed. Only runs this tool wrote (a valid manifest, or our binding file with its own id) are
+    candidates; never the current run, ``protect``, a run whose lock a live night holds, or that night's base."""
     runs_dir = storage.join(storage.normalize(root), RUNS_DIR)
     current = current_run(root)
     committed, unfinished = [], []
@@ -277,8 +258,8 @@ def prune_runs(root: str, keep: int, protect: tuple[str, ...] = ()) -> list[str]
 
 
 def publish(root: str, run_id: str, keep_runs: int) -> list[str]:
-    """Move ``current`` to a committed run unless a newer run is already current, then apply retention;
-    returns the run ids pruned. Safe to repeat: a rerun of a run killed after its commit calls it again."""
+    """Move ``current`` to a committed run unless a newer one is current, then prune; returns the ids pruned.
+    Safe to repeat (a rerun of a run killed after its commit calls it again)."""
     current = current_run(root)
     if current != run_id:
         created = read_manifest(storage.join(root, RUNS_DIR, run_id))["created_at"]

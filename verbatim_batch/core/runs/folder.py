@@ -1,16 +1,9 @@
 """Run directories: staged writes, manifests and the atomic commit.
 
-A run writes into a hidden staging folder next to its output folder. Only when
-every table is written does it add ``manifest.json`` and rename the staging
-folder to the output path, so an output folder is either complete, with a
-manifest, or absent. A killed run leaves only a hidden ``.<name>.staging-*``
-folder, which the next run of the same output removes.
-
-Outputs may be local paths or object-store URIs (``storage``). On an object store
-the rename is a copy with ``manifest.json`` last, so a commit cut short leaves an
-output without a manifest: it is not a run, and the next run of that output
-removes it (the staging folder is kept until the copy is done, so a resumed run
-loses nothing).
+A run writes into a hidden ``.<name>.staging-*`` folder beside its output, adds ``manifest.json`` last and renames
+it into place, so an output is complete or absent; the next run of the output removes a killed run's leftovers.
+On an object store the rename is a copy with ``manifest.json`` last: a commit cut short leaves an output without
+a manifest, which is not a run (the staging folder is kept until the copy is done, so a resume loses nothing).
 """
 
 from __future__ import annotations
@@ -53,6 +46,15 @@ class OutputBusyError(FileExistsError):
     """Another run is writing the same output."""
 
 
+def _read_json(path: str) -> dict[str, Any] | None:
+    """A small JSON object file (a lock, a binding); None when unreadable or not an object."""
+    try:
+        value = json.loads(storage.read_text_bounded(path, 1 << 16))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def _lock_path(output: str) -> str:
     parent, name = storage.split(output)
     return storage.join(parent, f".{name}.lock")
@@ -72,14 +74,11 @@ LOCK_SETTLE_S = 0.5  # object stores: how long a writer waits before reading its
 
 
 def acquire_lock(output: str, run_id: str | None, info: Mapping[str, Any] | None = None) -> str:
-    """Take the one-writer lock of ``output`` (``.<name>.lock`` beside it, created atomically, holding the
-    writer's pid, host and run id). A lock whose holder is gone (same host, no such process) is taken over;
-    one held by a live process, or by another host, stops this run with ``OutputBusyError``. An object store
-    has no atomic create: there a writer writes its token, waits ``LOCK_SETTLE_S`` and reads the lock back;
-    the token found then wins (the store is read-after-write consistent, so of two writers that both wrote,
-    both read the later token), and the other stops. Two writers still both pass if one's check-then-write
-    takes longer than the settle time, which a stalled process can do. ``info`` is recorded in the lock too
-    (a night's base, which retention then keeps)."""
+    """Take the one-writer lock of ``output`` (``.<name>.lock`` beside it: pid, host, run id and ``info``, e.g. a
+    night's base that retention keeps). A lock whose holder is gone (same host, no such process) is taken over;
+    a live or other host's holder is ``OutputBusyError``. An object store has no atomic create: a writer writes
+    its token, waits ``LOCK_SETTLE_S`` and reads it back, and the token found wins (two writers both pass only
+    if one's check-then-write outlasts the settle time)."""
     path = _lock_path(output)
     me = {**(info or {}), "pid": os.getpid(), "host": socket.gethostname(), "run_id": run_id,
           "since": round(time.time()), "token": uuid.uuid4().hex}
@@ -88,11 +87,8 @@ def acquire_lock(output: str, run_id: str | None, info: Mapping[str, Any] | None
             if not storage.exists(path):
                 storage.write_text(path, json.dumps(me))
                 time.sleep(LOCK_SETTLE_S)
-                try:
-                    if json.loads(storage.read_text_bounded(path, 1 << 16)).get("token") == me["token"]:
-                        return f"{path}#{me['token']}"
-                except (OSError, ValueError):
-                    pass
+                if (_read_json(path) or {}).get("token") == me["token"]:
+                    return f"{path}#{me['token']}"
         else:
             storage.makedirs(os.path.dirname(path))
             try:
@@ -103,11 +99,7 @@ def acquire_lock(output: str, run_id: str | None, info: Mapping[str, Any] | None
                 with os.fdopen(fd, "w") as fh:
                     fh.write(json.dumps(me))
                 return f"{path}#{me['token']}"
-        try:
-            held = json.loads(storage.read_text_bounded(path, 1 << 16))
-        except (OSError, ValueError):
-            held = {}
-        held = held if isinstance(held, dict) else {}
+        held = _read_json(path) or {}
         if held.get("host") == me["host"] and isinstance(held.get("pid"), int) and not _alive(held["pid"]):
             log.warning("%s: taking over the lock of run %s (pid %s is gone)", output, held.get("run_id"),
                         held.get("pid"))
@@ -120,15 +112,9 @@ def acquire_lock(output: str, run_id: str | None, info: Mapping[str, Any] | None
 
 
 def lock_holder(output: str) -> dict[str, Any] | None:
-    """Who holds the one-writer lock of ``output`` while it is held: the lock's content when its holder is
-    alive (a process on this host that exists, or any holder on another host, which cannot be checked), None
-    when there is no lock or its holder is gone."""
-    path = _lock_path(output)
-    try:
-        held = json.loads(storage.read_text_bounded(path, 1 << 16))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(held, dict):
+    """The lock of ``output`` while its holder lives (or is on another host, which cannot be checked), else None."""
+    held = _read_json(_lock_path(output))
+    if held is None:
         return None
     if held.get("host") == socket.gethostname() and isinstance(held.get("pid"), int) and not _alive(held["pid"]):
         return None
@@ -138,32 +124,22 @@ def lock_holder(output: str) -> dict[str, Any] | None:
 def release_lock(lock: str) -> None:
     """Give back a lock ``acquire_lock`` returned (only if it is still ours)."""
     path, _, token = lock.rpartition("#")
-    try:
-        held = json.loads(storage.read_text_bounded(path, 1 << 16))
-    except (OSError, ValueError):
-        return
-    if isinstance(held, dict) and held.get("token") == token:
+    if (_read_json(path) or {}).get("token") == token:
         storage.remove(path)
 
 
 def refuse_symlink(output: str) -> None:
-    """An output that is a symbolic link would have us replace or delete what it points to (a run or a folder
-    elsewhere): refused."""
+    """Refuse an output that is a symbolic link: we would replace or delete what it points to."""
     if not storage.is_remote(output) and os.path.islink(storage.normalize(output).rstrip(os.sep)):
         raise OutputExistsError(f"{output} is a symbolic link (to {os.readlink(storage.normalize(output))}): "
                                 "give the real path as the output")
 
 
 def _bind(folder: str, run_id: str, settings_hash: str | None) -> None:
-    """Refuse ``folder`` (a staging folder or a composite run being resumed) when it was started with other
-    settings; record the settings when it is new."""
+    """Refuse ``folder`` (a staging folder, a composite being resumed) started with other settings; bind a new one."""
     path = storage.join(folder, BINDING_FILE)
     if storage.exists(path):
-        try:
-            bound = json.loads(storage.read_text_bounded(path, 1 << 16))
-        except (OSError, ValueError, RecursionError):
-            bound = {}
-        bound = bound if isinstance(bound, dict) else {}
+        bound = _read_json(path) or {}
         if bound.get("settings_hash") != settings_hash:
             raise SettingsChangedError(
                 f"run id {run_id!r} was started with other settings (settings {bound.get('settings_hash')}, now "
@@ -181,13 +157,9 @@ class OutputExistsError(FileExistsError):
 class RunDir:
     """A staging folder that becomes ``output`` on ``commit``.
 
-    With a ``run_id`` the staging folder is named after it, so a rerun with the same
-    id finds the work a killed run left there: ``resume=True`` keeps it (stages
-    whose sink records completed writes, see ``engine.datasink.StageTableSink``), otherwise
-    it is emptied. Staging folders of other ids are removed either way. A kept staging folder is bound to
-    the ``settings_hash`` it was started with: resuming it with other settings raises
-    ``SettingsChangedError`` (never a mix of rows of two settings).
-    """
+    With a ``run_id`` the staging folder is named after it: ``resume=True`` keeps what a killed run of that id
+    wrote, else it is emptied; other ids' staging folders are removed. A kept one is bound to its
+    ``settings_hash``: resuming with other settings raises ``SettingsChangedError``."""
 
     def __init__(self, output: str, overwrite: bool = False, run_id: str | None = None, resume: bool = False,
                  settings_hash: str | None = None) -> None:
@@ -232,8 +204,7 @@ class RunDir:
 
     def commit(self, manifest: Mapping[str, Any],
                on_commit: Callable[[str, dict[str, Any]], None] | None = None) -> str:
-        """Write the manifest (and whatever ``on_commit`` derives from the run, e.g. its report), then move
-        the staging folder into place."""
+        """Write the manifest (and what ``on_commit`` derives, e.g. the report), then move the staging folder in."""
         write_manifest(self.staging, manifest, on_commit)
         old = None
         if storage.exists(self.output):
@@ -260,8 +231,7 @@ _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 def safe_run_id(run_id: str) -> str:
-    """``run_id`` if it is a plain name usable in folder names everywhere (1-128 letters, digits, ``.``, ``_``,
-    ``-``, starting with a letter or digit); else ValueError."""
+    """``run_id`` if it is a plain name usable in folder names everywhere; else ValueError."""
     if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
         shown = run_id if len(str(run_id)) <= 60 else f"{str(run_id)[:60]}... ({len(str(run_id))} characters)"
         raise ValueError(f"run id {shown!r} must be 1-128 letters, digits, '.', '_' or '-', starting with a letter "
@@ -274,9 +244,8 @@ _DEEPEST_INSIDE = 400
 
 
 def check_output_names(output: str, run_id: str | None = None) -> None:
-    """A local ``output`` whose folder name or path is too long for the file system once a run's staging folder
-    and files are added, refused with one line before anything is written (the file system's own error, Errno 36,
-    came mid-run and left a staging folder behind)."""
+    """Refuse, in one line and before anything is written, a local ``output`` whose name or path is too long once a
+    run's staging folder and files are added (Errno 36 came mid-run and left a staging folder behind)."""
     if storage.is_remote(output):
         return
     path = os.path.abspath(output)
@@ -307,8 +276,8 @@ def check_output_names(output: str, run_id: str | None = None) -> None:
 
 
 def replaceable(path: str) -> bool:
-    """Whether ``--overwrite`` may replace ``path``: an empty folder, or a run folder this tool wrote (a
-    ``manifest.json`` holding a run id, a command and a schema version). Anything else is a user's."""
+    """Whether ``--overwrite`` may replace ``path``: an empty folder, or a run folder this tool wrote (a manifest
+    with a run id, a command and a schema version). Anything else is a user's."""
     if not storage.isdir(path):
         return False
     names = storage.listdir(path)
@@ -325,9 +294,8 @@ def replaceable(path: str) -> bool:
 
 
 def record_write(staging: str, name: str, record: dict[str, Any], keys: pa.Array | None = None) -> None:
-    """Mark one write as complete (its table files must already be in place). The row keys it covers are
-    the record's ``keys`` list, or, when ``keys`` is given (a carried file: up to millions), a Parquet file
-    beside the record, written first, so no process ever holds them as Python objects."""
+    """Mark one write as complete (its table files already in place). Its row keys are the record's ``keys``, or
+    ``keys`` (a carried file's: up to millions) in a Parquet file beside it, written first."""
     folder = storage.join(staging, WRITES_DIR)
     storage.makedirs(folder)
     if keys is not None:
@@ -389,8 +357,7 @@ def record_problem(record: Any) -> str | None:
 
 
 def _write_records(staging: str) -> list[tuple[str, dict[str, Any]]]:
-    """``(file name, record)`` of every usable write record; one that is not (not JSON, too large, naming a
-    path outside the staging folder, ...) is logged and left out: its write counts as never completed."""
+    """``(file name, record)`` of every usable write record; an unusable one is logged and left out (never done)."""
     folder = storage.join(staging, WRITES_DIR)
     out = []
     for name in storage.listdir(folder):
@@ -417,9 +384,8 @@ def read_writes(staging: str) -> list[dict[str, Any]]:
 
 
 def read_files_index(run_dir: str) -> tuple[dict[str, dict[str, dict[str, Any]]] | None, list[str]]:
-    """``(files.json, problems)`` of a committed run: None for a run written without one. Entries that are not
-    what this tool writes (a name that is not a Parquet file of the table, stats that are not counts and a
-    digest) are left out and listed in ``problems``; an unreadable file gives ``{}``: no file is known."""
+    """``(files.json, problems)`` of a committed run (None without one). Entries this tool would not write are left
+    out and listed in ``problems``; an unreadable file gives ``{}``: no file is known."""
     path = storage.join(storage.normalize(run_dir), FILES_INDEX)
     if not storage.exists(path):
         return None, []
@@ -448,8 +414,8 @@ def read_files_index(run_dir: str) -> tuple[dict[str, dict[str, dict[str, Any]]]
 
 
 def file_stats(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """``{relpath: {"table", "rows", "bytes", "digest", "counts"}}`` of the files one write record made (a
-    record written before per-file stats existed: what its ``files`` and ``rows`` say)."""
+    """``{relpath: {"table", "rows", "bytes", "digest", "counts"}}`` of the files a write record made (from
+    ``files`` and ``rows`` for a record older than per-file stats)."""
     if "stats" in record:
         return {p.replace("\\", "/"): s for p, s in record["stats"].items()}
     return {path.replace("\\", "/"): {"table": t, "rows": record.get("rows", {}).get(t, 0), "counts": {}}
@@ -457,9 +423,8 @@ def file_stats(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def live_files(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Files of the staging folder that belong to the run: every recorded file, less those a compaction
-    record replaced (a compaction writes its merged file, then its record, then deletes what it replaced,
-    so a kill at any point leaves either the old files or the merged one live, never both)."""
+    """Every recorded file of the staging folder less those a compaction replaced (it writes its merged file,
+    then its record, then deletes: a kill leaves the old files or the merged one live, never both)."""
     files: dict[str, dict[str, Any]] = {}
     replaced: set[str] = set()
     for rec in records:
@@ -469,9 +434,8 @@ def live_files(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def completed_keys(staging: str) -> pa.Array:
-    """Row keys covered by completed writes (distinct, an Arrow array: a run's keys can be millions); files
-    of writes that never completed (and files a completed compaction replaced) are removed. A record whose
-    keys file cannot be read is removed with its files: that write is done again."""
+    """Distinct row keys of completed writes (an Arrow array: millions); files of writes never completed, or
+    replaced, are removed, and so is a record whose keys file cannot be read (that write is done again)."""
     import pyarrow.compute as pc
 
     records, chunks = [], []
@@ -496,9 +460,7 @@ def completed_keys(staging: str) -> pa.Array:
 
 
 def record_keys(staging: str, records: list[dict[str, Any]]) -> pa.Array:
-    """The distinct row keys of write records, as one Arrow array: a block's list lives only while it is
-    converted, a carried file's keys are read from their Parquet file, so the driver never holds a Python
-    object per key."""
+    """The distinct row keys of write records, as one Arrow array (never a Python object per key)."""
     import pyarrow.compute as pc
 
     chunks = [pa.array(rec["keys"], pa.string()) for rec in records if rec.get("keys")]
@@ -525,15 +487,10 @@ def committed_run(output: str, run_id: str | None) -> dict[str, Any] | None:
 
 
 def claim_composite(output: str, run_id: str, settings_hash: str, overwrite: bool = False) -> str:
-    """Take ``output`` for a composite run (a folder of committed sub-runs and a manifest written last; sub-runs
-    record each other's paths, so they are committed in place rather than moved). Returns the folder.
-
-    - absent or empty: created and bound to ``run_id`` and ``settings_hash``;
-    - started by this run id (killed): resumed when the settings are the same, else ``SettingsChangedError``;
-    - started by another run id and never committed: removed (ours, incomplete), then taken;
-    - committed: replaced only with ``overwrite`` and only when it is a run this tool wrote;
-    - anything else (a user's folder) is refused.
-    """
+    """Take ``output`` for a composite run (sub-runs committed in place, as they record each other's paths; the
+    manifest last) and return it: absent or empty, bound to ``run_id`` and ``settings_hash``; started by this id,
+    resumed (or ``SettingsChangedError``); started by another and never committed, removed and taken; committed,
+    replaced only with ``overwrite`` when this tool wrote it; a user's folder is refused."""
     out = storage.normalize(output)
     refuse_symlink(out)
     if storage.exists(out) and not storage.isdir(out):
@@ -547,11 +504,7 @@ def claim_composite(output: str, run_id: str, settings_hash: str, overwrite: boo
                                     "manifest.json): --overwrite only replaces runs; choose another output")
         storage.rmtree(out)
     elif BINDING_FILE in names:
-        try:
-            bound = json.loads(storage.read_text_bounded(storage.join(out, BINDING_FILE), 1 << 16))
-        except (OSError, ValueError, RecursionError):
-            bound = {}
-        bound = bound if isinstance(bound, dict) else {}
+        bound = _read_json(storage.join(out, BINDING_FILE)) or {}
         if bound.get("run_id") != run_id:
             log.warning("%s: removing the unfinished run %s to start %s", out, bound.get("run_id"), run_id)
             storage.rmtree(out)
@@ -565,11 +518,8 @@ def claim_composite(output: str, run_id: str, settings_hash: str, overwrite: boo
 @contextmanager
 def staged(output: str, overwrite: bool = False, run_id: str | None = None, resume: bool = False,
            settings_hash: str | None = None) -> Iterator[RunDir]:
-    """``with staged(out) as run: ... run.commit(manifest)``.
-
-    Without a run id the staging folder goes if anything fails. With one it stays, so a
-    rerun with the same id can pick up the completed writes (a failed run is resumable).
-    """
+    """``with staged(out) as run: ... run.commit(manifest)``; on a failure the staging folder goes, unless a run id
+    keeps it for a rerun to resume."""
     run = RunDir(output, overwrite=overwrite, run_id=run_id, resume=resume, settings_hash=settings_hash)
     try:
         yield run
@@ -581,13 +531,10 @@ def staged(output: str, overwrite: bool = False, run_id: str | None = None, resu
         run.release()
 
 
-
-
 def write_manifest(run_dir: str, manifest: Mapping[str, Any],
                    on_commit: Callable[[str, dict[str, Any]], None] | None = None) -> None:
-    """Validate and write ``run_dir/manifest.json``, then call ``on_commit`` (a failure there is logged: what
-    it derives, such as the report, never stops a commit). Credentials in any URL it holds are redacted
-    (``redact``): whatever a stage put in its manifest, no secret is recorded."""
+    """Validate and write ``run_dir/manifest.json``, credentials redacted, then call ``on_commit`` (whose failure
+    is logged, never stopping a commit)."""
     manifest = redact(dict(manifest))
     validate_manifest(manifest)
     fault_point("commit")

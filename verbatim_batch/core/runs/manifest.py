@@ -58,9 +58,8 @@ def build_manifest(
     counts: Mapping[str, int],
     timings_s: Mapping[str, float],
 ) -> dict[str, Any]:
-    """A run's manifest. Credentials in URLs (``?api-key=...``, ``user:pass@``) are redacted from its config
-    and inputs (``redact``): a manifest is copied, shared and published with the run; ``config_hash`` is the
-    hash of the config as recorded."""
+    """A run's manifest, credentials in URLs redacted from its config and inputs (it is shared with the run);
+    ``config_hash`` is of the config as recorded."""
     config = redact(dict(config))
     return {
         "run_id": run_id,
@@ -98,18 +97,15 @@ _PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._=-]{0,199}")
 
 
 def plain_relpath(name: Any) -> bool:
-    """Whether ``name`` is a path inside a run folder as this tool writes them (``papers``,
-    ``data/train``, ``papers/part-x.parquet``): ``/``-separated plain names, never absolute, never ``..``,
-    no hidden parts, no backslash or control character."""
+    """Whether ``name`` is a path inside a run folder as this tool writes them (``data/train``,
+    ``papers/part-x.parquet``): plain names joined by ``/``; never absolute, ``..``, hidden or a backslash."""
     return (isinstance(name, str) and 0 < len(name) <= 1000
             and all(_PART.fullmatch(p) and p not in (".", "..") for p in name.split("/")))
 
 
 def manifest_problems(manifest: Mapping[str, Any]) -> list[str]:
-    """What makes a manifest unusable for reading its run (a forged or damaged file): tables with names that
-    would lead outside the run or counts that are not counts, a config that is not a JSON object, a creation
-    time that is not a time. Empty for a manifest this tool wrote. (A composite's stage names are checked
-    where they are read: ``verify.verify_composite``.)"""
+    """What makes a (forged or damaged) manifest unusable for reading its run; empty for one this tool wrote. A
+    composite's stage names are checked where they are read (``verify.verify_composite``)."""
     problems: list[str] = []
     tables = manifest.get("tables", {})
     if not isinstance(tables, dict):
@@ -139,10 +135,8 @@ def manifest_problems(manifest: Mapping[str, Any]) -> list[str]:
 
 
 def read_manifest(run_dir: str, strict: bool = True) -> dict[str, Any]:
-    """The manifest of a committed run; FileNotFoundError when there is none, ValueError when the file is not
-    a run manifest (over ``MAX_MANIFEST_BYTES``, not JSON, not an object, no run id or command) or, when
-    ``strict``, when it is one that cannot be used as it is (``manifest_problems``: a forged or damaged one;
-    ``verify`` reads it with ``strict=False`` and reports them)."""
+    """The manifest of a committed run; FileNotFoundError when there is none, ValueError when the file is not a run
+    manifest or, when ``strict``, has ``manifest_problems`` (``verify`` reads with ``strict=False``)."""
     where = storage.join(storage.normalize(run_dir), MANIFEST_FILE)
     try:
         storage.refuse_special(where)
@@ -167,9 +161,8 @@ def read_manifest(run_dir: str, strict: bool = True) -> dict[str, Any]:
 
 
 def holding(run_dir: str, tables: tuple[str, ...], manifest: dict[str, Any] | None = None) -> str | None:
-    """The folder of a committed run holding every table of ``tables``: ``run_dir`` itself when it does, else,
-    for a chain's folder (``run``, ``demo``, a night), its last committed stage folder that does (a chain's
-    spans are read from ``reranked`` when it has one, as the chain wires them); None when none does."""
+    """The folder of a committed run holding every table of ``tables``: ``run_dir`` itself, else the last committed
+    stage folder of a chain's folder that does (``reranked`` over ``retrieval``, as the chain wires them); or None."""
     manifest = manifest if manifest is not None else read_manifest(run_dir)
     stages = manifest.get("stages") if isinstance(manifest.get("stages"), dict) else {}
     held = manifest.get("tables") if isinstance(manifest.get("tables"), dict) else {}
@@ -206,14 +199,9 @@ def read_table(run_dir: str, table: str, columns: list[str] | None = None) -> pa
     return storage.read_parquet(storage.join(storage.normalize(run_dir), table), columns=columns)
 
 
-
-
 def read_readable(table_dir: str, columns: list[str] | None = None) -> tuple[pa.Table | None, list[str]]:
-    """``(rows, unreadable)`` of a committed table: the rows of its files that can be read (None when none can),
-    and the names of those that cannot (damaged, or not plain files: a link, a pipe or a device is never
-    opened). For readers of a previous run, which redo what they cannot read instead of stopping."""
-    import pyarrow.parquet as pq
-
+    """``(rows, unreadable)`` of a committed table: the rows of its readable files (None when none), and the names
+    of the others (a link, pipe or device is never opened). For readers of a previous run, which redo the rest."""
     parts, bad = [], []
     for name in storage.listdir(table_dir):
         if not name.endswith(".parquet"):
@@ -222,8 +210,7 @@ def read_readable(table_dir: str, columns: list[str] | None = None) -> tuple[pa.
         try:
             if not storage.regular_file(path):
                 raise ValueError("not a regular file")
-            fs, local = storage.resolve(path)
-            parts.append(pq.read_table(local, filesystem=fs, columns=columns))
+            parts.append(storage.read_parquet(path, columns=columns))
         except (OSError, ValueError, KeyError, pa.ArrowException):
             bad.append(name)
     if not parts:
