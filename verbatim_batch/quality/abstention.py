@@ -1,23 +1,16 @@
 """Abstention you can set: how precision and recall move with a threshold on the pair's ``relevance``.
 
-Every pair an extractor scores gets a ``relevance`` in [0, 1] (pairs table): the highlighter's best token
-probability, the semantic extractor's best sentence score. The claim-aware seed paper gates its answers on such
-a score: below a threshold the system abstains. This module replays that gate on a finished extract run: at each
-threshold, pairs whose relevance is below it give no spans, and the run is scored against a gold file (the
-``evaluate --gold`` format) at two levels:
-
-* pairs: an *answered* pair has spans and relevance >= the threshold; precision is the share of answered pairs
-  that are relevant in the gold file, recall the share of relevant pairs that are answered;
-* words: the span metrics of ``evaluate`` (word-level micro precision, recall and F1) with abstained pairs'
-  spans removed.
-
-So a threshold is chosen on labelled pairs and then set as the extractor's own abstention point, with nothing
-re-run. The extract report shows this curve whenever the run's input pairs file carries gold spans (as the
-devsets do); ``abstention_curve(run, gold)`` computes it for any gold file.
+Every pair an extractor scores gets a ``relevance`` in [0, 1] (the highlighter's best token probability, the
+semantic extractor's best sentence score); the claim-aware seed paper abstains below a threshold on such a score.
+This replays that gate on a finished extract run against a gold file: at each threshold, pairs (an *answered* pair
+has spans and relevance >= it: precision over answered pairs, recall over relevant ones) and words (``evaluate``'s
+word-level figures without abstained pairs' spans). A threshold chosen so is set as the extractor's own, with
+nothing re-run; the extract report shows the curve when its pairs file carries gold spans.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -35,8 +28,6 @@ def _relevance(value: Any) -> float:
 
 def gold_of_run(manifest: dict[str, Any]) -> str | None:
     """The run's input pairs file when it is a gold file (rows with ``gold_spans``), else None."""
-    import json
-
     config = manifest.get("config")
     config = json.loads(config) if isinstance(config, str) else (config or {})
     path = config.get("pairs")

@@ -1,15 +1,8 @@
 """Loading gold pairs files and predictions, matching them, and scoring with :mod:`.metrics`.
 
-Gold comes from a *pairs file* (JSONL, a Parquet file or a folder of Parquet
-files), one row per (query, chunk) pair. Predictions come either from a span
-table (Parquet with the ``SPANS`` schema, a folder of them, or a run folder with
-a ``spans/`` subfolder) or from JSONL rows listing spans per pair.
-
-Matching key of a gold row (see :func:`gold_key`): ``(query, paper_id,
-chunk_index)`` when the row has both ids, otherwise ``(query, chunk)``. Span
-tables carry no chunk text, so a gold row without ids is found from a span row
-through ``(query, chunk_id)``, where the gold chunk id is the row's ``chunk_id``
-or, failing that, :func:`~verbatim_batch.core.tables.text_chunk_id` of its chunk.
+Gold is a pairs file (JSONL or Parquet), one row per (query, chunk) pair; predictions are a span table (or a run
+holding one) or JSONL rows of spans per pair. A gold row is matched on :func:`gold_key`; span tables carry no chunk
+text, so a gold row without ids is found through ``(query, chunk_id)`` (its ``chunk_id``, else ``text_chunk_id``).
 """
 
 from __future__ import annotations
@@ -31,10 +24,6 @@ Span = tuple[int, int]
 
 _SPAN_COLUMNS = ("query", "paper_id", "chunk_index", "chunk_id", "start", "end", "text")
 
-
-# ---------------------------------------------------------------------------
-# Shared helpers
-# ---------------------------------------------------------------------------
 
 
 def _is_parquet(path: str) -> bool:
@@ -94,10 +83,6 @@ def _as_offsets(span: Any) -> tuple[int, int] | None:
     return None
 
 
-# ---------------------------------------------------------------------------
-# Gold
-# ---------------------------------------------------------------------------
-
 
 def gold_key(row: Mapping[str, Any]) -> GoldKey:
     """Key a gold row is matched on: ``(query, paper_id, chunk_index)`` if it has both ids, else ``(query, chunk)``."""
@@ -113,12 +98,8 @@ def gold_chunk_id(row: Mapping[str, Any]) -> str:
 
 
 def normalize_gold_row(row: Mapping[str, Any], where: str = "") -> dict[str, Any]:
-    """A copy of a pairs-file row with ``gold_spans`` turned into (start, end) tuples.
-
-    String spans are placed with :func:`~verbatim_batch.quality.metrics.align_gold`; those
-    that cannot be placed are left out and counted in ``gold_unaligned`` (added
-    to any count the row already carries, so normalising twice is harmless).
-    """
+    """A copy of a pairs-file row with ``gold_spans`` as (start, end) tuples; string spans are placed with
+    ``align_gold``, and those that cannot be are counted in ``gold_unaligned`` (normalising twice is harmless)."""
     prefix = f"{where}: " if where else ""
     for name in ("query", "chunk"):
         if not isinstance(row.get(name), str):
@@ -155,8 +136,7 @@ def normalize_gold_row(row: Mapping[str, Any], where: str = "") -> dict[str, Any
 
 
 def fill_chunks(records: list[tuple[str, dict[str, Any]]], chunks: str) -> None:
-    """Rows that name their chunk (``chunk_id``, or ``paper_id`` + ``chunk_index``) instead of giving its text
-    get it from the chunk run ``chunks``; a row whose chunk is not there is named (raises)."""
+    """Rows that name their chunk instead of giving its text get it from the chunk run ``chunks`` (else raise)."""
     import pyarrow as pa
     import pyarrow.dataset as pads
 
@@ -195,15 +175,8 @@ def fill_chunks(records: list[tuple[str, dict[str, Any]]], chunks: str) -> None:
 
 
 def load_gold(path: str | Path, chunks: str | None = None) -> list[dict[str, Any]]:
-    """Read a pairs file (JSONL, Parquet or a folder of Parquet) into normalised gold rows (with ``chunks``, a
-    chunk run: rows may name their chunk instead of giving its text, see ``fill_chunks``).
-
-    Each row keeps its fields (``query``, ``chunk``, and when given ``query_id``,
-    ``paper_id``, ``chunk_index``, ``chunk_id``, ``relevant``); ``gold_spans``
-    becomes a list of (start, end) offsets and ``gold_unaligned`` counts string
-    spans that could not be found in the chunk. JSONL is read line by line, as
-    ``gold_spans`` may mix strings and objects.
-    """
+    """A pairs file (JSONL, Parquet or a folder of Parquet) as normalised gold rows (``normalize_gold_row``); with
+    ``chunks``, a chunk run, rows may name their chunk instead of giving its text (``fill_chunks``)."""
     path = _location(path)
     if not storage.exists(path):
         raise FileNotFoundError(f"gold file {path} not found")
@@ -225,20 +198,11 @@ def load_gold(path: str | Path, chunks: str | None = None) -> list[dict[str, Any
     return rows
 
 
-# ---------------------------------------------------------------------------
-# Predictions
-# ---------------------------------------------------------------------------
-
 
 @dataclass
 class Predictions:
-    """Predicted spans grouped by pair.
-
-    ``kind`` is ``"spans"`` for a span table or ``"jsonl"``. Each record has
-    ``query``, ``paper_id``, ``chunk_index``, ``chunk_id``, ``chunk`` (any of the
-    last four may be None), ``spans`` (dicts with start/end and possibly text,
-    or strings) and ``where`` (for messages).
-    """
+    """Predicted spans grouped by pair: ``kind`` ``"spans"`` or ``"jsonl"``; each record has ``query``, ``paper_id``,
+    ``chunk_index``, ``chunk_id``, ``chunk`` (each may be None), ``spans`` and ``where`` (for messages)."""
 
     kind: str
     records: list[dict[str, Any]] = field(default_factory=list)
@@ -250,8 +214,7 @@ def _location(path: str | Path) -> str:
 
 
 def _span_table_path(path: str) -> str:
-    """The span table of what ``--predictions`` names: a span table itself, an extract run, a chain's folder
-    (its spans stage) or a nightly root (its current run's)."""
+    """The span table of what ``--predictions`` names: itself, an extract run, a chain's folder or a nightly root."""
     from verbatim_batch.core.runs import holding, run_of
 
     run = run_of(path)
@@ -332,24 +295,14 @@ def _load_prediction_jsonl(path: str) -> Predictions:
 
 
 def load_predictions(path: str | Path) -> Predictions:
-    """Read predictions: a span table (Parquet file or folder, or a run folder with ``spans/``) or JSONL.
-
-    JSONL rows carry ``query`` with ``paper_id`` + ``chunk_index`` or ``chunk``,
-    and ``spans``: a list of ``{"start", "end"}`` objects or quoted strings. A row
-    without a ``spans`` field is refused (ValueError), so a gold file passed as
-    predictions is an error, not a score of 0.
-    A run folder's ``pairs/`` table is not read. Span-table rows are grouped
-    into one record per (query, paper_id, chunk_index, chunk_id).
-    """
+    """Predictions: a span table (or a run holding one), grouped per (query, paper_id, chunk_index, chunk_id), or
+    JSONL rows of ``query``, ``paper_id`` + ``chunk_index`` or ``chunk``, and ``spans`` (offsets or strings). A row
+    without ``spans`` is refused, so a gold file passed as predictions is an error, not a score of 0."""
     path = _location(path)
     if _is_parquet(path):
         return _load_span_table(path)
     return _load_prediction_jsonl(path)
 
-
-# ---------------------------------------------------------------------------
-# Matching and scoring
-# ---------------------------------------------------------------------------
 
 
 def _index_gold(gold_rows: Sequence[Mapping[str, Any]]) -> tuple[dict, dict, dict]:
@@ -442,14 +395,8 @@ def _score(
 
 
 def _new_diagnostics() -> dict[str, int]:
-    return {
-        "gold_unaligned": 0,
-        "pred_dropped": 0,
-        "unmatched_predictions": 0,
-        "offset_mismatch": 0,
-        "gold_rows": 0,
-        "relevant_rows": 0,
-    }
+    names = ("gold_unaligned", "pred_dropped", "unmatched_predictions", "offset_mismatch", "gold_rows", "relevant_rows")
+    return dict.fromkeys(names, 0)
 
 
 def evaluate_predictions(
@@ -460,15 +407,10 @@ def evaluate_predictions(
 ) -> dict[str, Any]:
     """Score in-memory predictions against gold rows (as from :func:`load_gold`).
 
-    ``predictions`` maps :func:`gold_key` of a gold row — ``(query, paper_id,
-    chunk_index)`` when the row has both ids, else ``(query, chunk)`` — to that
-    pair's predicted spans: (start, end) pairs, ``{"start", "end"}`` dicts
-    (checked against the chunk when they also carry ``"text"``), or quoted
-    strings aligned with :func:`~verbatim_batch.quality.metrics.align_prediction`.
-    A gold row absent from ``predictions`` counts as predicting nothing; keys
-    matching no gold row are counted as ``unmatched_predictions``. Extra keyword
-    arguments (the threshold lists) go to :func:`~verbatim_batch.quality.metrics.evaluate`. A ``detail`` list gets
-    one :func:`row_details` entry per gold row.
+    ``predictions`` maps a gold row's :func:`gold_key` to its predicted spans: (start, end) pairs, ``{"start",
+    "end"}`` dicts (checked against the chunk when they carry ``"text"``) or quoted strings (``align_prediction``).
+    A gold row absent counts as predicting nothing; a key matching none is an ``unmatched_predictions``. The
+    threshold lists go to :func:`~verbatim_batch.quality.metrics.evaluate`; ``detail`` gets :func:`row_details`.
     """
     gold = [normalize_gold_row(g, f"gold row {i}") for i, g in enumerate(gold_rows)]
     by_ids, by_text, _ = _index_gold(gold)
@@ -488,18 +430,16 @@ def evaluate_predictions(
 def evaluate_files(gold_path: str | Path, predictions_path: str | Path,
                    detail: list[dict[str, Any]] | None = None, chunks: str | None = None,
                    **thresholds: Any) -> dict[str, Any]:
-    """Load a pairs file and predictions, match them, and return the metrics with ``diagnostics`` (and, into a
-    ``detail`` list, one :func:`row_details` entry per gold row). ``chunks``: a chunk run the gold rows may
-    name their chunks in."""
+    """Load a pairs file and predictions, match them, and return the metrics with ``diagnostics`` (``detail``:
+    :func:`row_details`; ``chunks``: a chunk run the gold rows may name their chunks in)."""
     gold = load_gold(gold_path, chunks)
     preds = load_predictions(predictions_path)
     return _score(gold, preds.records, _new_diagnostics(), detail, **thresholds)
 
 
 def row_details(gold_rows: Sequence[Mapping[str, Any]], rows: Sequence[EvalRow]) -> list[dict[str, Any]]:
-    """Per gold row: its ids, chunk, gold and predicted spans (sorted offsets) and its own word-level P, R
-    and F1 (as :func:`~verbatim_batch.quality.metrics.evaluate` scores one row: F1 0 when neither side selects a
-    word), for the side-by-side report."""
+    """Per gold row, for the side-by-side report: its ids, chunk, gold and predicted spans (sorted) and its own
+    word-level P, R and F1 (as ``evaluate`` scores one row)."""
     out = []
     for g, row in zip(gold_rows, rows, strict=True):
         word = evaluate([row], iou_thresholds=(), containment_thresholds=(), coverage_thresholds=())["word"]
@@ -532,9 +472,7 @@ SWEEP_COLUMNS = (("threshold", "threshold"), ("pred_spans", "pred spans"), ("wor
 
 
 def format_sweep(results: Mapping[str, Mapping[str, Any]], extractor: str = "") -> str:
-    """A threshold sweep as one compact fixed-width table: a line per threshold (predicted spans, word-level
-    P/R/F1 and macro F1, span IoU F1, gold coverage, any-overlap recall, over-prediction), the best word F1
-    marked with ``*``."""
+    """A threshold sweep as one fixed-width table, a line per threshold (``SWEEP_COLUMNS``), the best word F1 ``*``."""
     rows = sweep_rows(dict(results))
     if not rows:
         return "no thresholds"

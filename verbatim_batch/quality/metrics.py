@@ -1,11 +1,8 @@
 """Scoring of extracted evidence spans against gold spans (pure Python).
 
-A span is a half-open pair of character offsets ``(start, end)`` into one chunk
-string; offsets are Python ``str`` indices, i.e. Unicode code points. One
-:class:`EvalRow` holds a chunk with its gold and predicted spans, and
-:func:`evaluate` turns a list of rows into word-level, span-level and
-character-coverage figures. :func:`align_gold` and :func:`align_prediction`
-turn quoted strings into offsets.
+A span is a half-open ``(start, end)`` of code-point offsets into one chunk. :func:`evaluate` turns
+:class:`EvalRow` s into word-level, span-level and coverage figures; :func:`align_gold` and
+:func:`align_prediction` turn quoted strings into offsets.
 """
 
 from __future__ import annotations
@@ -27,23 +24,11 @@ def word_spans(text: str) -> list[Span]:
     return [(m.start(), m.end()) for m in _WORD_RE.finditer(text)]
 
 
-# ---------------------------------------------------------------------------
-# Alignment of quoted strings to offsets
-# ---------------------------------------------------------------------------
-
 
 def _fold(text: str) -> str:
-    """Lower-case ``text`` one character at a time, keeping its length.
-
-    A character whose lower-case form is not exactly one character long (such
-    as U+0130, whose lower case is two code points) is left as it is, so index
-    ``i`` of the result always corresponds to index ``i`` of the input.
-    """
-    out = []
-    for ch in text:
-        low = ch.lower()
-        out.append(low if len(low) == 1 else ch)
-    return "".join(out)
+    """Lower-case ``text`` one character at a time, keeping its length (U+0130, whose lower case is two code
+    points, stays as it is), so index ``i`` of the result is index ``i`` of the input."""
+    return "".join(low if len(low := ch.lower()) == 1 else ch for ch in text)
 
 
 def _find_exact(chunk: str, s: str) -> Span | None:
@@ -52,13 +37,8 @@ def _find_exact(chunk: str, s: str) -> Span | None:
 
 
 def _find_casefree(chunk: str, s: str) -> Span | None:
-    """First occurrence of ``s`` in ``chunk`` ignoring case, with ``chunk[a:b].lower() == s.lower()``.
-
-    Candidates are found in length-preserving folded copies, so offsets never
-    drift; each candidate is then checked with the real ``str.lower`` (which is
-    context sensitive for a few characters, e.g. a final Greek sigma) and the
-    search moves on when the check fails.
-    """
+    """First occurrence of ``s`` in ``chunk`` ignoring case, with ``chunk[a:b].lower() == s.lower()``: found in
+    folded copies (offsets never drift), then checked with the real, context-sensitive ``str.lower``."""
     folded_chunk, folded_s = _fold(chunk), _fold(s)
     target = s.lower()
     idx = folded_chunk.find(folded_s)
@@ -71,11 +51,8 @@ def _find_casefree(chunk: str, s: str) -> Span | None:
 
 
 def _collapse(chunk: str) -> tuple[str, list[int], list[int]]:
-    """Folded ``chunk`` with each whitespace run replaced by one space.
-
-    Returns the collapsed text and, for each of its positions, the start and end
-    (exclusive) in ``chunk`` of the character or whitespace run it stands for.
-    """
+    """Folded ``chunk`` with each whitespace run as one space, and for each of its positions the start and end
+    in ``chunk`` of the character or run it stands for."""
     parts: list[str] = []
     starts: list[int] = []
     ends: list[int] = []
@@ -108,33 +85,20 @@ def _find_collapsed(chunk: str, s: str) -> Span | None:
 
 
 def align_gold(chunk: str, s: str) -> Span | None:
-    """Offsets of a gold quotation ``s`` in ``chunk``, or None when it cannot be placed.
-
-    Tried in order: the first exact occurrence; the first occurrence ignoring
-    case; the first occurrence ignoring case with every whitespace run (in both
-    strings) treated as a single space and ``s`` stripped. In the last case the
-    offsets returned are those of the original, uncollapsed chunk.
-    """
+    """Offsets of a gold quotation ``s`` in ``chunk``, or None: the first exact occurrence, else ignoring case,
+    else ignoring case with whitespace runs as one space and ``s`` stripped (offsets in the original chunk)."""
     if not s or not s.strip():
         return None
     return _find_exact(chunk, s) or _find_casefree(chunk, s) or _find_collapsed(chunk, s)
 
 
 def align_prediction(chunk: str, s: str) -> Span | None:
-    """Offsets of a predicted quotation: exact, else ignoring case, else None.
-
-    Predictions are meant to be verbatim, so unlike :func:`align_gold` no
-    whitespace normalisation is applied; a quotation that only matches after
-    it is dropped by the caller.
-    """
+    """Offsets of a predicted quotation: exact, else ignoring case, else None (predictions are meant to be
+    verbatim: no whitespace normalisation, unlike :func:`align_gold`)."""
     if not s:
         return None
     return _find_exact(chunk, s) or _find_casefree(chunk, s)
 
-
-# ---------------------------------------------------------------------------
-# Evaluation
-# ---------------------------------------------------------------------------
 
 
 @dataclass
@@ -228,28 +192,14 @@ def evaluate(
 ) -> dict[str, Any]:
     """Score predicted spans against gold spans over all rows (relevant or not).
 
-    Word level: a word counts as selected by a side when it shares a character
-    with any of that side's spans; true/false positives and false negatives are
-    summed over rows for the micro figures, and per-row F1 (0 for a row where
-    neither side selects a word) is averaged for macro F1.
-
-    Span IoU at each threshold: per row, greedy one-to-one matching of predicted
-    to gold spans by descending IoU, counting pairs with IoU >= threshold;
-    precision, recall and F1 per row (all 1 when both sides are empty, all 0
-    when exactly one is), then averaged over rows.
-
-    Containment at t: share of predicted spans for which some single gold span
-    of the row covers at least t of the predicted span's characters.
-    ``containment_union`` is the same with the union of the row's gold spans in
-    place of a single one (a prediction bridging two gold spans and the gap
-    between them counts as mostly contained there, but not in ``containment``).
-    Coverage at t: share of gold spans of which at least t of the characters lie
-    in the union of the row's predicted spans. Any-overlap recall: share of gold
-    spans touching some predicted span. Over-prediction ratio: predicted span
-    count divided by gold span count (None without gold spans).
-
-    Raises ValueError, naming the row's key, for a span that is empty, reversed
-    or outside its chunk.
+    Word level: a word is selected by a side when it shares a character with one of its spans; micro figures sum
+    over rows, macro F1 averages per-row F1 (0 where neither side selects a word). Span IoU at t: per row, greedy
+    one-to-one matching by descending IoU, pairs with IoU >= t; P, R, F1 per row (1 when both sides are empty, 0
+    when one is), averaged. Containment at t: share of predicted spans with at least t of their characters in one
+    gold span (``containment_union``: in the union of the row's gold spans). Coverage at t: share of gold spans
+    with at least t of their characters in the predictions' union. Any-overlap recall: gold spans touching a
+    prediction. Over-prediction: predicted over gold spans (None without gold). A span empty, reversed or outside
+    its chunk is a ValueError naming the row's key.
     """
     tp_sum = fp_sum = fn_sum = 0
     row_f1: list[float] = []
@@ -349,11 +299,7 @@ def evaluate(
 def _fmt(value: Any) -> str:
     if value is None:
         return "n/a"
-    if isinstance(value, bool) or isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        return f"{value:.3f}"
-    return str(value)
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
 def format_table(result: dict[str, Any]) -> str:

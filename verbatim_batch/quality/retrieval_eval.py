@@ -1,24 +1,14 @@
 """Retrieval metrics on labelled queries: a run + qrels -> nDCG@10, MRR@10 and Recall@k per method.
 
-The metrics are trec_eval's own, through ``pytrec_eval`` (the ``pytrec-eval-terrier`` package: Python bindings
-of TREC's reference implementation), never computed by hand here. What this module does is read the inputs:
+The metrics are trec_eval's own (``pytrec_eval``), never computed here; this module reads the inputs: a **run**
+(a retrieval or rerank run folder, one list per ``method``, or a TREC run file, one method per tag) and **qrels**
+(TREC, BEIR TSV or JSONL, or gold pairs rows as ``evaluate --gold`` takes, whose query is found by its text in the
+run's query file and chunk by ``(paper_id, chunk text)`` in its chunk table). At ``level="paper"`` each paper
+ranks at its best chunk.
 
-* a **run**: a retrieval (or rerank) run folder, one ranked list per ``method``; or a TREC run file
-  (``qid Q0 docid rank score tag``, one method per tag);
-* **qrels**: TREC qrels (``qid iter docid rel``), BEIR-style TSV (``query-id  corpus-id  score`` with a header)
-  or JSONL (``query_id``/``query-id``, ``doc_id``/``corpus-id``/``chunk_id``, ``score``/``relevance``), or the
-  gold pairs format of ``shared/devsets`` and ``evaluate --gold`` (``query``, ``paper_id``, ``chunk_index``,
-  ``chunk``, ``relevant``): a row's query is found by its text in the run's query file, its chunk by
-  ``(paper_id, chunk text)`` in the run's chunk table (so drifting chunk indices do not mislabel anything).
-
-At ``level="paper"`` a ranked list of chunks becomes a ranked list of papers (each paper at its best chunk's
-rank) and gold rows label their paper.
-
-Conventions (those of BEIR and TREC): a query counts when the qrels give it at least one relevant document
-(relevance >= 1); a labelled query the run has no row for scores 0 (trec_eval would drop it); documents the
-qrels do not judge count as not relevant. A run folder's lists are scored in their rank order (trec_eval sorts by
-score, so ranks are passed as scores); a TREC run file's by its scores, as trec_eval reads it. MRR@10 is
-trec_eval's ``recip_rank`` on each list cut at 10; nDCG@10 is ``ndcg_cut.10`` (linear gain, log2 discount).
+Conventions (BEIR's and TREC's): a query counts when it has a relevant document; one the run has no row for scores
+0; unjudged documents are not relevant. A run folder's lists are scored in rank order (ranks passed as scores), a
+TREC file's by its scores. MRR@10 is ``recip_rank`` on lists cut at 10; nDCG@10 is ``ndcg_cut.10``.
 """
 
 from __future__ import annotations
@@ -49,9 +39,6 @@ def _evaluator(qrels: Qrels, measures: set[str]):
     except ImportError:  # a runtime dependency: only a broken install lacks it
         raise ImportError("evaluate-retrieval needs pytrec_eval: pip install pytrec-eval-terrier") from None
     return pytrec_eval.RelevanceEvaluator(qrels, measures)
-
-
-# --- reading ------------------------------------------------------------------------------------------------
 
 
 def _text_lines(path: str) -> Iterable[tuple[int, str]]:
@@ -90,8 +77,7 @@ def _relevance(value: Any, where: str) -> int:
 
 
 class ChunkKeys:
-    """``(paper_id, chunk text) -> chunk_id`` (and ``(paper_id, chunk_index)``) of a chunk table, to label gold
-    rows that name their chunk by paper and text."""
+    """``(paper_id, chunk text)`` and ``(paper_id, chunk_index)`` -> ``chunk_id`` of a chunk table."""
 
     def __init__(self, chunks_dir: str) -> None:
         table = storage.read_parquet(chunks_dir, columns=["chunk_id", "paper_id", "chunk_index", "text"])
@@ -110,8 +96,8 @@ class ChunkKeys:
 
 def read_qrels(path: str, *, level: str = "chunk", chunks: ChunkKeys | None = None,
                query_ids: Mapping[str, str] | None = None) -> tuple[Qrels, dict[str, int]]:
-    """``(qrels, counts)`` of a qrels file in any of the formats the module docstring lists. ``counts`` says how
-    many judgments were read and how many gold rows could not be placed (their chunk is not in the chunk table)."""
+    """``(qrels, counts)`` of a qrels file in any format the module docstring lists; ``counts``: judgments read and
+    gold rows whose chunk is not in the chunk table."""
     if level not in LEVELS:
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
     if not storage.exists(path):
@@ -236,9 +222,6 @@ def run_sources(path: str) -> dict[str, str | None]:
     return {"queries": config.get("queries"), "chunks": config.get("chunks") or chunks}
 
 
-# --- scoring ------------------------------------------------------------------------------------------------
-
-
 def _top(docs: Mapping[str, float], n: int) -> dict[str, float]:
     """The first ``n`` documents in trec_eval's order (score descending, then doc id descending)."""
     return dict(sorted(docs.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)[:n])
@@ -277,8 +260,8 @@ def evaluate_run(run: Run, qrels: Qrels, recall_at: Sequence[int] = DEFAULT_RECA
 def evaluate_retrieval(run_path: str, qrels_path: str, *, level: str = "chunk", chunks: str | None = None,
                        queries: str | None = None, recall_at: Sequence[int] = DEFAULT_RECALL_AT,
                        per_query: bool = False) -> dict[str, Any]:
-    """Read a run and its qrels (finding the run's query file and chunk table through its manifests unless
-    given) and score every method; what ``verbatim-batch evaluate-retrieval`` prints."""
+    """Read a run and its qrels (the run's query file and chunk table from its manifests unless given) and score
+    every method: what ``verbatim-batch evaluate-retrieval`` prints."""
     sources = run_sources(run_path)
     for name, given in (("queries", queries), ("chunks", chunks)):
         where = f"--{name}" if given else f"the manifest of {run_path}"
@@ -289,7 +272,6 @@ def evaluate_retrieval(run_path: str, qrels_path: str, *, level: str = "chunk", 
     queries = queries or sources["queries"]
     query_ids = None
     if queries:
-
         table, _ = read_queries(queries)
         query_ids = dict(zip(table["query"].to_pylist(), table["query_id"].to_pylist(), strict=True))
     chunk_keys = ChunkKeys(_chunks_table(chunks)) if chunks and level == "chunk" else None
