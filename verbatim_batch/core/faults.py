@@ -1,24 +1,12 @@
 """Fault injection for crash tests: kill a process at a named point of a run.
 
-Off unless ``VERBATIM_BATCH_FAULT`` is set, so production pays one dict lookup per
-point. The value is ``POINT[#N][@MARKER]`` with optional ``;target=driver``, or several such faults
-joined by ``|`` (each fires on its own):
-
-- ``POINT``: where to fire (``chunk.read``, ``embed.batch``, ``extract.batch``,
-  ``sink.write``, ``commit``, ``stage.done:<name>`` ...; see ``fault_point`` calls);
-- ``N``: fire on the N-th time this process reaches the point (default 1);
-- ``MARKER``: a file created when the fault fires; while it exists the fault never
-  fires again, in any process, so a restarted worker or a rerun job goes through;
-- ``action=raise`` raises ``InjectedFault`` (a transient error the stage retries)
-  instead of killing; ``action=stop`` sends SIGSTOP instead (the process freezes
-  mid-run, e.g. for a test to inspect a running job);
-- ``action=hog`` (with ``mb=N``, default 8192) makes the process take memory, 64 MB every 20 ms, until it
-  holds N MB or is killed (Ray's memory monitor, the kernel's OOM killer): a worker that runs out of memory;
-- ``target=driver`` kills the driver (the process that called ``mark_driver``) instead
-  of the process that reached the point, e.g. a driver killed while workers read.
-
-The kill is ``SIGKILL``: no cleanup, no ``finally``, exactly like the OOM killer or a
-lost node.
+Off unless ``VERBATIM_BATCH_FAULT`` is set (one dict lookup per point). Its value is ``POINT[#N][@MARKER]`` with
+``;key=value`` options, several joined by ``|``: ``POINT`` a ``fault_point`` name (``commit``, ``sink.write``,
+``stage.done:<name>``, ...); ``N`` the N-th time this process reaches it (default 1); ``MARKER`` a file created
+when it fires, after which it never fires again in any process. The default is ``SIGKILL`` (no cleanup, like the
+OOM killer); ``action=raise`` raises ``InjectedFault`` (a transient error), ``action=stop`` sends SIGSTOP,
+``action=hog`` (``mb=N``, default 8192) takes memory 64 MB every 20 ms; ``target=driver`` aims at the process
+that called ``mark_driver``.
 """
 
 from __future__ import annotations

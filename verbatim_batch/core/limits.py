@@ -1,10 +1,8 @@
 """What one run can hold: the ceilings of the count and size options, declared here once.
 
-Each count or size option names its ceiling where it is declared (``option(10, "...", low=1, high=PER_QUERY)``),
-so a flag, a YAML key and a Python argument past it are refused alike, at parse time, in one line naming the
-option (``core.options.check``), never by a Ray task trying to allocate it: ``retrieve --k 4294967296`` once asked a
-worker for 96 GiB. The ceilings are far beyond any useful value; a value above what the data holds (``--k``
-above the number of chunks) is still fine and means "all of them".
+Each count or size option names its ceiling (``option(10, "...", low=1, high=PER_QUERY)``), so a value past it is
+refused at parse time in one line, never by a Ray task allocating it (``retrieve --k 4294967296`` once asked a
+worker for 96 GiB). The ceilings are far beyond any useful value; one above what the data holds means "all".
 """
 
 from __future__ import annotations

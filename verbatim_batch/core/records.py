@@ -1,10 +1,8 @@
 """The one reader of small input tables (queries, pairs, labels): JSON lines, Parquet or CSV, local or a URI.
 
-One set of rules for every such file: JSONL is streamed with universal newlines and read as UTF-8 (bad bytes
-replaced); a blank line is skipped; a line that is not valid JSON, or not a JSON object, becomes an error
-record (``__error__``, ``__line__``) instead of stopping the read; Parquet and CSV rows come as they are
-(``__line__`` is the row number). Callers decide what an error record costs them (a row with a reason, or a
-rejected count), so no file is ever half-read silently.
+JSONL is streamed as UTF-8 (bad bytes replaced), blank lines skipped; a line that is not a JSON object becomes an
+error record (``__error__``, ``__line__``) instead of stopping the read; Parquet and CSV rows come as they are
+(``__line__`` the row number). Callers decide what an error record costs, so no file is half-read silently.
 """
 
 from __future__ import annotations
@@ -80,10 +78,8 @@ QUERY_FORMAT = ("a query file holds one JSON object per line with \"query_id\" a
 
 
 def read_queries(path: str) -> tuple[pa.Table, int]:
-    """``(query_id, query)`` rows of a query file (``QUERIES``), and how many rows were rejected (a malformed
-    line, an empty or non-string query). A file none of whose records is a query (plain text, a JSON array, a
-    table without a ``query`` column) is refused with one line naming the expected format and the first line or
-    row that failed."""
+    """``(query_id, query)`` rows of a query file (``QUERIES``) and how many were rejected; a file with no query at
+    all is refused with one line naming the expected format and the first record that failed."""
     if not storage.exists(path):
         raise FileNotFoundError(f"query file not found: {path}")
     ids, texts, rejected, columns, first_bad = [], [], 0, set(), None

@@ -1,14 +1,9 @@
 """Secrets are never recorded: credentials in URLs and headers are redacted from what a run writes.
 
-A URL can carry a credential in its user info (``https://user:pass@host``), in its query string
-(``?api-key=...``, a presigned URL's ``X-Amz-Signature=...``) or in its fragment (``#access_token=...``); a
-text can carry a header (``Authorization: Bearer ...``). ``redact`` replaces each with ``REDACTED`` in a
-string, or in every string of a JSON-like value (keys included), so that manifests, reports and log lines
-keep where a run read from and never how it got in. Query parameters that are settings rather than secrets
-(an object store's ``region`` or ``scheme``, an API version) are kept.
-
-``install_log_redaction`` makes every log record of this package's loggers pass through ``redact`` (their
-messages may quote a location a user gave, with whatever it holds).
+``redact`` replaces a URL's user info, secret query parameters (``?api-key=``, ``X-Amz-Signature=``) and fragment
+(``#access_token=``), and an ``Authorization`` header, with ``REDACTED``, in a string or every string of a JSON-like
+value, so manifests, reports and logs keep where a run read from, never how it got in (settings such as ``region``
+stay). ``install_log_redaction`` passes this package's log records through it.
 """
 
 from __future__ import annotations

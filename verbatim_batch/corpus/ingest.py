@@ -1,9 +1,7 @@
 """The ingest stage: raw records -> papers, chunks and quarantine tables.
 
-``IngestStage`` is a plain callable over an Arrow batch of raw records (see
-``tables.RAW_RECORDS``); it runs the same with or without Ray. Every input row
-ends up either as a paper (with its chunks) or as a quarantine row with a
-reason; nothing is dropped and one bad paper never affects another.
+``IngestStage`` is a plain callable over an Arrow batch of ``RAW_RECORDS``, the same with or without Ray: every
+input row becomes a paper (with its chunks) or a quarantine row with a reason; one bad paper never affects another.
 """
 
 from __future__ import annotations

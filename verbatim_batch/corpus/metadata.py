@@ -33,21 +33,15 @@ DUPLICATES_NAMED = 20  # ids with several metadata rows named in the manifest (a
 def load_metadata(uri: str) -> dict[str, tuple]:
     """Metadata rows keyed by paper id: ``(title, authors, year, venue, url, language)``.
 
-    A file that cannot be read as a table with an id column raises ``ValueError`` with one line (the
-    job stops before it starts). Inside a readable file, a bad value never stops a job: a field of the
-    wrong type (``authors`` as a number, ``title`` as a list, a number or ``NaN``) is ignored (null) for
-    that row, a value over its field's size (``MAX_FIELD_CHARS``, ``MAX_AUTHORS`` names of up to
-    ``MAX_AUTHOR_CHARS``) is ignored too, and a row whose id is missing or not a string/integer is skipped.
-    When an id has several rows, the first row in the file wins and the others are left out.
-    ``metadata_stats`` counts each of these.
-    """
+    A file that is no table with an id column is one ``ValueError`` line (the job stops before it starts); inside
+    one, a bad value never stops a job: a field of the wrong type or over its size is null for that row, a row
+    without a usable id is skipped, and of an id's rows the first wins (``metadata_stats`` counts each)."""
     return dict(_load_metadata_cached(uri, _stamp(uri))[0])
 
 
 def metadata_stats(uri: str) -> dict[str, Any]:
-    """What ``load_metadata`` left out of ``uri``: ``{"rows", "rows_skipped" (no usable id), "duplicate_ids"
-    (ids with several rows), "duplicate_rows" (rows left out for them), "duplicates" (the first
-    ``DUPLICATES_NAMED`` such ids), "fields_wrong_type", "fields_too_long"}``."""
+    """What ``load_metadata`` left out of ``uri``: ``{"rows", "rows_skipped", "duplicate_ids", "duplicate_rows",
+    "duplicates" (the first ``DUPLICATES_NAMED``), "fields_wrong_type", "fields_too_long"}``."""
     return dict(_load_metadata_cached(uri, _stamp(uri))[1])
 
 

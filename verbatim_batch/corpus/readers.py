@@ -1,16 +1,9 @@
 """Corpus readers: md folders and Parquet/JSONL tables, as raw records (metadata tables: ``metadata``).
 
-Readers never decode or judge text: they hand over the stored bytes with an id
-and a source locator, so the ingest stage can quarantine bad papers with a
-reason instead of a reader crashing the job. Paths may be local or any URI that
-``pyarrow.fs`` understands (``s3://``, ``gs://``).
-
-Formats:
-  * ``md``: a folder of ``*.md``, ``*.markdown`` or ``*.txt`` files (searched recursively; plain text is read as
-    markdown without headings); ``paper_id`` is the stem. Files of other kinds in the folder are not read, and
-    ``skipped_files`` names them so a run can say so.
-  * ``parquet`` / ``jsonl``: rows with ``anthology_id`` (or ``paper_id``) and
-    ``markdown``, the layout of the acl-anthology-md full-text release.
+Readers never decode or judge text: they hand over the stored bytes with an id and a source locator, so the
+ingest stage quarantines a bad paper with a reason instead of a reader crashing the job. Formats: ``md``, a folder
+of ``*.md``, ``*.markdown`` or ``*.txt`` files searched recursively, ``paper_id`` the stem (other files are named
+by ``skipped_files``); ``parquet`` / ``jsonl``, rows with ``anthology_id`` (or ``paper_id``) and ``markdown``.
 """
 
 from __future__ import annotations
@@ -74,12 +67,8 @@ def detect_format(uri: str) -> str:
 
 
 def list_sources(uri: str, fmt: str) -> tuple[pafs.FileSystem, list[SourceFile]]:
-    """Input paths of one format, sorted by path (the order that decides duplicates).
-
-    Every path whose name ends in the format's extension is listed, hidden ones included; one that
-    must not be opened (a FIFO, a device, a dangling symlink) comes with its ``problem`` and so does a
-    symlinked folder that is not followed (see ``_walk_local``), so each gets a quarantine row.
-    """
+    """Input paths of one format (hidden ones too), sorted by path (the order that decides duplicates); one that
+    must not be opened, or a symlinked folder not followed, comes with its ``problem`` (a quarantine row)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown input format {fmt!r}; expected one of {FORMATS}")
     fs, path = resolve(uri)
@@ -122,16 +111,12 @@ def _utf8(name: str) -> bool:
 
 
 def _walk_local(root: str, extensions: tuple[str, ...] | None) -> list[SourceFile]:
-    """Input paths under a local ``root`` (a file or a folder), without opening any of them.
+    """Input paths under a local ``root`` (a file or a folder), by ``stat`` alone: nothing is opened.
 
-    Only ``stat`` is used, so FIFOs and devices are never read: a path with a wanted extension that is
-    not a regular file gets ``not_a_regular_file``, a dangling symlink ``broken_symlink``. Real folders
-    are always walked. A symlinked folder is followed when it leads outside ``root``, once per real
-    folder; one that leads to a folder already read (inside ``root``, or followed before) is not
-    followed and gets one row: ``symlink_loop`` when it leads to one of its own ancestors, else
-    ``duplicate_path``. So a symlink loop can never make the walk repeat itself. A folder that cannot
-    be listed gets ``read_error``. ``extensions=None`` lists every regular file (format detection).
-    """
+    A wanted path that is no regular file gets ``not_a_regular_file``, a dangling symlink ``broken_symlink``, an
+    unlistable folder ``read_error``. A symlinked folder is followed once per real folder when it leads outside
+    ``root``; one leading to a folder already read gets ``symlink_loop`` (an ancestor) or ``duplicate_path``, so
+    a loop never repeats the walk. ``extensions=None`` lists every regular file (format detection)."""
     root = os.path.abspath(root)
     try:
         st = os.stat(root)
@@ -303,9 +288,8 @@ def extensions(fmt: str) -> tuple[str, ...]:
 
 
 def skipped_files(uri: str, fmt: str, limit: int = 20, ignore: tuple[str, ...] = ()) -> tuple[int, list[str]]:
-    """``(count, the first ``limit`` paths)`` of the files under a corpus folder that ``fmt`` does not read (a
-    ``.pdf`` beside the ``.md`` papers), sorted; ``ignore``: paths the run reads otherwise (its metadata file).
-    Only names are listed, nothing is opened."""
+    """``(count, the first limit paths)`` of the files under a corpus folder ``fmt`` does not read (a ``.pdf``),
+    by name alone; ``ignore``: paths the run reads otherwise (its metadata file)."""
     fs, path = resolve(uri)
     if _is_local(fs):
         if not os.path.isdir(path):
@@ -360,12 +344,8 @@ def _text_type_ok(t: pa.DataType) -> bool:
 def read_parquet_file(
     fs: pafs.FileSystem, f: SourceFile, max_bytes: int, ids_only: bool = False
 ) -> Iterator[pa.Table]:
-    """Raw records for one Parquet file, read in row batches; text kept as bytes.
-
-    A file that cannot be opened, has no rows, or lacks a usable id or text column is one error record
-    (the same in ``ids_only`` mode, so the scan and the read count the same records); rows that fail to
-    read part-way are one error record each.
-    """
+    """Raw records for one Parquet file, in row batches, text as bytes. A file that cannot be opened, is empty or
+    lacks a usable id or text column is one error record (in ``ids_only`` mode too); rows failing part-way one each."""
     problem = f.problem or _not_regular(fs, f.path)
     if problem:
         yield _error(f, problem)

@@ -1,21 +1,11 @@
 """Training data for the highlighter: (question, chunk, spans) pairs, labelled windows, packed batches.
 
-Inputs (``read_pairs``):
-
-- a silver run (``verbatim-batch silver``'s ``data`` run, or the silver job folder holding it): its
-  ``train.parquet`` for the ``train`` split and ``dev.parquet`` for the ``eval`` split;
-- any Parquet or JSONL file or folder with ``question`` (or ``query``), ``chunk`` and ``spans``, a list of
-  ``{start, end}`` character offsets into ``chunk`` (``[start, end]`` pairs are accepted too; an empty list
-  is an irrelevant pair). ``query_id`` / ``chunk_id`` are kept when present.
-
-A row without a question or chunk, or with a span outside its chunk, is skipped and counted by reason;
-it never stops the job.
-
-Windows are cut by ``silver.tokenized_windows``, the tokenizer call the highlighter makes at inference
-time (the pair (question, chunk), ``truncation="only_second"``, ``max_length``, ``stride``, overflowing
-windows), and labelled there: context tokens inside a span 1, other context tokens 0, question and
-special tokens -100. ``pack_batches`` groups windows into training batches (a fixed number of windows, or
-a token budget), one row per batch, so that every Ray Train worker gets the same number of batches.
+Inputs (``read_pairs``): a silver run (its ``train.parquet`` and ``dev.parquet`` for the ``eval`` split), or any
+Parquet or JSONL with ``question`` (or ``query``), ``chunk`` and ``spans`` (``{start, end}`` or ``[start, end]``
+offsets into ``chunk``; empty: an irrelevant pair). A row without a question or chunk, or with a span outside it,
+is skipped and counted by reason. Windows are cut and labelled by ``silver.tokenized_windows``, the tokenizer call
+the highlighter makes at inference (span tokens 1, other context 0, question and special tokens -100);
+``pack_batches`` groups them into batches, one row each, so every Ray Train worker gets as many.
 """
 
 from __future__ import annotations
@@ -137,9 +127,8 @@ def normalize_rows(rows: Iterable[Mapping[str, Any] | None]) -> tuple[pa.Table, 
 
 
 def read_pairs(path: str, split: str) -> tuple[pa.Table, dict[str, Any]]:
-    """The pairs of ``path`` for ``split`` (``train`` or ``eval``) and where they came from.
-
-    A silver run gives its ``train.parquet`` / ``dev.parquet``; any other path is read whole."""
+    """The pairs of ``path`` for ``split`` (``train`` or ``eval``: a silver run's ``train``/``dev.parquet``, any other
+    path whole) and where they came from."""
     if split not in SILVER_SPLITS:
         raise ValueError(f"split must be train or eval, got {split!r}")
     loc = storage.normalize(path)
@@ -169,11 +158,8 @@ def windows(pairs: pa.Table, tokenizer: Any, max_length: int, stride: int,
 
 def pack_batches(windows_table: pa.Table, *, batch_size: int | None = 8, batch_tokens: int | None = None,
                  seed: int = 0) -> pa.Table:
-    """Windows grouped into batches, one ``TRAIN_BATCHES_SCHEMA`` row per batch, in a seeded random order.
-
-    ``batch_size``: that many windows per batch, drawn in a seeded random order. ``batch_tokens``: windows
-    sorted by length and packed so that ``windows * longest <= batch_tokens`` (little padding; a window
-    longer than the budget gets a batch of its own)."""
+    """Windows grouped into batches, one ``TRAIN_BATCHES_SCHEMA`` row each, in a seeded random order: ``batch_size``
+    windows each, or by length so that ``windows * longest <= batch_tokens`` (a longer window alone)."""
     from verbatim_batch.retrieval.embedder import plan_batches
 
     n = windows_table.num_rows

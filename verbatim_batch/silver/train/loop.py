@@ -1,18 +1,10 @@
 """The training loop: the transformers ``Trainer`` inside a Ray Train ``TorchTrainer`` worker.
 
-Each worker reads its shard of packed batches (``data.pack_batches``) from Ray Data; DDP (gloo on CPU,
-NCCL on GPU) is set up by Ray Train, the optimisation (AdamW, linear warmup and decay, gradient
-accumulation, bf16 autocast on GPU) by the transformers ``Trainer``, and ``RayTrainReportCallback``
-reports each checkpoint with its metrics to Ray Train, which keeps them in the run folder.
-
-One "epoch" is one pass over the worker's shard: every worker runs the same number of optimizer steps
-per pass (``steps_per_epoch``), so evaluation and checkpoints fall on the same steps everywhere.
-
-Evaluation (every epoch) is ``evaluate_spans``: the current weights are saved as a model folder, loaded by
-the highlighter (``extract.highlighter.Highlighter``) and run on the eval pairs with its own windows and
-post-processing; the spans are scored with ``metrics.evaluate`` (Word-F1 micro, span IoU F1) plus the
-abstention figures. Eval pairs are split across workers and their predictions gathered, so the figures
-are over all pairs. The eval loss is the token-weighted cross-entropy over all eval windows.
+Each worker reads its shard of packed batches from Ray Data; Ray Train sets up DDP, the ``Trainer`` the
+optimisation, and ``RayTrainReportCallback`` reports each checkpoint with its metrics. An "epoch" is one pass over
+a worker's shard, the same number of steps on every worker, so evaluation and checkpoints fall on the same steps.
+Evaluation (``evaluate_spans``) saves the weights as a model folder, runs the highlighter itself on the eval pairs
+(split across workers, predictions gathered) and scores them with ``metrics.evaluate``.
 """
 
 from __future__ import annotations
@@ -147,9 +139,8 @@ class null_context:
 
 
 class BatchPasses:
-    """Training batches, pass after pass: each pass yields exactly ``per_pass`` batches from
-    ``make_iter(pass_no)`` (an iterable of packed-batch rows). The first pass after a resume skips the
-    batches the checkpointed steps already consumed. Counts the real tokens it hands out."""
+    """Training batches, pass after pass: exactly ``per_pass`` from ``make_iter(pass_no)`` each, the first pass after a
+    resume skipping those the checkpointed steps consumed; counts the real tokens handed out."""
 
     def __init__(self, make_iter: Callable[[int], Iterator[dict[str, Any]]], per_pass: int, pad_token_id: int,
                  skip: int = 0, first_pass: int = 0) -> None:

@@ -1,7 +1,4 @@
-"""``training.json`` and ``training.html``: per-epoch metrics and the loss and F1 curves of a training run.
-
-The page draws its plots as inline SVG (no plotting library, no script), so it opens anywhere.
-"""
+"""``training.json`` and ``training.html``: per-epoch metrics and the loss and F1 curves (inline SVG) of a run."""
 
 from __future__ import annotations
 
