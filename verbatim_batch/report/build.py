@@ -1,21 +1,9 @@
 """Run reports: ``report.json`` (figures) and ``report.html`` (a page a researcher reads).
 
-Every committed run gets both files. The JSON holds counts per table, time per stage (wall time of each
-step and, for stages whose actors report it, ``time_ms.*`` summed over actors), throughput, quarantined
-papers and errors by reason, spans per pair, the abstention rate and rejects. The page adds, by kind of run:
-
-* **extract**: a section per query (every query, up to ``MAX_QUERIES``), each with its pairs and their spans
-  shown in context (``CONTEXT_CHARS`` of chunk text either side, not whole chunks), abstentions and failures,
-  and histograms of span scores and span lengths;
-* **retrieve**: a section per query with its top hits per method (rank, score, paper, chunk id, a snippet;
-  a labelled chunk is marked, and recall@k is given when the query file has labels);
-* **every run**: where the time went, as a table and a bar chart.
-
-Plots are inline SVG: the page has no script and loads nothing, so it opens offline anywhere.
-``write_evaluation_report`` renders ``verbatim-batch evaluate --report DIR`` (gold beside predicted spans).
-
-This module gathers a run's figures and writes both pages; ``report_sections`` builds the extract and retrieve
-sections, ``report_data`` reads what they show from run folders, ``report_html`` holds the HTML and SVG pieces.
+Every committed run gets both: counts per table, time per stage, throughput, quarantine and errors by reason,
+spans per pair, abstention and rejects; the page adds, by kind of run, an extract run's spans in context per query
+and a retrieve run's hits per query and method (``sections``), and where the time went. Plots are inline SVG (no
+script, nothing loaded). ``write_evaluation_report`` renders ``evaluate --report DIR``.
 """
 
 from __future__ import annotations
@@ -59,8 +47,7 @@ _UNITS = {"chunk": "papers", "embed": "chunks", "retrieve": "queries", "extract"
 
 
 def _sub_manifest(run_dir: str, stage: str) -> dict[str, Any] | None:
-    """The manifest of a composite's stage run (bounded and checked: ``read_manifest``), None when it has none
-    or one that is not a run manifest."""
+    """The manifest of a composite's stage run, None when it has none that is a run manifest."""
     try:
         return read_manifest(storage.join(run_dir, stage))
     except (FileNotFoundError, ValueError):
@@ -68,10 +55,9 @@ def _sub_manifest(run_dir: str, stage: str) -> dict[str, Any] | None:
 
 
 def time_breakdown(manifest: dict[str, Any]) -> dict[str, Any]:
-    """Where a run's time went: each timed step's wall time (``<step>_s``; an extract run's ``pairs`` is
-    ``read_pairs_s``, its ``work_and_write`` ``extract_and_write_wall_s``), each ``time_ms.*`` count its
-    stage's actors report (``<part>_s_summed_over_actors``: with several actors these add up to more than
-    the wall time), and rows per second over the work-and-write wall time, Ray start-up excluded."""
+    """Where a run's time went: each step's wall time (``<step>_s``), each ``time_ms.*`` its actors report
+    (``<part>_s_summed_over_actors``: more than the wall time with several actors), and rows/s over the
+    work-and-write wall time, Ray start-up excluded."""
     command = manifest.get("command") or ""
     counts, timings = manifest.get("counts", {}), manifest.get("timings_s", {})
     verb = {"extract": "extract", "embed": "embed", "retrieve": "retrieve", "chunk": "chunk"}.get(command, "work")
@@ -273,9 +259,8 @@ def _marked(chunk: str, spans: Sequence[tuple[int, int]], cls: str, shown: list[
 def write_evaluation_report(folder: str, result: dict[str, Any], rows: list[dict[str, Any]],
                             sweep: dict[str, dict[str, Any]] | None = None, title: str = "evaluation",
                             max_rows: int = 1000) -> str:
-    """``folder/report.html`` (and ``report.json``) of an evaluation: the metrics, for a sweep a table and
-    plot per threshold, then every gold row (worst word F1 first) with its gold and predicted spans side by
-    side. ``rows``: ``evaluate.row_details``; ``result``: the scores they came from (a sweep's best)."""
+    """``folder/report.html`` and ``report.json`` of an evaluation: the metrics (a sweep's per threshold), then every
+    gold row (worst word F1 first) with gold and predicted spans side by side (``rows``: ``row_details``)."""
     body = [f"<h1>verbatim-batch {html.escape(title)}</h1>"]
     figures = {k: result.get(k) for k in ("n_rows", "n_gold_spans", "n_pred_spans", "any_overlap_recall",
                                            "over_prediction_ratio")}

@@ -15,9 +15,8 @@ TEXT_CHARS = 1_200  # a text column as a report reads it (a page shows less: rep
 
 
 def run_table(run_dir: str, name: str, columns: list[str] | None = None, cut: int | None = None):
-    """A table of the run (only the columns it has, of those asked for), or None. With ``cut``, every text
-    column is cut to that many characters as it is scanned (a 1 MB query repeated on every row of a retrieval
-    table is never held whole)."""
+    """A table of the run (the asked-for columns it has), or None; ``cut``: text columns cut to that many characters
+    as they are scanned (a 1 MB query on every row is never held whole)."""
     path = storage.join(run_dir, name)
     if not storage.isdir(path):
         return None

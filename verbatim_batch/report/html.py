@@ -48,9 +48,8 @@ def highlight(chunk: str, spans: list[dict[str, Any]], lo: int = 0, hi: int | No
 
 def windows(chunk: str, spans: Sequence[tuple[int, int]], context: int = CONTEXT_CHARS,
             max_chars: int = WINDOW_CHARS, max_windows: int = WINDOWS) -> list[tuple[int, int]]:
-    """The parts of ``chunk`` to show: ``context`` characters either side of each span, overlapping windows
-    merged, each cut at a space so it starts and ends on whole words; at most ``max_windows`` windows of at most
-    ``max_chars`` characters each (a longer span is shown cut)."""
+    """The parts of ``chunk`` to show: ``context`` characters either side of each span, overlaps merged, cut at
+    spaces; at most ``max_windows`` windows of at most ``max_chars`` characters."""
     merged: list[list[int]] = []
     for start, end in sorted(spans):
         lo, hi = max(0, start - context), min(len(chunk), end + context)

@@ -40,10 +40,8 @@ def _plural(n: int, word: str) -> str:
 
 
 def night_stages(manifest: dict) -> str | None:
-    """Each stage of a night by its state, in a line: ``unchanged`` where the stage did no work and nothing
-    before it changed (docs/nightly.md), else what it did (papers chunked, chunks embedded and carried, the
-    index ``added``/``rebuilt``, retrieval searched again, pairs extracted and carried); None for a run that is no
-    night."""
+    """Each stage of a night in a line: ``unchanged`` where it did no work and nothing before it changed, else what
+    it did; None for a run that is no night."""
     if manifest.get("command") != "nightly":
         return None
     c = manifest.get("counts") or {}
@@ -109,9 +107,8 @@ def questions_hint(path: str, manifest: dict) -> str | None:
 
 
 def truncated_lines(counts: dict, embedder: dict) -> list[str]:
-    """What an embed run's ``truncated`` count means, in words, with the option that changes it: chunks whose text
-    ran past ``--max-windows`` windows (the rest is not embedded, so retrieval cannot find it there), and reference
-    lists embedded in their first window only (``--reference-windows``)."""
+    """An embed run's ``truncated`` count in words, with the options that change it (``--max-windows``,
+    ``--reference-windows``)."""
     truncated = counts.get("truncated", 0)
     limit = embedder.get("max_windows")
     # a truncated row of one window under a limit above one is a reference list (first window only); an older
