@@ -75,9 +75,6 @@ def resolve_model_dir(model: str, revision: str | None = None, what: str = "mode
     return folder
 
 
-# --- checks of a model folder, before anything is loaded ---------------------------------------------------------
-
-
 def _bad(what: str, folder: Path, problem: str) -> ValueError:
     return ValueError(f"{what} {folder}: {problem}")
 

@@ -42,9 +42,8 @@ class IngestStage:
     # paper_id -> paper_fingerprint of an earlier run: a paper that still matches is not chunked again
     # but listed in the "unchanged" table, for the job to carry its earlier rows
     unchanged: dict[str, str] = field(default_factory=dict)
-    # paper_id -> sha256 of the source bytes that earlier run recorded: a paper whose bytes changed is chunked
-    # again even when its text normalises to the same (LF -> CRLF with --normalize crlf), so that its row records
-    # the bytes it has now, as a run from scratch does (a carried row kept the old ones, and was read every night)
+    # paper_id -> sha256 of the source bytes that earlier run recorded: a paper whose bytes changed is chunked again
+    # even when its text normalises to the same (LF -> CRLF), so its row records its bytes as a run from scratch does
     source_sha256: dict[str, str] = field(default_factory=dict)
 
     def __call__(self, batch: pa.Table) -> dict[str, pa.Table]:
@@ -65,9 +64,8 @@ class IngestStage:
             ):
                 bad[key].append(value)
 
-        cols = batch.to_pydict() if batch.num_rows else {}  # an empty block may come without columns
-        if not cols:
-            cols = {name: [] for name in tables.RAW_RECORDS.names}
+        # an empty block may come without columns
+        cols = batch.to_pydict() if batch.num_rows else {name: [] for name in tables.RAW_RECORDS.names}
         for pid, source, raw, n_bytes, error in zip(
             cols["paper_id"], cols["source"], cols["raw"], cols["n_bytes"], cols["error"], strict=True
         ):

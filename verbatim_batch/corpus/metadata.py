@@ -46,8 +46,7 @@ def metadata_stats(uri: str) -> dict[str, Any]:
 
 
 def _stamp(uri: str) -> tuple:
-    """Size and modification time of a file (empty when unknown): the cache below rereads an edited file (a
-    long-lived process, e.g. a Python session or a chain of runs, sees tonight's metadata, not last night's)."""
+    """Size and modification time of a file (empty when unknown), so a long-lived process rereads an edited file."""
     try:
         fs, path = resolve(uri)
         info = fs.get_file_info(path)
@@ -88,19 +87,9 @@ def _load_metadata_cached(uri: str, stamp: tuple) -> tuple[tuple[tuple[str, tupl
             seen[pid] += 1
             continue
         seen[pid] = 1
-        out.append(
-            (
-                pid,
-                (
-                    _text(cols["title"][k], "title", stats),
-                    _authors(cols["authors"][k], stats),
-                    _year(cols["year"][k], stats),
-                    _text(venues[k], "venue", stats),
-                    _text(cols["url"][k], "url", stats),
-                    _text(cols["language"][k], "language", stats),
-                ),
-            )
-        )
+        out.append((pid, (_text(cols["title"][k], "title", stats), _authors(cols["authors"][k], stats),
+                           _year(cols["year"][k], stats), _text(venues[k], "venue", stats),
+                           _text(cols["url"][k], "url", stats), _text(cols["language"][k], "language", stats))))
     repeated = [pid for pid, c in seen.items() if c > 1]
     summary = {"rows": n, "rows_skipped": stats["rows_skipped"], "duplicate_ids": len(repeated),
                "duplicate_rows": sum(seen[p] - 1 for p in repeated), "duplicates": repeated[:DUPLICATES_NAMED],
@@ -143,12 +132,7 @@ def _read_metadata_table(fs: pafs.FileSystem, path: str, lower: str):
                 continue
             if isinstance(obj, dict):
                 rows.append(obj)
-    names = list(dict.fromkeys(k for r in rows for k in r))
-
-    def json_column(name: str | None) -> list:
-        return [r.get(name) for r in rows]
-
-    return names, len(rows), json_column
+    return list(dict.fromkeys(k for r in rows for k in r)), len(rows), lambda name: [r.get(name) for r in rows]
 
 
 def _text(value, field: str, stats: Counter) -> str | None:

@@ -226,10 +226,8 @@ def source_order(source: str) -> tuple[str, int]:
 
 
 def _records(ids: list, sources: list, raws: list, sizes: list, errors: list) -> pa.Table:
-    return pa.Table.from_pydict(
-        {"paper_id": ids, "source": sources, "raw": raws, "n_bytes": sizes, "error": errors},
-        schema=RAW_RECORDS,
-    )
+    columns = {"paper_id": ids, "source": sources, "raw": raws, "n_bytes": sizes, "error": errors}
+    return pa.Table.from_pydict(columns, schema=RAW_RECORDS)
 
 
 def _error(f: SourceFile, problem: str, source: str | None = None) -> pa.Table:
@@ -488,8 +486,6 @@ def _parse_jsonl_line(line: bytes, max_bytes: int) -> tuple:
 READERS = {"md": read_md_files, "parquet": read_parquet_file, "jsonl": read_jsonl_file}
 
 
-# --- decoding, validation, normalisation ---------------------------------------------
-
 NORMALIZATIONS = ("crlf", "html_unescape", "collapse_whitespace", "nfc")
 _CTRL_RE = re.compile("[\x01-\x08\x0e-\x1f\x7f]")
 _CTRL_BYTES = bytes([*range(1, 9), *range(14, 32), 127])
@@ -507,14 +503,11 @@ def decode_paper(raw: bytes | None, max_control_ratio: float = 0.001) -> tuple[s
         return None, f"{QuarantineReason.EMPTY}: {len(raw)} bytes, no visible text"
     nul = raw.find(b"\x00")
     if nul >= 0:
-        n_nul = raw.count(b"\x00")
-        return None, f"{QuarantineReason.NUL_BYTES}: {n_nul} NUL bytes, first at byte {nul}"
+        return None, f"{QuarantineReason.NUL_BYTES}: {raw.count(0)} NUL bytes, first at byte {nul}"
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        kind = QuarantineReason.INVALID_UTF8
-        if _looks_binary(raw):
-            kind = QuarantineReason.BINARY
+        kind = QuarantineReason.BINARY if _looks_binary(raw) else QuarantineReason.INVALID_UTF8
         return None, f"{kind}: {exc.reason} at byte {exc.start}"
     if raw.startswith(b"\xef\xbb\xbf") and (len(raw) == 3 or raw[3:].isspace()):
         return None, f"{QuarantineReason.EMPTY}: {len(raw)} bytes, a byte-order mark and no visible text"
@@ -532,10 +525,8 @@ def _looks_binary(raw: bytes, sample: int = 4096) -> bool:
 
 
 def normalize_text(text: str, ops: tuple[str, ...] | list[str]) -> str:
-    """Apply opt-in normalisations in a fixed order. They change offsets: the result is
-    the text every offset refers to, and the op names are recorded on every row."""
-    unknown = set(ops) - set(NORMALIZATIONS)
-    if unknown:
+    """Apply opt-in normalisations in a fixed order; the result is the text every offset refers to."""
+    if unknown := set(ops) - set(NORMALIZATIONS):
         raise ValueError(f"unknown normalization(s) {sorted(unknown)}; choose from {NORMALIZATIONS}")
     if "crlf" in ops:
         text = text.replace("\r\n", "\n")

@@ -115,9 +115,7 @@ def build_report(run_dir: str, manifest: dict[str, Any] | None = None) -> dict[s
             stage, _, name = key.partition(".")
             stages.setdefault(stage, {})[name] = value
         for stage, figures in stages.items():
-            seconds = float(timings.get(stage) or 0.0)
-            figures["seconds"] = seconds
-            out.setdefault("stage_counts", {})[stage] = figures
+            out.setdefault("stage_counts", {})[stage] = {**figures, "seconds": float(timings.get(stage) or 0.0)}
         out["stage_time_breakdown"] = {}
         for stage in (s for s in manifest.get("stages") or {} if isinstance(s, str)):  # the run's own, in order
             sub = _sub_manifest(run_dir, stage)
@@ -147,9 +145,6 @@ def build_report(run_dir: str, manifest: dict[str, Any] | None = None) -> dict[s
         out["rejects"] = rejects.num_rows
         out["rejects_by_reason"] = count_reasons(rejects["reason"].to_pylist())
     return out
-
-
-# --- the page ------------------------------------------------------------------------------------------------
 
 
 def _time_html(command: str, breakdown: dict[str, Any], title: str | None = None) -> str:
@@ -244,9 +239,6 @@ def write_report(run_dir: str, manifest: dict[str, Any] | None = None, n_samples
     return report
 
 
-# --- evaluate --report ---------------------------------------------------------------------------------------
-
-
 def _marked(chunk: str, spans: Sequence[tuple[int, int]], cls: str, shown: list[tuple[int, int]]) -> str:
     marks = [{"start": a, "end": b, "score": None} for a, b in spans]
     parts = []
@@ -318,6 +310,4 @@ def write_evaluation_report(folder: str, result: dict[str, Any], rows: list[dict
 
 
 def _cell(value: Any) -> str:
-    if value is None:
-        return "n/a"
-    return f"{value:.3f}" if isinstance(value, float) else str(value)
+    return "n/a" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)

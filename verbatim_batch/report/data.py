@@ -1,6 +1,4 @@
-"""What a run report reads from run folders: a run's tables, error reasons, the chunk texts and paper titles of
-the chunk run behind an extract or retrieve run, and a query file's queries and labels (``report``,
-``report_sections``)."""
+"""What a run report reads: a run's tables, error reasons, chunk texts and paper titles, a query file's queries."""
 
 from __future__ import annotations
 

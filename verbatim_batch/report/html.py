@@ -1,6 +1,4 @@
-"""The HTML and SVG pieces of the report pages (``report``, ``report_sections``): spans highlighted in their
-chunk's context, histograms, bar and line plots as inline SVG (no script, nothing loaded), tables and the page
-itself."""
+"""The HTML and SVG pieces of the report pages: spans in context, inline SVG plots, tables and the page itself."""
 
 from __future__ import annotations
 
@@ -11,10 +9,8 @@ from collections.abc import Sequence
 from typing import Any
 
 CONTEXT_CHARS = 200  # chunk text shown either side of a span
-# Bounds on what a page shows, whatever the size of the input's fields (a 5 MB title, a 1 MB query, a chunk of a
-# pairs file): a field is cut at FIELD_CHARS, a window of chunk text at WINDOW_CHARS (at most WINDOWS per pair), a
-# table at TABLE_ROWS rows, and the page as a whole at PAGE_BYTES (the rest named, not shown: the run's tables
-# hold everything).
+# Bounds on what a page shows whatever its input's fields hold (a 5 MB title): a field, a window of chunk text (and
+# windows per pair), table rows, the page (the rest named, not shown: the run's tables hold everything).
 FIELD_CHARS = 300
 WINDOW_CHARS = 1_200
 WINDOWS = 6
@@ -22,9 +18,6 @@ TABLE_ROWS = 200
 PAGE_BYTES = 8 << 20
 SCORE_EDGES = [i / 10 for i in range(11)]
 LENGTH_EDGES = [0, 25, 50, 100, 200, 400, 800, 1600, 3200, math.inf]
-
-
-# --- spans in context ----------------------------------------------------------------------------------------
 
 
 def highlight(chunk: str, spans: list[dict[str, Any]], lo: int = 0, hi: int | None = None) -> str:
@@ -77,9 +70,6 @@ def in_context(chunk: str, spans: list[dict[str, Any]], context: int = CONTEXT_C
         parts.append(f'<div class="ctx">{"… " if lo > 0 else ""}{highlight(chunk, spans, lo, hi)}'
                      f'{" …" if hi < len(chunk) else ""}</div>')
     return "".join(parts)
-
-
-# --- plots ---------------------------------------------------------------------------------------------------
 
 
 def histogram(values: Sequence[float], edges: Sequence[float]) -> dict[str, Any]:
@@ -196,8 +186,6 @@ def svg_lines(title: str, series: Sequence[tuple[str, Sequence[tuple[float, floa
     parts.append("</svg>")
     return "".join(parts)
 
-
-# --- the page ------------------------------------------------------------------------------------------------
 
 _CSS = """body{font:15px/1.5 system-ui,sans-serif;margin:2rem auto;max-width:1100px;color:#222;padding:0 1rem}
 h1{font-size:1.4rem}h3{font-size:1.05rem;margin:.2rem 0}table{border-collapse:collapse;margin:.5rem 0 1.5rem}

@@ -1,6 +1,5 @@
-"""The performance section of a run's report: per stage, wall time, CPU-seconds of every process, rows/s,
-tokens/s, model actors' idle share, peak memory and GPU use (the manifests' ``performance``, from
-``telemetry.perf``). It comes after the run's findings: the report leads with the spans."""
+"""The performance section of a run's report, per stage (the manifests' ``performance``): wall and CPU time, rows/s,
+tokens/s, actors' idle share, peak memory and GPU use. It comes after the findings: the report leads with spans."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""The sections of a run's report page by kind of run (``report.write_report``): an extract run's spans in context
-by query, a retrieve run's hits by query and method; each gives its figures (for ``report.json``) and its
-HTML."""
+"""A report page's sections by kind of run, each its figures and HTML: extract spans and retrieve hits by query."""
 
 from __future__ import annotations
 
@@ -72,7 +70,8 @@ def extract_section(run_dir: str, manifest: dict[str, Any], per_query: int = 12,
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in pairs.to_pylist():
         groups[r.get("query_id") or r.get("query") or ""].append(r)
-    given = query_positions(json.loads(manifest.get("config") or "{}").get("queries"))
+    config = json.loads(manifest.get("config") or "{}")
+    given = query_positions(config.get("queries"))
     order = sorted(groups, key=lambda q: (given.get(q, math.inf), not (groups[q][0].get("query") or "").strip(),
                                           (groups[q][0].get("query") or "").casefold(), q))
     figures: dict[str, Any] = {
@@ -95,7 +94,6 @@ def extract_section(run_dir: str, manifest: dict[str, Any], per_query: int = 12,
     by_pair: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for s in spans.filter(pc.is_in(spans["pair_id"], value_set=wanted)).to_pylist():
         by_pair[s["pair_id"]].append(s)
-    config = json.loads(manifest.get("config") or "{}")
     texts = chunk_texts(config, [r for rows in shown.values() for r in rows])
     titles = paper_titles(chunks_run_of(manifest), {r["paper_id"] for rows in shown.values() for r in rows
                                                 if r.get("paper_id")})

@@ -1,5 +1,5 @@
-"""What a command prints when a run commits: where its tables are, and its main counts (the CLI's summary of
-every stage command; ``report.html`` is the long form)."""
+"""What a command prints when a run commits: where its tables are and its main counts (``report.html``: the long
+form)."""
 
 from __future__ import annotations
 
@@ -26,11 +26,7 @@ def night_changes(manifest: dict) -> str | None:
     if "chunks.papers_unchanged" in counts:
         return "papers: " + ", ".join(f"{counts.get('chunks.papers_' + k, 0)} {k}"
                                       for k in ("unchanged", "changed", "added", "removed"))
-    try:
-        base = json.loads(manifest.get("config") or "{}").get("base")
-    except (TypeError, ValueError):
-        base = None
-    if base is None:
+    if (base := _config(manifest).get("base")) is None:
         return f"papers: {counts.get('chunks.papers', 0)} added (first night)"
     return f"papers: {counts.get('chunks.papers_chunked', 0)} chunked, none carried from {base}"
 
@@ -89,8 +85,7 @@ def questions_hint(path: str, manifest: dict) -> str | None:
     """For an extract run by the offline (semantic) extractor whose queries are mostly natural questions: a line
     saying so, with the command that runs the highlighter (which answers them; the semantic one abstains)."""
     try:
-        config = manifest.get("config")
-        config = json.loads(config) if isinstance(config, str) else config or {}
+        config = _config(manifest)
         if manifest.get("command") != "extract" or config.get("extractor") != "semantic":
             return None
         queries = set(storage.read_parquet(storage.join(path, "pairs"), columns=["query"])["query"].to_pylist())

@@ -14,6 +14,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import nullcontext as null_context  # the name stages.train imports
 from typing import Any
 
 import numpy as np
@@ -22,9 +23,6 @@ from verbatim_batch.silver.train.data import collate
 
 BEST_METRIC = "eval_word_f1"
 LABELS = {0: "O", 1: "EVIDENCE"}
-
-
-# --- evaluation --------------------------------------------------------------------------------------------
 
 
 def span_predictions(model_dir: str, pairs: Sequence[dict[str, Any]], *, max_length: int, stride: int,
@@ -127,17 +125,6 @@ def save_model_folder(model, tokenizer, dest: str) -> None:
     tokenizer.save_pretrained(dest)
 
 
-class null_context:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-# --- data feeding ------------------------------------------------------------------------------------------
-
-
 class BatchPasses:
     """Training batches, pass after pass: exactly ``per_pass`` from ``make_iter(pass_no)`` each, the first pass after a
     resume skipping those the checkpointed steps consumed; counts the real tokens handed out."""
@@ -181,9 +168,6 @@ def table_rows(table, seed: int) -> Callable[[int], Iterator[dict[str, Any]]]:
         for i in np.random.default_rng(seed + pass_no).permutation(len(rows)):
             yield rows[int(i)]
     return make
-
-
-# --- the Trainer -------------------------------------------------------------------------------------------
 
 
 def make_trainer(cfg: dict[str, Any], model, tokenizer, passes: BatchPasses,
