@@ -1,15 +1,8 @@
-"""Where run folders live: a local (or mounted) path, or a URI of any pyarrow or fsspec file system.
+"""Where run folders live: a local path or a URI (``s3://``, ``gs://``, any pyarrow or fsspec file system).
 
-Every read and write of a run folder goes through these helpers, so the same job writes to
-``/mnt/shared/runs/...`` or ``s3://bucket/runs/...`` (``gs://``, ``hdfs://``, ``abfs://`` through
-fsspec). A location is a plain string: a path, or ``scheme://bucket/key``. Remote credentials and
-endpoints come from the environment as usual for that store (``AWS_*``, ``AWS_ENDPOINT_URL`` for
-S3-compatible stores, ``GOOGLE_APPLICATION_CREDENTIALS``, ...); Ray workers need the same.
-
-What differs on an object store: there is no atomic rename of a folder, so ``move_dir`` copies the
-files (``manifest.json`` last) and then deletes the source. A single object written in one go is
-atomic, so a manifest or a Parquet part is either whole or absent. Readers go by the manifest (or by
-a ``CURRENT`` pointer moved after it), never by what a folder lists.
+Every read and write of a run folder goes through these helpers; credentials come from the store's usual
+environment (Ray workers need the same). An object store has no atomic folder rename, so ``move_dir`` copies
+(``manifest.json`` last) and then deletes; readers go by the manifest, never by what a folder lists.
 """
 
 from __future__ import annotations
@@ -46,8 +39,7 @@ def is_remote(loc: str) -> bool:
 
 
 def refuse_special(loc: str) -> None:
-    """A local path that exists and is neither a regular file nor a folder (a named pipe, a device, a socket)
-    is refused before it is opened: reading one can block forever or never end. Absent paths and URIs pass."""
+    """Refuse an existing local path that is no regular file or folder (a pipe or device can block forever)."""
     if is_remote(loc):
         return
     try:
@@ -126,16 +118,14 @@ def split(loc: str) -> tuple[str, str]:
 
 
 def file_info(loc: str) -> pafs.FileInfo:
-    """What the file system knows of ``loc``; an object store that cannot be reached or refuses is a
-    ConnectionError of one line."""
+    """What the file system knows of ``loc``."""
     fs, path = resolve(loc)
     try:
         return fs.get_file_info(path)
     except OSError as exc:
         if not is_remote(loc) or type(exc) is not OSError:  # a local error, or one already of its kind
             raise
-        # an object store that cannot be reached or refuses (no network, a wrong endpoint, no credentials): one
-        # line naming where; ConnectionError is an OSError, so callers that tolerate an unreadable run still do
+        # a store that cannot be reached or refuses: one line; an OSError still, for callers that tolerate one
         raise ConnectionError(f"cannot read {loc}: {_one_line(exc)}") from None
 
 
@@ -202,8 +192,7 @@ class TooLargeError(ValueError):
 
 
 def read_bytes_bounded(loc: str, max_bytes: int) -> bytes:
-    """The bytes of a file of at most ``max_bytes``; ``TooLargeError`` for a larger one, found without reading
-    more than ``max_bytes + 1`` bytes (a file that grows, or lies about its size, is never read whole)."""
+    """The bytes of a file of at most ``max_bytes``, else ``TooLargeError`` (never reading more than one byte over)."""
     fs, path = resolve(loc)
     with fs.open_input_stream(path) as fh:
         data = fh.read(max_bytes + 1)
@@ -216,30 +205,27 @@ def read_text_bounded(loc: str, max_bytes: int) -> str:
     return read_bytes_bounded(loc, max_bytes).decode("utf-8")
 
 
+def _own_mode(loc: str) -> int:
+    """The mode of a local path itself, never of what a link points to (0 when absent)."""
+    try:
+        return os.lstat(normalize(loc)).st_mode
+    except OSError:
+        return 0
+
+
 def regular_file(loc: str) -> bool:
-    """Whether ``loc`` is a plain file: locally a regular file that is not a symbolic link (a run folder holds
-    none: one there was put by someone else, and may lead anywhere), on a store an object."""
-    if not is_remote(loc):
-        try:
-            return stat.S_ISREG(os.lstat(normalize(loc)).st_mode)
-        except OSError:
-            return False
-    return isfile(loc)
+    """Whether ``loc`` is a plain file: locally a regular file, not a symbolic link (a run folder holds none:
+    one there may lead anywhere); on a store an object."""
+    return isfile(loc) if is_remote(loc) else stat.S_ISREG(_own_mode(loc))
 
 
 def real_dir(loc: str) -> bool:
     """Whether ``loc`` is a folder and not a symbolic link to one (locally; on a store, a prefix)."""
-    if not is_remote(loc):
-        try:
-            return stat.S_ISDIR(os.lstat(normalize(loc)).st_mode)
-        except OSError:
-            return False
-    return isdir(loc)
+    return isdir(loc) if is_remote(loc) else stat.S_ISDIR(_own_mode(loc))
 
 
 def write_bytes(loc: str, data: bytes) -> None:
-    """Readers see the old content or the whole new one, never a part (local: temp file + rename;
-    object stores: one object written in one request). Parent folders are created as needed."""
+    """Readers see the old content or the whole new one (temp file + rename, or one object); parents made."""
     if is_remote(loc):
         fs, path = resolve(loc)
         with fs.open_output_stream(path) as fh:
@@ -273,8 +259,7 @@ def write_parquet(table: pa.Table, loc: str, **kwargs) -> None:
 
 
 def write_parquet_digest(table: pa.Table, loc: str) -> dict[str, int | str]:
-    """Write ``table`` as one Parquet file (whole or not at all) and return its ``{"bytes", "digest"}``: the
-    digest is of the bytes written, so a later reader can tell the file is the one that was committed."""
+    """Write ``table`` as one Parquet file (whole or not at all); its ``{"bytes", "digest"}`` of the bytes written."""
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="zstd", row_group_size=row_group_rows(table))
     data = sink.getvalue().to_pybytes()
@@ -311,9 +296,8 @@ def file_digest(loc: str) -> str:
 
 
 def link_file(src: str, dst: str) -> str:
-    """Put the file ``src`` at ``dst`` without rewriting it: a hard link on a local disk (the data outlives
-    ``src``: deleting or pruning the run that wrote it never leaves ``dst`` dangling), a server-side copy on
-    an object store; a plain copy where neither works (another device, no hard links). Returns which."""
+    """Put ``src`` at ``dst`` without rewriting it: a hard link locally (outlives ``src``), a server-side copy on
+    a store, else a plain copy. Returns which."""
     if not is_remote(src) and not is_remote(dst):
         s, d = normalize(src), normalize(dst)
         os.makedirs(os.path.dirname(d), exist_ok=True)
@@ -364,10 +348,8 @@ def remove(loc: str) -> None:
 
 
 def rmtree(loc: str) -> None:
-    """Delete a folder (or file) and everything under it; nothing happens when it does not exist.
-
-    A run folder's ``manifest.json`` goes first: a delete cut short (a killed prune or overwrite) leaves
-    a folder that is not a run, never a run with tables missing."""
+    """Delete a folder or file, if it exists. ``manifest.json`` goes first: a delete cut short leaves a folder
+    that is not a run, never a run with tables missing."""
     if not is_remote(loc) and os.path.islink(normalize(loc)):  # the link goes, never what it points to
         os.unlink(normalize(loc))
         return
@@ -399,9 +381,8 @@ STREAM_CHUNK_BYTES = 64 * 1024**2
 
 
 def copytree(src: str, dst: str, skip: tuple[str, ...] = ()) -> None:
-    """Copy every file under ``src`` to the same place under ``dst`` (any two file systems; ``LAST_FILES``
-    are copied last, so the destination is marked complete only when it is). ``skip``: top-level names left out.
-    Raises FileNotFoundError when ``src`` does not exist."""
+    """Copy every file under ``src`` (but the top-level names in ``skip``) to ``dst``, ``LAST_FILES`` last, across
+    any two file systems; FileNotFoundError when ``src`` does not exist."""
     if not exists(src):
         raise FileNotFoundError(f"{src} does not exist")
     if not is_remote(src) and not is_remote(dst) and not skip:
@@ -444,8 +425,7 @@ def move_dir(src: str, dst: str, skip: tuple[str, ...] = ()) -> None:
 
 @contextmanager
 def local_dir(loc: str) -> Iterator[str]:
-    """A local folder to write files into that must end up at ``loc`` (uploaded when the block exits
-    without an error). For libraries that only write to paths (FAISS, bm25s)."""
+    """A local folder whose files end up at ``loc`` (uploaded on a clean exit), for libraries that write paths."""
     if not is_remote(loc):
         os.makedirs(normalize(loc), exist_ok=True)
         yield normalize(loc)
@@ -456,11 +436,9 @@ def local_dir(loc: str) -> Iterator[str]:
 
 
 def local_copy(loc: str, version: str, keep: int = 3) -> str:
-    """A local folder holding what ``loc`` holds, for libraries that only read paths (memory-mapped
-    FAISS and BM25 indexes). Remote folders are downloaded once per ``version`` into a cache folder
-    (``VERBATIM_BATCH_CACHE``, default ``~/.cache/verbatim-batch``); run folders never change once
-    committed, so the run id with its commit time is a safe version. The cache keeps the ``keep`` folders used last (an
-    index a night is a few GB at corpus scale), so nightly runs do not fill a node's disk."""
+    """A local folder holding what ``loc`` holds, for libraries that read paths (memory-mapped indexes). A remote
+    folder is downloaded once per ``version`` (committed runs never change) into ``VERBATIM_BATCH_CACHE`` (default
+    ``~/.cache/verbatim-batch``), which keeps the ``keep`` folders used last so nights do not fill a disk."""
     if not is_remote(loc):
         return normalize(loc)
     from verbatim_batch.core.tables import stable_hash
