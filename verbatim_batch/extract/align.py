@@ -1,40 +1,20 @@
 """Alignment: find where an LLM-returned span string sits in its chunk.
 
-A language model asked to quote a chunk does not always quote it exactly: it changes
-case, re-flows whitespace, expands ligatures, swaps a word, or invents text. This
-module maps such a string back onto the chunk and returns *offsets*; what gets emitted
-is always ``chunk[start:end]``, never the model's string, so the verbatim promise
-holds whatever the model wrote.
-
-Three steps, first hit wins:
+A model asked to quote a chunk changes case, re-flows whitespace, expands ligatures, swaps a word or invents text;
+this maps its string back onto the chunk as *offsets*, and what is emitted is always ``chunk[start:end]``. Three
+steps, first hit wins:
 
 1. ``exact``: ``chunk.find(span.strip())``.
-2. ``normalized``: both sides folded character by character (Unicode compatibility
-   decomposition, then ``casefold``), every whitespace run collapsed to one space;
-   a match in folded space maps back to original offsets through a per-character
-   index, widened so a partially matched character (``"ß"`` folds to ``"ss"``) is
-   emitted whole.
-3. ``fuzzy`` (spans of at least ``min_fuzzy_chars``): rapidfuzz's best partial
-   alignment in folded space, accepted at ``fuzzy_threshold``, mapped back, widened
-   to whole words (maximal non-whitespace runs) and trimmed; rejected when the piece
-   is less than half or more than twice the span's folded length. rapidfuzz's
-   window is exactly as long as the span, so before mapping back its edges are moved
-   (a few words at most) to where ``fuzz.ratio`` with the span is best: a model that
-   added a word would otherwise pull a neighbouring word into the output. The score
-   reported is the partial-ratio score the threshold was applied to.
+2. ``normalized``: both sides folded per character (NFKD, then ``casefold``), whitespace runs collapsed; a match
+   maps back through a per-character index, widened so a partly matched character (``"ß"`` -> ``"ss"``) is whole.
+3. ``fuzzy`` (spans of at least ``min_fuzzy_chars``): rapidfuzz's best partial alignment in folded space at
+   ``fuzzy_threshold``, its edges moved a few words to where ``fuzz.ratio`` is best (its window is exactly the
+   span's length, so an added word would pull in a neighbour), mapped back, widened to whole words and trimmed;
+   rejected when under half or over twice the span's folded length. The score is the partial ratio.
 
-Why per-character folding, and why NFKD rather than NFKC: folding each character on
-its own is what makes the offset map exact (each folded character knows the one
-original character it came from). Compatibility *decomposition* is already a
-per-character operation (up to the ordering of stacked combining marks), whereas
-composition is not: per-character NFKC would leave a precomposed ``"é"`` and an
-``"e"`` followed by U+0301 different, so a model answer in NFC would miss a chunk
-extracted in decomposed form. Per-character NFKD folds both to ``"e" + U+0301``.
-It still covers the compatibility mappings NFKC is chosen for (ligatures such as
-``"ﬁ"``, full-width forms, no-break spaces). What folding does *not* do: it does not
-map typographic quotes or dashes to ASCII (``"“"`` stays ``"“"``), and it does not
-drop accents; those differences are left to the fuzzy step, which needs a span long
-enough to be trusted.
+Per-character folding makes the offset map exact; NFKD rather than NFKC because decomposition is per-character
+and composition is not (a precomposed ``"é"`` and ``"e"`` + U+0301 both fold to the latter). Typographic quotes,
+dashes and accents are left to the fuzzy step.
 
 Rejects are reason strings whose first word is a code: ``"empty"``, ``"not_a_string"``,
 ``"not_found"`` (with ``" (best fuzzy 0.62)"`` when the fuzzy step ran), and
@@ -95,14 +75,8 @@ _STABLE: dict[str, bool] = {}
 
 
 def _is_special(ch: str) -> bool:
-    """Whether ``str.lower`` does not already give a non-ASCII character's fold.
-
-    ``lower`` is applied to whole strings (fast, in C); it agrees with the
-    per-character fold except for characters that decompose, fold differently
-    (``"ß"``), lower to several characters (``"İ"``), or whose lower case depends on
-    context (capital sigma, which ``str.lower`` turns into a final sigma at the end
-    of a word).
-    """
+    """Whether ``str.lower`` (applied to whole strings, fast) does not give a non-ASCII character's fold: it
+    decomposes, folds differently (``"ß"``), lowers to several characters (``"İ"``) or by context (capital sigma)."""
     got = _SPECIAL.get(ch)
     if got is None:
         low = ch.lower()
@@ -165,12 +139,8 @@ def _is_space(codes: np.ndarray) -> np.ndarray:
 
 
 def normalize_with_map(text: str) -> tuple[str, np.ndarray]:
-    """The folded, whitespace-collapsed form of ``text`` and, per folded character, its source index.
-
-    Unlike ``normalize_text`` the result is not stripped (a leading or trailing run
-    becomes one space), so every original character is accounted for. The index
-    array is non-decreasing.
-    """
+    """The folded, whitespace-collapsed form of ``text`` (not stripped) and each folded character's source index
+    (non-decreasing)."""
     n = len(text)
     folded, odd = _fold_parts(text)
     index: np.ndarray | None = None
@@ -194,13 +164,8 @@ def normalize_with_map(text: str) -> tuple[str, np.ndarray]:
 
 
 def _refine(norm: str, target: str, lo: int, hi: int, k: int = 3) -> tuple[int, int]:
-    """Move the edges of a fuzzy window ``norm[lo:hi]`` to the nearby word edges that best match ``target``.
-
-    ``partial_ratio_alignment`` scores windows exactly as long as the target, so when
-    the model added or dropped words the window spills into a neighbour or stops
-    short. Each edge may move up to ``k`` words either way (start first, then end,
-    then start again); ties go to the edge closest to the original window.
-    """
+    """Move the edges of a fuzzy window ``norm[lo:hi]`` up to ``k`` words either way to where it best matches
+    ``target`` (start, end, start again; ties to the closest edge)."""
     n = len(norm)
     s0 = lo + 1 if norm[lo] == " " else norm.rfind(" ", 0, lo) + 1
     starts, q = [s0], s0
@@ -251,11 +216,7 @@ def _refine(norm: str, target: str, lo: int, hi: int, k: int = 3) -> tuple[int, 
 
 
 class ChunkIndex:
-    """One chunk, with its folded form and word edges computed on first need.
-
-    Build one per chunk and align all of that chunk's spans through it; exact hits
-    never pay for folding.
-    """
+    """One chunk, its folded form and word edges computed on first need (exact hits never pay for folding)."""
 
     __slots__ = ("text", "_norm", "_index", "_ws", "_word_start", "_word_end")
 
@@ -341,20 +302,15 @@ class ChunkIndex:
         return got
 
 
-def align_span(chunk: str, span: str, *, fuzzy_threshold: float = 0.8, min_fuzzy_chars: int = 20,
-               fuzzy: bool = True) -> Alignment | str:
-    """Align one span string onto ``chunk``: an ``Alignment``, or a reason string for a reject."""
-    return ChunkIndex(chunk).align(span, fuzzy_threshold=fuzzy_threshold, min_fuzzy_chars=min_fuzzy_chars,
-                                   fuzzy=fuzzy)
+def align_span(chunk: str, span: str, **kw: Any) -> Alignment | str:
+    """Align one span string onto ``chunk`` (``ChunkIndex.align``): an ``Alignment``, or a reject reason."""
+    return ChunkIndex(chunk).align(span, **kw)
 
 
 def align_spans(chunk: str | ChunkIndex, spans: Sequence[str] | Iterable[str],
                 **kw: Any) -> tuple[list[Alignment], list[tuple[str, str]]]:
-    """Align many spans onto one chunk (folded once).
-
-    Returns the alignments in input order, each ``(start, end)`` once, and the
-    rejects as ``(span, reason)`` pairs. Keyword arguments go to ``ChunkIndex.align``.
-    """
+    """Align many spans onto one chunk (folded once): the alignments in input order, each ``(start, end)`` once,
+    and the rejects as ``(span, reason)``; keyword arguments go to ``ChunkIndex.align``."""
     index = chunk if isinstance(chunk, ChunkIndex) else ChunkIndex(chunk)
     found: list[Alignment] = []
     rejects: list[tuple[str, str]] = []

@@ -1,9 +1,7 @@
 """The extract stage: a batch of pairs in, a spans table and a pairs table out.
 
-Any extractor that maps ``(queries, chunks)`` to ``PairResult`` objects plugs in. The
-stage validates pairs (so one bad pair becomes one error row), times the extractor,
-and writes spans only through ``verbatim_spans``: a span whose text is not exactly
-``chunk[start:end]`` is withheld and counted in ``n_violations``, never written.
+Any extractor mapping ``(queries, chunks)`` to ``PairResult`` objects plugs in. One bad pair is one error row, and
+spans pass ``verbatim_spans`` (one that is not exactly ``chunk[start:end]`` is counted in ``n_violations``).
 """
 
 from __future__ import annotations
@@ -77,9 +75,8 @@ class PairExtractor:
 
     def _run(self, queries: list[str], chunks: list[str], query_ids: list[str] | None = None,
              ranks: list[int | None] | None = None) -> list[PairResult]:
-        """The extractor over a batch; if the batch fails, each pair alone, so one bad pair fails alone. An
-        extractor that judges a query's pairs together (``groups_queries``) gets their query ids and retrieval
-        ranks (a pair without a rank, from a pairs file, is judged alone)."""
+        """The extractor over a batch; if the batch fails, each pair alone. An extractor that judges a query's
+        pairs together (``groups_queries``) gets their query ids and retrieval ranks."""
         try:
             if getattr(self.extractor, "groups_queries", False) and query_ids is not None:
                 results = self.extractor.extract(queries, chunks, query_ids=query_ids, ranks=ranks)
@@ -122,11 +119,8 @@ class PairExtractor:
 
     def tables(self, rows: list[dict[str, Any]], results: dict[int, PairResult], errors: Sequence[str | None],
                latency_ms: float | Sequence[float] | None) -> dict[str, pa.Table]:
-        """Spans, pairs and rejects tables for ``PAIR_INPUT`` rows and the results of the processed ones.
-
-        Every span goes through ``verbatim_spans``; what fails is counted, never written. ``latency_ms``: one
-        figure for every processed pair, or one per row.
-        """
+        """Spans, pairs and rejects tables for ``PAIR_INPUT`` rows and the processed ones' results (spans through
+        ``verbatim_spans``). ``latency_ms``: one figure for every processed pair, or one per row."""
         per_row = latency_ms if isinstance(latency_ms, Sequence) else [latency_ms] * len(rows)
         span_rows, pair_rows, reject_rows = [], [], []
         for i, row in enumerate(rows):
@@ -163,9 +157,7 @@ class PairExtractor:
                 "rejects": pa.Table.from_pylist(reject_rows, schema=REJECTS)}
 
 
-# --- one block per batch -----------------------------------------------------------------
-# Between the model actors and the writer, a batch travels as one table: the pairs rows
-# with their spans nested in a list column. ``unpack`` splits it back into the two tables.
+# --- one block per batch: the pairs rows with their spans and rejects nested in list columns ---------------
 
 _SPAN_OWN = ["start", "end", "paper_start", "paper_end", "text", "score", "align"]
 _SPAN_FROM_PAIR = [n for n in SPANS.names if n not in _SPAN_OWN]

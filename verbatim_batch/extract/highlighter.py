@@ -1,48 +1,20 @@
 """The highlighter: a ModernBERT token classifier that marks evidence tokens in a chunk.
 
-The input is the pair (query, chunk), tokenised as a sentence pair. Pairs longer than
-``max_length`` are cut into windows over the chunk that overlap by ``stride`` tokens
-(the tokenizer's own overflow handling, so every window repeats the query).
+The (query, chunk) pair is tokenised as a sentence pair; a pair longer than ``max_length`` is cut into windows
+over the chunk overlapping by ``stride`` tokens (the tokenizer's overflow, so every window repeats the query).
+Post-processing is that of the released students' ``process()`` (model card of ``KRLabsOrg/acl-verbatim-modernbert``),
+so the same weights give the same spans: a token's probability is the sum of its non-zero labels'; in each window,
+runs of context tokens at or above ``threshold`` become character ranges scored by their highest probability; the
+runs of all windows merge within ``merge_gap`` and only then are spans under ``min_chars`` dropped. One addition:
+each final span is trimmed of whitespace (BPE offsets include a leading space), after the length test. A pair's
+``relevance`` is its highest context-token probability.
 
-Post-processing is that of the released students' ``process()`` (the model card code of
-``KRLabsOrg/acl-verbatim-modernbert``), so the same weights give the same spans:
-
-1. a token's positive probability is the sum of its non-zero labels' softmax probabilities
-   (``P(label 1)`` for the binary students);
-2. in each window separately, runs of consecutive context tokens (non-empty offsets) at or
-   above ``threshold`` become character ranges: from the first token's start offset to
-   the last token's end offset, scored by their highest probability; any other token
-   (below the threshold, a special or query token, an empty offset) ends a run;
-3. the runs of all windows are sorted and merged when one starts at most ``merge_gap``
-   characters after the previous one ends (runs of overlapping windows overlap, so they
-   merge), and only then are spans shorter than ``min_chars`` dropped (``spans.postprocess``).
-
-One addition: each final span is trimmed of leading and trailing whitespace (byte-level BPE
-offsets include a token's leading space). Trimming comes after the length test, so it changes
-nothing but that whitespace. The pair's ``relevance`` is the highest probability of any of
-its context tokens, so callers can abstain.
-
-Many pairs go through at once: all windows of a batch are sorted by length and packed into
-forward passes under a token budget, in bfloat16 on GPU. Packing changes which windows share
-a forward pass, never which tokens a window holds, so it cannot change a span (beyond float
-rounding of a probability that sits exactly on the threshold).
-
-The work is split in three parts so that a GPU's process runs only the model (issue 25):
-``HighlighterTokenizer.encode`` cuts the windows of a batch of pairs into flat arrays (a private copy of the
-Rust tokenizer, checked against the transformers call), ``Highlighter.forward_probs`` runs the forward passes,
-and ``ContextScores.results`` (``highlighter_spans``) builds every pair's spans with numpy over the whole batch
-(``spans.flat_runs`` and ``spans.merge_runs``: the per-token rules above, no Python object per token).
-``extract`` runs the three in this process; the extract job runs them as a CPU tokenize stage, the model actors
-and a CPU span stage (``highlighter_stages``: ``encode_table``, ``forward_table``, ``spans_table``).
-
-This module holds what a checkpoint gives: the settings, the tokenizer's windows and the model; the token
-probabilities -> spans post-processing is in ``highlighter_spans``, the extract job's Arrow stages in
-``highlighter_stages``.
-
-The paper's students (``KRLabsOrg/acl-verbatim-modernbert``,
-``KRLabsOrg/verbatim-rag-modern-bert-v2``) ship configs that point at custom code
-while their weights are a plain ``ModernBertForTokenClassification``; they load here
-with ``trust_remote_code`` off.
+The work is three parts, so a GPU's process runs only the model (issue 25): ``HighlighterTokenizer.encode`` (flat
+windows from a private copy of the Rust tokenizer, checked against the transformers call),
+``Highlighter.forward_probs`` (windows packed by length under a token budget, which never changes a window's tokens)
+and ``ContextScores.results`` (``highlighter_spans``, numpy over the batch); the extract job runs them as stages
+(``highlighter_stages``). The paper's students ship configs naming custom code over plain
+``ModernBertForTokenClassification`` weights; they load here with ``trust_remote_code`` off.
 """
 
 from __future__ import annotations
@@ -105,7 +77,7 @@ class HighlighterConfig(Declared):
     trust_remote_code: bool = option(False, "allow model code from the hub (off by default)")
 
     def __post_init__(self) -> None:
-        super().__post_init__()  # the declared bounds and choices
+        super().__post_init__()
         if problem := window_problem(self.max_length, self.stride, self.max_query_tokens):
             raise ValueError(problem)
         if self.max_query_tokens is None:
@@ -126,11 +98,7 @@ class HighlighterConfig(Declared):
 
 @dataclass
 class EncodedPairs:
-    """A batch of pairs cut into windows, as flat arrays: what the tokenize stage hands the model.
-
-    Windows follow one another (the windows of pair 0, then of pair 1, ...); a pair that was not encoded
-    (``errors``) has none.
-    """
+    """A batch of pairs cut into windows, as flat arrays (pair 0's windows, then pair 1's, ...; none for an error)."""
 
     errors: list[str | None]  # per pair: why it was not encoded (query_too_long), else None
     ids: np.ndarray  # int32 (T,): the tokens of every window, window after window
@@ -184,12 +152,10 @@ def _check_head_loaded(model, weights: list[Path]) -> None:
 
 
 class HighlighterTokenizer:
-    """The host side of the highlighter: its tokenizer and window settings, no model (a CPU stage loads
-    this alone; ``Highlighter`` holds one too, so both cut the same windows).
+    """The highlighter's tokenizer and window settings, no model (a CPU stage loads this alone).
 
-    ``windows`` is the reference tokenizer call (transformers' overflow windows). ``encode`` gives the same
-    windows as flat arrays, straight from a private copy of the Rust tokenizer set up by that very call
-    (checked on a probe at load; where the copy is not usable, it reads the reference call's encodings).
+    ``windows`` is the reference call (transformers' overflow windows); ``encode`` gives the same windows as flat
+    arrays from a private copy of the Rust tokenizer (checked on a probe at load, else the reference call is read).
     """
 
     def __init__(self, config: HighlighterConfig, model_dir: Path | None = None, model_config: Any = None) -> None:
@@ -207,9 +173,7 @@ class HighlighterTokenizer:
         self.max_length = min(config.max_length, positions or config.max_length)
         self.stride, self.max_query_tokens = config.stride, config.max_query_tokens
         if self.max_length - self.stride - self.max_query_tokens < 8 and self.max_length < config.max_length:
-            # the model's own position limit is below the configured window (a 512-position encoder under the
-            # 8192-token defaults): the stride and the query's share shrink with the window, as the config derives
-            # them for a --max-length of its own; a window that already fits is left exactly as configured
+            # the model's position limit is below the configured window: stride and query share shrink with it
             self.stride = min(self.stride, self.max_length // 8)
             self.max_query_tokens = min(self.max_query_tokens, self.max_length // 4)
         if self.max_length - self.stride - self.max_query_tokens < 8:
@@ -323,12 +287,7 @@ def _flatten(errors: list[str | None], windows: list, owners: list[int]) -> Enco
 
 
 class Highlighter:
-    """Loads one token classifier; ``extract`` maps (query, chunk) pairs to spans.
-
-    Three parts, each usable alone (the extract job runs them as three stages: ``HighlighterTokenizer.encode``
-    on CPU, ``forward_probs`` on the model's device, ``ContextScores.results`` on CPU); ``extract`` runs all
-    three in this process.
-    """
+    """Loads one token classifier; ``extract`` maps (query, chunk) pairs to spans (the three parts in-process)."""
 
     name = "highlighter"
 

@@ -1,7 +1,5 @@
-"""The highlighter's post-processing: its token probabilities -> spans, as the released students' ``process()``
-(steps 1-3 and the trim of ``highlighter``'s module docstring), pair by pair (``TokenScores``,
-``highlight_spans``) or over the flat arrays of a whole batch at once (``ContextScores``). Numpy only: no
-tokenizer, no model."""
+"""The highlighter's post-processing (numpy only): token probabilities -> spans as the released students'
+``process()``, pair by pair (``TokenScores``, ``highlight_spans``) or over a whole batch (``ContextScores``)."""
 
 from __future__ import annotations
 
@@ -20,8 +18,7 @@ def default_query_tokens(max_length: int) -> int:
 
 def window_problem(max_length: int, stride: int, max_query_tokens: int | None = None) -> str | None:
     """Why windows of ``max_length`` tokens overlapping by ``stride``, with ``max_query_tokens`` for the query,
-    cannot hold context, or None. The one rule of the highlighter's windows: the highlighter, the silver windows
-    it is trained on and training itself check it when their config is built."""
+    cannot hold context, or None (checked by the highlighter's, silver's and training's configs)."""
     if not 0 <= stride < max_length // 2:
         return (f"stride must be in [0, max_length / 2), got {stride}: with --max-length {max_length}, pass a "
                 f"--stride below {max_length // 2}")
@@ -34,12 +31,8 @@ def window_problem(max_length: int, stride: int, max_query_tokens: int | None = 
 
 @dataclass
 class TokenScores:
-    """Positive probabilities of a pair's context tokens, window by window.
-
-    ``windows`` holds, for each window of the pair in order, the character offsets
-    (``(n, 2)`` int64) and probabilities (``(n,)`` float32) of its context tokens in token
-    order, empty-offset tokens included (they end a run).
-    """
+    """Per window of a pair, its context tokens' offsets ``(n, 2)`` and probabilities ``(n,)``, empty-offset
+    tokens included (they end a run)."""
 
     windows: list[tuple[np.ndarray, np.ndarray]]
 
@@ -86,11 +79,7 @@ class TokenScores:
         return offsets, probs, first
 
     def runs(self, threshold: float) -> list[Span]:
-        """The runs at ``threshold`` of every window (unsorted, unmerged, untrimmed).
-
-        Probabilities are compared in float64 (float32 values widened exactly), so a
-        threshold is never rounded to float32 first.
-        """
+        """The runs at ``threshold`` of every window (unsorted, unmerged, untrimmed; compared in float64)."""
         _, start, end, score = flat_runs(*self.flat(), threshold)
         return [Span(s, e, c) for s, e, c in zip(start.tolist(), end.tolist(), score.tolist(), strict=True)]
 

@@ -115,21 +115,22 @@ def forward_table(hl: Highlighter, batch: pa.Table) -> pa.Table:
     done = np.asarray([e is None for e in batch["_hl_invalid"].to_pylist()])
     ms = batch["_hl_ms"].to_numpy(zero_copy_only=False) + np.where(
         done, 1000.0 * (time.perf_counter() - t0) / max(1, int(done.sum())), 0.0)
-    out = batch.drop_columns([*TOKEN_COLUMNS, "_hl_error", "_hl_ms"])
-    return (out.append_column("_hl_p", _lists(p, ctx_per_row, pa.float32()))
-            .append_column("_hl_error", pa.array(errors, pa.string()))
-            .append_column("_hl_ms", pa.array(ms, pa.float64())))
+    return _forwarded(batch, p, ctx_per_row, errors, ms)
 
 
 def failed_forward_table(batch: pa.Table, error: str) -> pa.Table:
-    """What the forward stage hands on for a batch it gave up on: the same columns as ``forward_table``'s, every
-    row with ``error`` (zero probabilities, never read)."""
+    """What the forward stage hands on for a batch it gave up on: ``forward_table``'s columns, every row with
+    ``error`` (zero probabilities, never read)."""
     _, ctx_per_row = _flat(batch["_hl_ctx"], np.int64)
     n = batch.num_rows
+    return _forwarded(batch, np.zeros(int(ctx_per_row.sum())), ctx_per_row, [error] * n, [0.0] * n)
+
+
+def _forwarded(batch: pa.Table, probs: np.ndarray, ctx_per_row: np.ndarray, errors: list, ms: Any) -> pa.Table:
     out = batch.drop_columns([*TOKEN_COLUMNS, "_hl_error", "_hl_ms"])
-    return (out.append_column("_hl_p", _lists(np.zeros(int(ctx_per_row.sum())), ctx_per_row, pa.float32()))
-            .append_column("_hl_error", pa.array([error] * n, pa.string()))
-            .append_column("_hl_ms", pa.array([0.0] * n, pa.float64())))
+    return (out.append_column("_hl_p", _lists(probs, ctx_per_row, pa.float32()))
+            .append_column("_hl_error", pa.array(errors, pa.string()))
+            .append_column("_hl_ms", pa.array(ms, pa.float64())))
 
 
 def scores_of(batch: pa.Table) -> ContextScores:

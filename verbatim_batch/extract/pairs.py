@@ -1,9 +1,7 @@
 """(query, chunk) pairs for extraction, from a pairs file or from a retrieval run.
 
-Both sources become one table with the ``PAIR_INPUT`` schema. A row that cannot be
-used (bad JSON, no query field, a chunk id that resolves to nothing) is kept, with
-``input_error`` set, so the extract stage writes an error row for it instead of
-dropping it or stopping the job.
+Both become one ``PAIR_INPUT`` table; a row that cannot be used (bad JSON, no query, an unknown chunk id) is kept
+with ``input_error`` set, so the extract stage writes an error row for it.
 """
 
 from __future__ import annotations
@@ -30,11 +28,8 @@ def read_pair_records(path: str) -> Iterable[dict[str, Any]]:
 
 
 def chunk_lookup(chunks_dir: str, chunk_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
-    """``chunk_id -> {text, paper_id, chunk_index, start}`` for the given ids, read with a filter.
-
-    Only matching rows are materialised, so a pair set's chunks can be pulled out of a
-    chunk table much larger than memory.
-    """
+    """``chunk_id -> {text, paper_id, chunk_index, start}`` for the given ids, read with a filter (only matching
+    rows are materialised, so the chunk table may be much larger than memory)."""
     ids = sorted({c for c in chunk_ids if c})
     if not ids:
         return {}
@@ -57,11 +52,8 @@ def _as_int(value: Any) -> int | None:
 
 def pairs_from_records(records: Iterable[Mapping[str, Any]],
                        chunks: Mapping[str, Mapping[str, Any]] | None = None) -> pa.Table:
-    """Pairs-file records -> a ``PAIR_INPUT`` table (one row per record, in order).
-
-    ``chunks`` resolves ``chunk_id`` to text when a record has no ``chunk``; a chunk found
-    there also supplies paper offsets. Unknown fields are kept as JSON in ``extra``.
-    """
+    """Pairs-file records -> a ``PAIR_INPUT`` table (one row per record, in order). ``chunks`` resolves a
+    ``chunk_id`` to text and paper offsets; unknown fields are kept as JSON in ``extra``."""
     rows: list[dict[str, Any]] = []
     seen: set[str] = set()
     chunks = chunks or {}
@@ -144,11 +136,8 @@ def _is_id(value: Any) -> bool:
 def pairs_from_retrieval(retrieval: pa.Table, queries: Mapping[str, str],
                          chunks: Mapping[str, Mapping[str, Any]], method: str = "hybrid",
                          top_k: int = 5) -> pa.Table:
-    """Retrieval rows (query x top-k) joined with their queries and chunk rows -> ``PAIR_INPUT``.
-
-    Rows of ``method`` with ``rank <= top_k`` are kept (ranks start at 1), ordered by
-    query then rank. A chunk id missing from the chunk table becomes an error row.
-    """
+    """Retrieval rows of ``method`` with ``rank <= top_k``, joined with their queries and chunks -> ``PAIR_INPUT``
+    (by query, then rank; a chunk missing from the chunk table is an error row)."""
     methods = set(retrieval.column("method").to_pylist())
     if method not in methods:
         raise ValueError(f"retrieval table has no {method!r} rows (methods: {sorted(methods)})")

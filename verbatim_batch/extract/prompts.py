@@ -1,11 +1,8 @@
 """Prompts for LLM span extraction, in two styles, with documents labelled doc_0..doc_n.
 
-Layout, for vLLM's prefix cache: the system message holds everything that is the same
-for every request (the task, the rules, the output format), so all requests of a run
-share that prefix; the user message then carries the documents and, last, the question.
-The model answers with one JSON object mapping each document key to a list of strings
-copied from that document. What it copies is never trusted: every string is aligned to
-its document afterwards, and only the document's own text is ever written.
+For vLLM's prefix cache, the system message holds what every request shares (task, rules, output format); the user
+message carries the documents, then the question. What the model copies is never trusted: each string is aligned to
+its document afterwards.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""The extractor registry, the only list of extractors: every extractor module defines an
-``EXTRACTOR = ExtractorKind(...)`` (``kind``) and is listed once here; the CLI's ``--extractor`` choices and
-options, the extract job's config group, the API's accepted configs and the references are derived from it.
-Adding an extractor is its own module and one line here.
+"""The only list of extractors: each module defines ``EXTRACTOR = ExtractorKind(...)`` and is listed once here;
+the CLI's ``--extractor``, the extract job's config group, the API and the references derive from it.
 """
 
 from __future__ import annotations
@@ -38,8 +36,7 @@ def build_extractor(config: Any) -> Any:
 
 
 def weights_fingerprint(config: Any) -> str | None:
-    """The weights hash the extractor would record, without loading it (None for a remote LLM endpoint,
-    whose model is known only by the name in its config)."""
+    """The weights hash the extractor would record, without loading it (None for a remote LLM endpoint)."""
     return get(kind_of(config)).fingerprint(config)
 
 

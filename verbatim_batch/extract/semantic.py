@@ -1,42 +1,20 @@
 """The offline default extractor: sentence units scored against the query, in their paragraph.
 
-Each chunk is cut into units (``sentences.units``: prose sentences, table rows, list items, captions,
-code blocks, each with its kind) and the units into paragraphs (units that no blank line separates).
-Units that are not the paper's body (``sentences.NON_BODY``: reference-list entries, table-of-contents
-lines, author / affiliation / e-mail lines, bare headings) are left out unless ``keep_non_body``; a
-run-in heading ("Hybrid retrieval with RRF. The ...") is never evidence alone but goes with the
-sentence it opens. A unit's score mixes four signals, each in [0, 1] or a cosine similarity:
+Each chunk is cut into units (``sentences.units``: sentences, table rows, list items, captions, code blocks) and
+the units into paragraphs (no blank line between them). Non-body units (``sentences.NON_BODY``: references, TOC,
+front matter, bare headings) are left out unless ``keep_non_body``; a run-in heading goes with the sentence it
+opens, never alone. A unit's score mixes four signals: ``unit`` (its cosine similarity to the query under the
+sentence embedder), ``lexical`` (the share of the query's content words in it, compared on five-letter stems),
+``paragraph`` (its paragraph's similarity) and ``context`` (its and its neighbours' similarity, which a long
+paragraph's vector dilutes), weighted by ``lexical_weight``, ``paragraph_weight`` and ``context_weight`` (the rest
+to ``unit``). A table row is evidence only when the query names something in its cells, and scores at least as its
+caption.
 
-* ``unit``: cosine similarity of the unit and the query under the sentence embedder (the
-  bundled all-MiniLM-L6-v2 by default);
-* ``lexical``: the share of the query's content words that occur in the unit (lower-cased,
-  stop words left out, a plural s dropped, words compared on their first five letters, so
-  "extraction" meets "extracted" and "spans" meets "span"). Queries are keyword searches,
-  and the words they name are strong evidence;
-* ``paragraph``: cosine similarity of the unit's whole paragraph and the query, so a sentence
-  is read in its context (a table row in its table, a short sentence in its argument);
-* ``context``: cosine similarity of the unit with its neighbours in the paragraph (the unit before
-  and after it) and the query: the local argument, which a long paragraph's vector (the embedder
-  reads 256 tokens) dilutes.
-
-``score = (1 - lexical_weight - paragraph_weight - context_weight) * unit + lexical_weight * lexical
-+ paragraph_weight * paragraph + context_weight * context``. A table row is evidence only when the
-query names something in its own cells, and such a row scores at least as its table's caption.
-
-Selection, per pair: a pair whose best unit scores below ``threshold`` gets no span (the abstention;
-the pair's ``relevance`` is its best unit's score either way). Otherwise units scoring at least
-``max(threshold - unit_slack, best - margin)`` are evidence; a paragraph is selected whole when
-selected units make up at least ``paragraph_fill`` of its characters, or when it holds one and its
-own similarity reaches ``paragraph_select`` (readers mark passages, not isolated sentences).
-Selected units of one paragraph merge when at most ``merge_gap`` characters apart; spans never cross
-a blank line. A pair keeps at most ``max_spans`` spans (its best), and, when ``max_share`` < 1, units
-(best first) up to that share of the chunk's characters, so one pair never floods a report.
-
-The defaults were set on hand-labelled real papers (``../shared/devsets``, both annotation
-styles; ``benchmarks/bench_evidence_quality.py``, BENCHMARKS.md "Evidence quality (issue 35)"),
-with leave-one-paper-out cross-validation. It needs no GPU and no download, which makes
-it the default for the demo and for CPU runs. It selects whole sentence units, never part of
-one, unlike the token-level highlighter (docs/extraction.md#how-they-compare).
+A pair whose best unit is under ``threshold`` abstains (its ``relevance`` is that best either way); else units
+scoring at least ``max(threshold - unit_slack, best - margin)`` are evidence, a paragraph is taken whole when they
+fill ``paragraph_fill`` of it or its own similarity reaches ``paragraph_select``, units of a paragraph merge within
+``merge_gap`` characters (never across a blank line), and ``max_spans`` / ``max_share`` bound a pair. The defaults
+were set on hand-labelled real papers (docs/extraction.md#semantic-the-default-offline-cpu); no GPU, no download.
 """
 
 from __future__ import annotations
@@ -55,8 +33,7 @@ from verbatim_batch.extract.kind import ExtractorKind
 from verbatim_batch.extract.sentences import CAPTION, NON_BODY, RUN_IN, TABLE_ROW, Unit, units
 from verbatim_batch.extract.spans import PairResult, Span, postprocess
 
-SEMANTIC_VERSION = "3"  # 2: lexical and paragraph signals, paragraph fill, defaults from real text;
-# 3: unit kinds (no evidence from references, TOC, front matter, bare headings), table rows the query names, bounds
+SEMANTIC_VERSION = "3"  # 3: unit kinds, table rows the query names, bounds
 
 _WORD = re.compile(r"[^\W_]+")
 _STOP_WORDS = frozenset(
@@ -109,8 +86,7 @@ def candidate_units(chunk: str, keep_non_body: bool = False) -> list[Unit]:
 
 
 def context_windows(chunk: str, segments: Sequence[tuple[int, int]], paragraphs: np.ndarray) -> list[str]:
-    """Each unit's text with the units just before and after it in its paragraph (the unit alone when it has no
-    neighbour there)."""
+    """Each unit's text with its neighbours in its paragraph, if any."""
     out = []
     n = len(segments)
     for i in range(n):
@@ -121,8 +97,7 @@ def context_windows(chunk: str, segments: Sequence[tuple[int, int]], paragraphs:
 
 
 def table_captions(kinds: Sequence[str]) -> np.ndarray:
-    """For each table row, the index of its table's caption: the caption unit just before the table's first row
-    or just after its last one; -1 for other units and for tables without one."""
+    """For each table row, its table's caption unit (just before the first row or after the last; else -1)."""
     out = np.full(len(kinds), -1, dtype=np.int64)
     i = 0
     while i < len(kinds):
@@ -141,15 +116,13 @@ def table_captions(kinds: Sequence[str]) -> np.ndarray:
 
 
 def row_names_query(query_terms: set[str], row: str) -> bool:
-    """Whether the query names what a table row holds: one of the query's content words (``_stems``) is in the
-    row's own cells. A row that only sits in a table whose caption or header matches the query is not evidence."""
+    """Whether one of the query's content words (``_stems``) is in the row's own cells (not its caption's)."""
     return bool(query_terms & _stems(row))
 
 
 @dataclass(frozen=True)
 class SemanticConfig(Declared):
-    """Settings of the semantic extractor (see the module docs; docs/extraction.md#semantic-the-default-offline-cpu
-    for where each default came from)."""
+    """Settings of the semantic extractor (see the module docs)."""
 
     kind: ClassVar[str] = "semantic"
 
@@ -188,8 +161,8 @@ class SemanticConfig(Declared):
     token_budget: int = option(16384, "padded tokens per forward pass", low=1, high=limits.TOKENS, runtime=True)
 
     def __post_init__(self) -> None:
-        super().__post_init__()  # the declared bounds (threshold in [0, 1], as its flag takes it)
-        weights = (self.lexical_weight, self.paragraph_weight, self.context_weight)  # checked against each other
+        super().__post_init__()
+        weights = (self.lexical_weight, self.paragraph_weight, self.context_weight)
         if min(weights) < 0 or sum(weights) > 1 + 1e-9:
             raise ValueError("lexical_weight, paragraph_weight and context_weight must be >= 0 and sum to at most 1")
 
@@ -278,12 +251,9 @@ def select_query(scores: Sequence[UnitScores], chunks: Sequence[str], ranks: Seq
                  config: SemanticConfig, threshold: float | None = None) -> list[PairResult]:
     """The spans of one query's retrieved pairs, judged together (``query_margin`` < 1; else each pair alone).
 
-    A pair's best unit score, less ``rank_weight`` per rank below the first, is compared with the query's best:
-    the query abstains when that best is under ``query_threshold``; otherwise a pair answers when its own best
-    reaches ``query_threshold`` and is within ``query_margin`` of the query's best (so the query's best chunk may
-    answer under ``threshold``, and a chunk clearly worse than another retrieved for the query gives nothing).
-    An answering pair's units are selected as ``select_spans`` does, from its own best. ``threshold`` overrides
-    ``query_threshold`` (a sweep) by moving both cuts alike."""
+    A pair answers when its best (less ``rank_weight`` per rank below 1) reaches ``query_threshold`` and is within
+    ``query_margin`` of the query's best; its units are then selected as ``select_spans`` does. ``threshold``
+    (a sweep) moves both cuts alike."""
     if config.query_margin >= 1.0:
         return _query_bound([select_spans(s, c, config, threshold) for s, c in zip(scores, chunks, strict=True)],
                             config.query_max_spans)
@@ -364,8 +334,7 @@ class SemanticExtractor:
 
     @property
     def live_fraction(self) -> float | None:
-        """How much of the current call's unit texts has been through the model (``pipeline.live``); None outside
-        their embedding (the queries' is short, the scoring after it cheap)."""
+        """How much of the current call's unit texts has been embedded; None outside that (the rest is short)."""
         return self.embedder.live_fraction if self._embedding_units else None
 
     def describe(self) -> dict[str, Any]:
@@ -379,10 +348,7 @@ class SemanticExtractor:
                 "keep_non_body": c.keep_non_body}
 
     def unit_scores(self, queries: Sequence[str], chunks: Sequence[str]) -> list[UnitScores | str]:
-        """Per pair, the chunk's units and their signals (or an error string).
-
-        Each distinct query, unit and paragraph text is embedded once per call, however many pairs share it.
-        """
+        """Per pair, the chunk's units and their signals (or an error string); each distinct text embedded once."""
         cands = [candidate_units(c, self.config.keep_non_body) for c in chunks]
         units = [[(u.start, u.end) for u in us] for us in cands]
         kinds = [tuple(u.kind for u in us) for us in cands]

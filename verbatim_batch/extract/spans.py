@@ -1,9 +1,7 @@
 """Spans: turning scores into character spans, post-processing, and the verbatim check.
 
-Every extractor ends here. A model scores pieces of a chunk (tokens, sentences); the
-functions below turn scored pieces into ``Span`` objects with offsets into the chunk,
-merge near neighbours and then drop the short ones. ``verbatim_spans`` is the gate in
-front of every table: a span leaves it only if ``chunk[start:end] == text``.
+Every extractor ends here: scored pieces of a chunk (tokens, sentences) become ``Span`` offsets, near neighbours
+merge, short ones drop. ``verbatim_spans`` is the gate in front of every table (``chunk[start:end] == text``).
 """
 
 from __future__ import annotations
@@ -63,15 +61,9 @@ def trim(span: Span, chunk: str) -> Span | None:
 
 
 def runs_above(segments: Sequence[tuple[int, int]], scores: Sequence[float], threshold: float) -> list[Span]:
-    """Maximal runs of consecutive positive segments, as untrimmed spans.
-
-    ``segments`` are ``(start, end)`` character ranges in order (the context tokens of one
-    window, or sentence units). A segment is positive when it is non-empty and its score is
-    at least ``threshold``; any other segment ends the current run. A run spans from the
-    start of its first segment to the end of its last, whatever lies between them, and
-    scores the maximum of its segments. This is the run rule of the released students'
-    ``process()``, applied to one window at a time.
-    """
+    """Maximal runs of consecutive positive segments (non-empty, score at least ``threshold``), untrimmed: from
+    the first one's start to the last one's end, scored by their maximum (the released students' ``process()``
+    rule, one window at a time)."""
     out: list[Span] = []
     run_start = run_end = -1
     best = 0.0
@@ -92,17 +84,9 @@ def runs_above(segments: Sequence[tuple[int, int]], scores: Sequence[float], thr
 def postprocess(spans: Iterable[Span], min_chars: int, merge_gap: int, chunk: str | None = None) -> list[Span]:
     """Merge spans at most ``merge_gap`` characters apart, then drop those shorter than ``min_chars``.
 
-    The order is the released students' (``process()`` in the model cards): sort the runs
-    (by start, then end), merge a run into the previous span when it starts at most
-    ``merge_gap`` characters after that span's end (overlapping runs always merge; the
-    merged span ends at the larger end and keeps the highest score), and only then drop
-    spans shorter than ``min_chars``. Dropping first gives different answers: two short
-    runs close together are one long span here.
-
-    With ``chunk``, each surviving span is then trimmed of leading and trailing whitespace
-    (``trim``). Trimming happens after the length test, so it never changes which spans are
-    kept or how they merge; it only removes whitespace at their edges (a span that is all
-    whitespace disappears, as the verbatim gate would refuse it anyway).
+    The released students' order (``process()``): sorted runs merge into the previous span (larger end, highest
+    score), and only then are short ones dropped, so two short runs close together are one long span. With
+    ``chunk``, survivors are trimmed of edge whitespace (``trim``), after the length test.
     """
     ordered = sorted(spans, key=lambda s: (s.start, s.end, s.score))
     merged: list[Span] = []
@@ -127,10 +111,8 @@ def flat_runs(offsets: np.ndarray, probs: np.ndarray, window_first: np.ndarray,
               threshold: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``runs_above`` of many windows at once: ``(first token, char start, char end, score)`` of every run.
 
-    ``offsets`` ``(n, 2)`` and ``probs`` ``(n,)`` hold the segments of all windows, window after window;
-    ``window_first[i]`` is True where token ``i`` opens a window (a run never crosses it). Probabilities are
-    compared and maximised in float64 (float32 widened exactly), as ``runs_above`` does with Python floats:
-    the threshold is never rounded to float32.
+    ``window_first[i]`` is True where token ``i`` opens a window (a run never crosses it). Compared in float64,
+    as ``runs_above`` does with Python floats, so the threshold is never rounded to float32.
     """
     offsets = np.asarray(offsets).reshape(-1, 2)
     p = np.asarray(probs).astype(np.float64)
@@ -184,24 +166,13 @@ def merge_runs(group: np.ndarray, start: np.ndarray, end: np.ndarray, score: np.
 
 def trimmed_spans(chunk: str, start: np.ndarray, end: np.ndarray, score: np.ndarray) -> list[Span]:
     """``Span`` objects of kept ranges, each trimmed of edge whitespace (``trim``); all-whitespace ones go."""
-    out: list[Span] = []
-    for s, e, sc in zip(start.tolist(), end.tolist(), score.tolist(), strict=True):
-        while s < e and chunk[s].isspace():
-            s += 1
-        while e > s and chunk[e - 1].isspace():
-            e -= 1
-        if s < e:
-            out.append(Span(s, e, sc))
-    return out
+    spans = (Span(s, e, sc) for s, e, sc in zip(start.tolist(), end.tolist(), score.tolist(), strict=True))
+    return [t for sp in spans if (t := trim(sp, chunk)) is not None]
 
 
 def verbatim_spans(chunk: str, spans: Iterable[Span]) -> tuple[list[Span], int]:
-    """The spans that are exactly the chunk's text at their offsets, and how many were not.
-
-    A span passes when ``0 <= start < end <= len(chunk)``, its text (the claimed text, or
-    the slice when none is claimed) equals ``chunk[start:end]`` and is not all whitespace,
-    and its score is finite. Passing spans come back with ``text`` filled in.
-    """
+    """The spans that are exactly the chunk's text at their offsets (in range, claimed text equal to the slice,
+    not all whitespace, finite score), with ``text`` filled in, and how many were not."""
     ok: list[Span] = []
     bad = 0
     n = len(chunk)
