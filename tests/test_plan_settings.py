@@ -119,6 +119,29 @@ def test_plan_settings_follow_the_roles(inputs, stage):
         assert tried[True], f"{stage}: no runtime option tried"
 
 
+def test_embed_carries_by_every_setting_but_its_input(inputs, tmp_path):
+    """Vectors carry from ``--previous`` when every bound setting is the one it recorded, the chunk run (the input,
+    which a vector carries across by its chunk's context) aside: no hand list of embedder keys."""
+    from verbatim_batch.retrieval.embedder import EmbedderConfig
+    from verbatim_batch.stages.embed import unchanged_chunks
+
+    def chunk_run(name: str, context: str) -> str:
+        storage.write_parquet(pa.table({"chunk_id": ["c0", "c1"], "context": [context, "same"]}),
+                              str(tmp_path / name / "chunks" / "part-0.parquet"))
+        return _committed(tmp_path / name, "chunk", {})
+
+    old, new = chunk_run("old", "before"), chunk_run("new", "after")
+    job = EmbedJob(chunks=new, output=str(tmp_path / "e"), embedder=EmbedderConfig(model=inputs["model"]))
+    config = EmbedStage(job).plan().config
+    prev = _committed(tmp_path / "prev", "embed", config | {"chunks": old})  # another chunk run: carried across
+    same, why = unchanged_chunks(prev, str(tmp_path / "new" / "chunks"), config)
+    assert (same.to_pylist(), why) == (["c1"], None)  # c0's context changed
+    for key, value in (("embedder_hash", "another"), ("dim", 7), ("embedder", {"model": "another"})):
+        prev = _committed(tmp_path / f"prev-{key}", "embed", config | {"chunks": old, key: value})
+        same, why = unchanged_chunks(prev, str(tmp_path / "new" / "chunks"), config)
+        assert (len(same), why) == (0, f"embedder changed ({key})")
+
+
 def _embed(chunks: str, output: str, model: str, run_id: str, budget: int, *extra: str, env: dict | None = None):
     cmd = [sys.executable, "-c", "import sys; from verbatim_batch.cli import main; sys.exit(main())", "embed",
            "--chunks", chunks, "--output", output, "--run-id", run_id, "--model", model, "--num-cpus", "2",

@@ -27,7 +27,7 @@ import dataclasses
 import math
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, dataclass, field
 from functools import cache
 from typing import Any
@@ -116,6 +116,16 @@ def carried_across(cls: type) -> tuple[str, ...]:
         if (opt is not None and (opt.path or opt.selects)) or (grp is not None and grp.selects):
             out.append(f.name)
     return tuple(out)
+
+
+def changed_setting(before: Mapping[str, Any], now: Mapping[str, Any], across: Iterable[str] = (),
+                    missing_same: bool = False) -> str | None:
+    """The first of the settings ``now`` that an earlier run recorded otherwise (``before``), leaving out those a
+    row carries across; None when none did (``missing_same``: one the earlier run did not record counts as the
+    same)."""
+    skip = set(across)
+    return next((k for k, v in now.items() if k not in skip
+                 and (before.get(k, v) if missing_same else before.get(k)) != v), None)
 
 
 def settings(obj: Any) -> dict[str, Any]:

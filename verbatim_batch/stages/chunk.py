@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from verbatim_batch.core import limits, storage
-from verbatim_batch.core.options import carried_across, group, option, settings
+from verbatim_batch.core.options import carried_across, changed_setting, group, option, settings
 from verbatim_batch.core.runs import (
     committed_table_dir,
     expect_corpus,
@@ -108,7 +108,7 @@ def unchanged_map(job: ChunkJob) -> tuple[dict[str, PreviousPaper], int]:
     # run of an earlier release did not record counts as unchanged
     # (the chunker is compared by its hash, chunker_config_hash, which the config holds beside it)
     across = (*carried_across(ChunkJob), "chunker")
-    if not job.store_text or any(prev.get(k, v) != v for k, v in now.items() if k not in across):
+    if not job.store_text or changed_setting(prev, now, across=across, missing_same=True):
         return {}, 0
     papers_dir = committed_table_dir(job.previous, "papers")
     if set(_table_columns(papers_dir)) != set(PAPERS.names):

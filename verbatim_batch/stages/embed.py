@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from verbatim_batch.core import limits, storage
-from verbatim_batch.core.options import group, option, settings
+from verbatim_batch.core.options import carried_across, changed_setting, group, option, settings
 from verbatim_batch.core.runs import committed_table_dir, manifest_config
 from verbatim_batch.core.tables import embeddings_schema
 from verbatim_batch.engine.batches import drop_keys, strip_internal, with_counts
@@ -92,12 +92,12 @@ class EmbedJob(RunOptions):
 
 
 def unchanged_chunks(previous: str, chunks_dir: str, config: dict[str, Any]) -> tuple[pa.Array, str | None]:
-    """Chunk ids whose vectors ``previous`` holds and may be carried (same id, same context, same embedder:
-    config and weights), and why none may be, if so."""
+    """Chunk ids whose vectors ``previous`` holds and may be carried (same id, same context, and every setting
+    the same but the input, which a vector carries across: the embedder's config and weights), and why none
+    may be, if so."""
     prev = manifest_config(previous)
-    for key in ("embedder_hash", "model_revision", "dim"):
-        if prev.get(key) != config[key]:
-            return pa.array([], pa.string()), f"embedder changed ({key})"
+    if key := changed_setting(prev, config, across=carried_across(EmbedJob)):
+        return pa.array([], pa.string()), f"embedder changed ({key})"
     new = storage.read_parquet(chunks_dir, columns=["chunk_id", "context"])
     old = storage.read_parquet(committed_table_dir(prev["chunks"], "chunks"), columns=["chunk_id", "context"])
     same = new.join(old, "chunk_id", right_suffix="_old")
