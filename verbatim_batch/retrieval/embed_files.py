@@ -82,10 +82,6 @@ def _pooling_mode(pool: dict, model_dir: Path) -> str:
     return modes[0]
 
 
-
-
-
-
 def resolve_max_length(requested: int | None, st_conf: dict, tokenizer, mconf) -> int:
     pos = getattr(mconf, "max_position_embeddings", None)
     tok_max = getattr(tokenizer, "model_max_length", None)

@@ -1,32 +1,12 @@
 """The embed stage: chunk table in, embeddings table out, with token-budget batching.
 
-``Embedder`` is pure (no Ray): the lead wires it into Ray Data ``map_batches`` as an
-actor-pool callable class. One instance loads one model (tokenizer + ``AutoModel``
-from safetensors only) and turns a batch of chunk rows into rows of
-``tables.embeddings_schema(dim, float32|float16)``, in the input row order.
-
-How a batch is embedded:
-
-1. The embedding text of a row is ``context + "\\n\\n" + text`` (only ``text`` when the
-   context is empty, only the context when the text is blank), with the model's
-   document prompt (if any) in front.
-2. The whole batch is tokenized once, without padding, truncated to ``max_length``
-   (a private copy of the fast tokenizer's Rust backend, so concurrent calls never
-   reconfigure a shared tokenizer). A row is ``truncated`` when tokens were cut.
-3. Rows are sorted by token length (longest first) and packed greedily into forward
-   passes with ``rows * longest_row <= token_budget`` and ``rows <= max_batch_rows``;
-   each pass is padded only to its own longest row. On realistic chunk mixes this
-   keeps the padding fraction (1 - real / padded tokens) to a few percent.
-4. The model runs (``torch.inference_mode``; bf16 + SDPA on CUDA, fp32 on CPU), the
-   hidden states are pooled in float32 (mean over the attention mask, CLS or last
-   token, as the model's ``1_Pooling/config.json`` says), checked for NaN/inf,
-   L2-normalised and scattered back to input order.
-
-On CUDA, long batches are processed in waves and the next wave is tokenized in a
-background thread while the GPU runs the current one (the Rust tokenizer and CUDA
-waits both release the GIL). ``Embedder.stats`` counts rows, real and padded tokens,
-truncated and empty rows, forward passes, and the time spent tokenizing vs in the
-forward passes (benchmarks/bench_embedding.py reads them).
+``Embedder`` (no Ray) loads one model (safetensors only) and turns chunk rows into rows of
+``tables.embeddings_schema(dim, float32|float16)``, in input order: the text ``context + "\\n\\n" + text`` (the
+document prompt in front) is tokenized once without padding by a private copy of the Rust tokenizer, in windows of
+``max_length`` for a long chunk; rows are sorted by length and packed into forward passes under ``token_budget``,
+each padded only to its longest row; the hidden states are pooled in float32 (as ``1_Pooling/config.json`` says),
+checked for NaN/inf, L2-normalised and put back in input order. On CUDA, long calls go in waves, the next tokenized
+in a thread while the GPU runs. ``Embedder.stats`` counts rows, tokens, padding, passes and time.
 """
 
 from __future__ import annotations
@@ -132,7 +112,7 @@ class EmbedderConfig(Declared):
     document_prompt: str | None = "auto"  # auto: the model's "document"/"passage" prompt, if any
 
     def __post_init__(self) -> None:
-        super().__post_init__()  # the declared bounds and choices
+        super().__post_init__()
         if not self.model:
             raise ValueError("model must be a hub id or a local directory")
         if self.dtype not in _DTYPES:
@@ -234,15 +214,13 @@ class Embedder:
         }
 
     def embed(self, texts: Sequence[str], *, is_query: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Embed texts: ``(vectors float32 (n, dim), n_tokens int32 (n,), truncated bool (n,))``.
-
-        The query or document prompt is prepended; raises ``NonFiniteEmbeddingError`` on NaN/inf.
-        """
+        """Embed texts (prompt prepended): ``(vectors float32 (n, dim), n_tokens int32 (n,), truncated bool (n,))``;
+        ``NonFiniteEmbeddingError`` on NaN/inf."""
         prompt = self.query_prompt if is_query else self.document_prompt
         texts = [t if t is not None else "" for t in texts]
         if prompt:
             texts = [prompt + t for t in texts]
-        return self._embed(texts)
+        return self._run(len(texts), self._waves(texts))
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         """Chunk rows (chunk_id, paper_id, context, text) -> embeddings rows, in input order."""
@@ -298,9 +276,6 @@ class Embedder:
 
     # --- internals ----------------------------------------------------------------
 
-    def _embed(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return self._run(len(texts), self._waves(texts))
-
     def _waves(self, texts: list[str]) -> Iterator[tuple[int, int, _Tokenized]]:
         """(start, end, tokens) per wave; on CUDA the next wave is tokenized while the model runs."""
         n = len(texts)
@@ -355,13 +330,10 @@ class Embedder:
     def _tokenize(self, texts: list[str]) -> _Tokenized:
         return tokenize_texts(self._backend, self.tokenizer, self.max_length, texts)
 
-    def _plan(self, lengths: np.ndarray) -> list[np.ndarray]:
-        return plan_batches(lengths, self.config.token_budget, self.config.max_batch_rows)
-
     def _forward(self, tok: _Tokenized) -> tuple[np.ndarray, np.ndarray, int, int, float]:
         torch = self._torch
         t0 = time.perf_counter()
-        plan = self._plan(tok.lengths)
+        plan = plan_batches(tok.lengths, self.config.token_budget, self.config.max_batch_rows)
         pooled_parts, padded = [], 0
         with torch.inference_mode():
             for rows in plan:
@@ -407,9 +379,8 @@ TOKEN_COLUMN = "_emb_ids"  # a batch's token ids (list<int32> per row), with _em
 
 
 class EmbedTokenizer:
-    """The host side of an embedder: tokenizer, max length and prompts, no model. A CPU stage loads this
-    alone and hands ``Embedder`` batches it tokenized (``tokenize_table``); ``Embedder`` holds one too, so the
-    two paths tokenize alike."""
+    """An embedder's tokenizer, max length and prompts, no model: a CPU stage loads this alone and hands
+    ``Embedder`` the batches it tokenized (``tokenize_table``); ``Embedder`` holds one too."""
 
     def __init__(self, config: EmbedderConfig, model_dir: Path | None = None, model_config: Any = None,
                  tokenizer: Any = None) -> None:
@@ -448,10 +419,9 @@ class EmbedTokenizer:
                          for path in batch.column("heading_path").to_pylist()], bool)
 
     def tokenize_windows(self, prefixes: list[str], bodies: list[str], one_window: np.ndarray | None = None) -> Windows:
-        """Each chunk's first window (``prefix + body``, truncated as ever), then, for a chunk it cut, the
-        windows over the rest of ``body`` (``window_overlap`` tokens shared with the one before, the prefix
-        in front of each), at most ``max_windows`` a chunk; a chunk marked in ``one_window`` keeps its first
-        only. A slow tokenizer (no offsets) gets one window."""
+        """Each chunk's first window (``prefix + body``, truncated), then, for a chunk it cut, windows over the
+        rest of ``body`` (``window_overlap`` tokens shared, the prefix in front), at most ``max_windows``; a chunk
+        marked in ``one_window``, or any under a slow tokenizer, keeps its first only."""
         n = len(bodies)
         tok = self.tokenize([p + b for p, b in zip(prefixes, bodies, strict=True)])
         owner, texts = [], []
@@ -573,9 +543,8 @@ def tokenize_texts(backend, tokenizer, max_length: int, texts: list[str]) -> _To
 
 
 def embedding_texts(batch: pa.Table, prompt: str | None = None) -> tuple[list[str], np.ndarray]:
-    """The text embedded for each chunk row (its first window, before truncation), and which rows had
-    blank text: ``context + "\\n\\n" + text``; only ``text`` when the context is empty; only the context
-    when the text is blank (the empty string when both are); the prompt, if any, in front."""
+    """The text embedded for each chunk row (its first window, before truncation), and which rows had blank text
+    (``embedding_parts`` joined)."""
     prefixes, bodies, empty = embedding_parts(batch, prompt)
     return [p + b for p, b in zip(prefixes, bodies, strict=True)], empty
 
@@ -600,11 +569,8 @@ def embedding_parts(batch: pa.Table, prompt: str | None = None) -> tuple[list[st
 
 
 def plan_batches(lengths: np.ndarray, token_budget: int, max_batch_rows: int) -> list[np.ndarray]:
-    """Row indices of each forward pass: longest first, ``rows * longest <= token_budget``.
-
-    Rows are sorted by length (stable, so the plan is deterministic) and packed greedily;
-    a row longer than the budget gets a pass of its own.
-    """
+    """Row indices of each forward pass: sorted longest first (stable), packed greedily with
+    ``rows * longest <= token_budget``; a row over the budget gets a pass of its own."""
     lengths = np.asarray(lengths)
     order = np.argsort(-lengths, kind="stable")
     batches, i, n = [], 0, len(order)
@@ -627,9 +593,6 @@ def _pool(torch, hidden, mask, lengths, mode: str):
         return hidden[torch.arange(hidden.shape[0], device=hidden.device), lengths - 1].float()
     m = mask.unsqueeze(-1).to(torch.float32)
     return (hidden.float() * m).sum(dim=1) / m.sum(dim=1).clamp(min=1e-9)
-
-
-
 
 
 def _splitting_backend(backend):

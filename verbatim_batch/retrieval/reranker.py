@@ -1,15 +1,10 @@
 """Reranking retrieved chunks with a cross-encoder: the batch callable of the rerank stage.
 
-A cross-encoder reads the query and the chunk together and gives the pair one relevance score; both retrieval
-seed papers rerank their fused top-k this way. ``Reranker`` loads one such model (a sequence classifier with one
-output, or two: the score is then the log-odds of the last label) by hub id or local path, safetensors only and
-``trust_remote_code`` off unless asked for (``models``). Pairs are tokenized once (the chunk truncated to
-``max_length`` tokens, the query kept), sorted by length and packed into forward passes under ``token_budget``
-padded tokens (``embedding.plan_batches``, as the embedder and the highlighter do).
-
-Called on an Arrow batch of candidates (``CANDIDATE_COLUMNS``: every candidate of the queries it holds), it
-returns ``tables.RERANKED`` rows: per query, the candidates by score, best first, ties by the earlier rank.
-No weights ship offline: the tests build a tiny random cross-encoder from a config.
+``Reranker`` loads one cross-encoder (a sequence classifier with one output, or two: the score is then the
+log-odds of the last label; safetensors only, ``models``). Pairs are tokenized once (the chunk cut to
+``max_length`` tokens) and packed by length under ``token_budget`` (``embedder.plan_batches``). Called on a batch of
+candidates (``CANDIDATE_COLUMNS``, every candidate of its queries), it returns ``tables.RERANKED`` rows: per query,
+by score, ties by the earlier rank. No weights ship offline: the tests build a tiny random cross-encoder.
 """
 
 from __future__ import annotations
@@ -36,6 +31,7 @@ RERANK_VERSION = 1
 METHOD = "rerank"  # the ``method`` of reranked rows
 CANDIDATE_COLUMNS = ("query_id", "query", "chunk_id", "paper_id", "chunk", "first_method", "first_rank",
                      "first_score", "dense_rank", "bm25_rank")
+_KEPT = ("chunk_id", "paper_id", "dense_rank", "bm25_rank", "first_method", "first_rank", "first_score")
 
 
 @dataclass(frozen=True)
@@ -54,7 +50,7 @@ class RerankerConfig(Declared):
     trust_remote_code: bool = option(False, "allow model code from the hub (off by default)")
 
     def __post_init__(self) -> None:
-        super().__post_init__()  # the declared bounds and choices
+        super().__post_init__()
         if not self.model:
             raise ValueError("a reranker needs a model (hub id or local path)")
 
@@ -171,9 +167,6 @@ class Reranker:
         for qid, members in by_query.items():
             members.sort(key=lambda i: (-float(scores[i]), rows[i]["first_rank"], rows[i]["chunk_id"]))
             for rank, i in enumerate(members, 1):
-                r = rows[i]
-                out.append({"query_id": qid, "rank": rank, "chunk_id": r["chunk_id"], "paper_id": r["paper_id"],
-                            "score": float(scores[i]), "dense_rank": r["dense_rank"], "bm25_rank": r["bm25_rank"],
-                            "method": METHOD, "first_method": r["first_method"], "first_rank": r["first_rank"],
-                            "first_score": r["first_score"]})
+                out.append({k: rows[i][k] for k in _KEPT}
+                           | {"query_id": qid, "rank": rank, "score": float(scores[i]), "method": METHOD})
         return pa.Table.from_pylist(out, schema=tables.RERANKED)

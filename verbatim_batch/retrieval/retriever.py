@@ -1,21 +1,12 @@
 """Batch retrieval: dense, BM25 and hybrid (weighted RRF) top-k for a table of queries.
 
-Dense scores a chunk by its best window (a chunk longer than the embedder's window has a vector per window;
-``index.folder``), so a fact late in a long chunk is found as well as one at its start.
-
-``Retriever`` is a callable over Arrow batches of ``(query_id, query)``; it loads an
-index folder written by the index job once (FAISS memory-mapped when large, BM25,
-the row -> chunk map, and the embedding model recorded in the index manifest) and
-returns rows of ``tables.RETRIEVAL``.
-
-Hybrid is a weighted reciprocal rank fusion (``index.fusion.rrf``) built so that it cannot silently lose its best
-part: each method fetches ``depth`` candidates (100 by default, never fewer than ``k``), far more than it returns,
-so every method's top hits are ranked by the other one too; a candidate outside one method's pool counts at the
-rank just past that pool (``fill_missing``), never as if the method had not looked. The defaults (dense weight 0.2,
-BM25 weight 1, ``rrf_k`` 5, depth 100) were set on real text: the four seed papers with the hand-labelled queries of
-``shared/devsets`` (benchmarks/bench_seed_retrieval.py; benchmarks/history/retrieval.md), where
-plain RRF (equal weights, ``rrf_k`` 60, 20 candidates) ranked below BM25 alone. With another embedder, measure
-again (``verbatim-batch evaluate-retrieval``) and set ``--weights``/``--rrf-k``/``--depth``.
+``Retriever``, a callable over Arrow batches of ``(query_id, query)``, loads an index folder once (FAISS, BM25, the
+row -> chunk map, the embedding model its manifest records) and returns ``tables.RETRIEVAL`` rows. Dense scores a
+chunk by its best window. Hybrid is weighted RRF (``index.fusion.rrf``) over ``depth`` candidates per method (never
+fewer than ``k``), so each method's top hits are ranked by the other too, and a candidate outside a method's pool
+counts at the rank just past it (``fill_missing``). The defaults were set on the seed papers' hand-labelled queries
+(benchmarks/history/retrieval.md), where plain RRF ranked below BM25 alone; with another embedder, measure again
+(``verbatim-batch evaluate-retrieval``).
 """
 
 from __future__ import annotations
@@ -79,7 +70,7 @@ class RetrieverConfig(Declared):
     device: str = runtime("auto")
 
     def __post_init__(self) -> None:
-        super().__post_init__()  # the declared bounds
+        super().__post_init__()
         bad = set(self.methods) - set(METHODS)
         if bad or not self.methods:
             raise ValueError(f"methods must be a non-empty subset of {METHODS}, got {self.methods}")
@@ -89,8 +80,7 @@ class RetrieverConfig(Declared):
 
 
 def read_index_manifest(index_dir: str) -> dict:
-    """The manifest of a committed index run, read bounded and checked (``runs.read_manifest``), its config
-    parsed."""
+    """The manifest of a committed index run (``runs.read_manifest``), its config parsed."""
     from verbatim_batch.core.runs import read_manifest
 
     path = storage.join(index_dir, "manifest.json")
@@ -199,11 +189,7 @@ def _order_ties(scores: np.ndarray, rows: np.ndarray, chunk_ids: list[str]) -> t
 
 def _known_fields(cls, values: dict) -> dict:
     names = set(cls.__dataclass_fields__)
-    out = {k: v for k, v in values.items() if k in names}
-    for k, v in out.items():
-        if isinstance(v, list):
-            out[k] = tuple(v)
-    return out
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in values.items() if k in names}
 
 
 def recall_at(retrieval: pa.Table, labels: dict[str, str], k: int) -> dict[str, float]:

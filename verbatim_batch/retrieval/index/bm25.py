@@ -1,19 +1,11 @@
 """Full-text BM25 index over chunk texts, stored in bm25s's format.
 
-Tokenisation is ours (``tokenize``), deterministic and identical for documents
-and queries: Unicode NFKC, case folding, tokens are decimal numbers with a dot
-(``45.3``, ``1.2.3``) or runs of letters and digits (``bert2``, ``f1``), split at
-everything else (punctuation, ``_``, hyphens, apostrophes), minus a small
-English stopword list. No stemming.
-
-Scores are bm25s's "lucene" BM25: for each query token (repeats count again)
-``idf * tf / (tf + k1 * (1 - b + b * len / avg_len))`` with
-``idf = log(1 + (N - df + 0.5) / (df + 0.5))``. The index is the bm25s
-doc-by-term score matrix (CSC), built here with vectorised numpy (bm25s's own
-builder loops in Python per document) and saved with ``bm25s.BM25.save``, so
-``bm25s.BM25.load`` reads it too. Search is a batched sparse product: only
-documents sharing a token with the query get a score, and those are the hits.
-Queries whose tokens are all unknown (or stopwords) have no hits.
+Tokenisation (``tokenize``) is the same for documents and queries: NFKC, casefold, dotted numbers (``45.3``) or
+letter-digit runs (``bert2``), a small English stopword list, no stemming. Scores are bm25s's "lucene" BM25
+(``idf * tf / (tf + k1 * (1 - b + b * len / avg_len))``, ``idf = log(1 + (N - df + 0.5) / (df + 0.5))``, repeated
+query tokens count again); the doc-by-term score matrix is built with vectorised numpy (bm25s's builder loops per
+document) and saved so ``bm25s.BM25.load`` reads it too. Search is a batched sparse product: the documents sharing
+a token with the query are its hits.
 """
 
 from __future__ import annotations

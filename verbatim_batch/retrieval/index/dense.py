@@ -1,42 +1,24 @@
 """Dense vector index (FAISS), built by streaming over the embeddings.
 
-Vectors are L2-normalised embeddings and the metric is inner product, so scores
-are cosine similarities. Three index kinds:
+Vectors are L2-normalised and the metric is inner product (cosine scores). Kinds: ``flat`` (exact,
+``IndexFlatIP``), ``ivf_flat`` (searches ``nprobe`` of ``nlist`` lists) and ``ivf_pq`` (8-bit codes, ``pq_m`` bytes
+per vector, approximate). ``build_dense`` never holds the whole stream: for IVF, pass 1 collects a seeded uniform
+sample to train on, pass 2 adds the vectors in shards; index row ``i`` is the stream's ``i``-th vector.
 
-* ``flat``: exact search (``IndexFlatIP``); 4 * dim bytes per vector.
-* ``ivf_flat``: ``IndexIVFFlat``; same memory as flat, searches ``nprobe`` of
-  ``nlist`` lists, so roughly ``nprobe / nlist`` of the work.
-* ``ivf_pq``: ``IndexIVFPQ`` (8-bit codes, ``pq_m`` bytes per vector), for corpora
-  whose vectors do not fit in memory; approximate scores.
+Auto settings (``resolve_spec``; ``benchmarks/bench_index.py``):
 
-``build_dense`` never holds the whole stream: for IVF it makes two passes over a
-fresh iterator each time, the first collecting a seeded uniform sample of rows
-to train on (the row ids are drawn up front), the second adding the vectors in
-shards. Index row ``i`` is the ``i``-th vector of the stream.
-
-Auto settings (``resolve_spec``), measured in ``benchmarks/bench_index.py``:
-
-* ``nlist = 4 * sqrt(N)`` clipped to ``[16, 65536]`` and to ``N // 39`` (so k-means
-  has at least 39 training points per list). This is the lower end of FAISS's
-  guideline of 4..16 * sqrt(N), chosen because the coarse quantizer (k-means
-  training, and assigning every added vector) costs ``O(nlist)`` per vector and
-  dominates CPU builds: 8 * sqrt(N) would double the add and quadruple the
-  training time (1M x 384 on 2 cores: 70 s for IVF-Flat at 4 * sqrt(N)).
-* ``train_size = min(N, max(40 * nlist, 65536))``: FAISS k-means warns below 39
-  points per centroid and subsamples above 256; training time is proportional to
-  the sample, so we stay near the bottom. 65,536 is the sample FAISS uses for the
-  256-centroid PQ codebooks, so small indexes still train those fully.
-* ``nprobe = min(nlist, 128)``. With nlist ~ sqrt(N) the lists hold more points as N
-  grows, so a query's neighbours spread over no more lists: the nprobe needed for a
-  recall target stays about constant instead of growing with nlist. Measured recall@10:
-  1M x 384 benchmark data (nlist 4000): 0.956 at nprobe 16, 0.981 at 32, 0.991 at
-  64, 0.996 at 128; harder, noisier 64-d data needs 64..128 for >= 0.95 at both
-  20k (nlist 512) and 100k (nlist 1265) vectors.
-* ``pq_m = dim // 8`` rounded to a divisor of ``dim`` (48 for 384, 96 for 768).
+* ``nlist = 4 * sqrt(N)`` clipped to ``[16, 65536]`` and ``N // 39``: the low end of FAISS's 4..16 * sqrt(N),
+  because the coarse quantizer costs ``O(nlist)`` per vector and dominates CPU builds;
+* ``train_size = min(N, max(40 * nlist, 65536))``: k-means warns below 39 points per centroid, and 65,536 trains
+  the 256-centroid PQ codebooks fully;
+* ``nprobe = min(nlist, 128)``: with nlist ~ sqrt(N) the nprobe a recall target needs stays about constant
+  (1M x 384, nlist 4000: recall@10 0.956 at 16, 0.991 at 64, 0.996 at 128);
+* ``pq_m = dim // 8`` rounded to a divisor of ``dim``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
@@ -66,14 +48,8 @@ MMAP_AUTO_BYTES = 2 << 30
 
 @dataclass(frozen=True)
 class DenseSpec:
-    """How to build the dense index; ``resolve_spec`` fills every ``None``.
-
-    In a resolved spec, settings that do not apply to the kind are 0 (e.g.
-    ``nlist`` for flat, ``pq_m`` for ivf_flat). ``use_gpu`` stays as given
-    ("auto" is decided where the index is built; ``build_dense`` returns the
-    spec with "yes" or "no"). Not ``Declared``: a resolved spec holds 0 where
-    its options hold >= 1; a user's spec is checked by ``resolve_spec``.
-    """
+    """How to build the dense index; ``resolve_spec`` fills every ``None`` (0 where a setting does not apply to
+    the kind, which is why this is not ``Declared``); ``build_dense`` turns ``use_gpu`` "auto" into "yes"/"no"."""
 
     kind: str = option("auto", "auto: exact Flat below 1M vectors, IVF-Flat up to 20M, IVF-PQ above",
                        choices=KINDS)
@@ -201,10 +177,8 @@ def _checked(batches: Iterable[np.ndarray], n: int, dim: int, pass_name: str) ->
 
 
 def _shards(stream: Iterator[tuple[int, np.ndarray]], dim: int, shard_rows: int = SHARD_ROWS) -> Iterator[np.ndarray]:
-    """Regroup checked batches into arrays of ``shard_rows`` rows (the last one shorter).
-
-    A yielded array is only valid until the next one is requested (one buffer is reused).
-    """
+    """Regroup checked batches into arrays of ``shard_rows`` rows (the last one shorter), each valid only until
+    the next is requested (one buffer is reused)."""
     buf = None
     fill = 0
     for _, arr in stream:
@@ -268,10 +242,8 @@ def build_dense(
     dim: int,
     spec: DenseSpec = DenseSpec(),  # noqa: B008 (frozen dataclass)
 ) -> tuple[faiss.Index, DenseSpec]:
-    """Build the index over the stream ``batches()`` (called once for flat, twice for IVF).
-
-    Returns a CPU index (ready to save or search) and the resolved spec that built it.
-    """
+    """Build the index over the stream ``batches()`` (called once for flat, twice for IVF): a CPU index and the
+    resolved spec that built it."""
     spec = resolve_spec(spec, n, dim)
     gpus = _num_gpus() if spec.use_gpu != "no" else 0
     if spec.use_gpu == "yes" and gpus == 0:
@@ -298,20 +270,14 @@ def build_dense(
 
 def _reserve_flat(index: faiss.Index, n: int) -> None:
     """Size the flat index's storage once, so adding shards never reallocates (and briefly doubles) it."""
-    try:
+    with contextlib.suppress(AttributeError, RuntimeError):  # a faiss whose IndexFlat hides its storage
         index.codes.resize(n * index.code_size)
         index.codes.resize(0)  # the capacity stays
-    except (AttributeError, RuntimeError):  # a faiss whose IndexFlat hides its storage: grow as usual
-        pass
 
 
 def _train_add_gpu(index: faiss.Index, spec: DenseSpec, batches, n: int, dim: int) -> None:
-    """IVF on GPU: k-means and the coarse assignment of every added vector run on the GPUs.
-
-    Only the O(nlist)-per-vector work moves; the index itself (inverted lists, PQ
-    encoding) stays in CPU memory, so corpora larger than GPU memory work and no
-    GPU index needs converting back. (FAISS's ``bench_all_ivf.py`` does the same.)
-    """
+    """IVF on GPU: only k-means and the coarse assignment move to the GPUs; the index stays in CPU memory, so
+    corpora larger than GPU memory work (as FAISS's ``bench_all_ivf.py`` does)."""
     import faiss
 
     sample = _train_sample(batches, n, dim, spec)
@@ -359,11 +325,8 @@ def _mmap_flags(path: Path) -> int:
 
 
 def load_dense(folder: str | Path, mmap: bool | str = "auto", nprobe: int | None = None) -> faiss.Index:
-    """Read ``folder/dense.faiss``; ``mmap="auto"`` maps it when the file is over 2 GiB.
-
-    ``nprobe`` (IVF only) overrides the value saved with the index. A mapped
-    index must not have its file replaced or deleted while in use.
-    """
+    """Read ``folder/dense.faiss``; ``mmap="auto"`` maps it when over 2 GiB (its file must then stay in place).
+    ``nprobe`` (IVF only) overrides the saved value."""
     import faiss
 
     path = Path(folder) / DENSE_FILE

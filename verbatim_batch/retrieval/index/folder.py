@@ -145,12 +145,9 @@ def _write_ids_and_bm25(ids: pa.Table, chunks_dir: str, folder: str, bm25: bool)
 
 def update_index_files(previous: str, embeddings_dir: str, chunks_dir: str, folder: str, bm25: bool,
                        max_drift: float, since_rebuild: tuple[int, int]) -> dict[str, Any] | None:
-    """Update ``previous``'s index for an embed run that carried vectors from the one it indexed.
-
-    Kept rows are the carried chunks (same id, same vector); everything else the old index holds is
-    removed and the newly embedded chunks are added after the kept rows. Returns None when the drift
-    calls for a rebuild (or the old index cannot tell what it holds). Drift is counted since the last
-    rebuild (``since_rebuild``: vectors then, vectors removed or added since), not per night.
+    """Update ``previous``'s index for an embed run that carried vectors from the one it indexed: the carried
+    chunks kept, the rest removed, the new ones added after. None when the drift since the last rebuild
+    (``since_rebuild``: vectors then, changed since) calls for a rebuild, or the old index cannot tell what it holds.
     """
     import numpy as np
 
@@ -176,7 +173,6 @@ def update_index_files(previous: str, embeddings_dir: str, chunks_dir: str, fold
     n_new = int(new_counts.sum())
     base_n, changed = since_rebuild
     # drift counts since the last build, but the action is tonight's: nothing removed or added is ``unchanged``
-    # (with earlier nights' changes in the drift, it said ``added`` with 0 added and 0 removed)
     action, drift = ("unchanged", changed / max(base_n, 1)) if not len(removed) and not n_new else \
         plan_update(base_n, changed + len(removed), n_new, max_drift)
     if action == "rebuilt":

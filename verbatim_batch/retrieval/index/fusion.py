@@ -15,19 +15,11 @@ def rrf(
 ) -> list[list[tuple[int, float, dict[str, int | None]]]]:
     """Fuse per-method rankings; per query, the top ``k`` as ``(row, score, {method: rank or None})``.
 
-    ``ranked[method][q]`` lists candidate rows for query ``q`` best first (no -1
-    entries; a row listed twice counts at its first, best rank). The fused score is
-    ``sum(weights[m] / (rrf_k + rank_m))`` over the methods that ranked the row,
-    ranks 1-based. Order: score descending, then best weighted-in individual rank,
-    then row id, or ``tie_key(row)`` when given (e.g. the chunk id, so that the order does not
-    depend on where a chunk sits in the index). Methods with weight 0 add nothing and bring no candidates of their
-    own, but still report their ranks for rows the others found.
-
-    A row that a method did not list adds nothing for that method by default (plain RRF). With ``fill_missing``
-    it counts at the rank just past the method's list for that query (``len(list) + 1``): the best rank it can
-    have there, since the method looked that deep and put it lower (or, past the documents a BM25 query
-    matches, ties it with every other non-match). So a method's top hit that the other method ranks somewhere
-    below its candidate depth is not scored as if that method had never seen it. Reported ranks stay ``None``.
+    ``ranked[method][q]`` lists candidate rows for query ``q`` best first (a repeated row counts at its first
+    rank). Score ``sum(weights[m] / (rrf_k + rank_m))`` (ranks 1-based), ordered by score, then best weighted-in
+    rank, then row id or ``tie_key(row)`` (e.g. the chunk id, independent of index order). Methods with weight 0
+    bring no candidates but report their ranks. With ``fill_missing``, a row a method did not list counts at
+    ``len(list) + 1`` for it (the method looked that deep) instead of nothing; reported ranks stay ``None``.
     """
     if not isinstance(ranked, dict) or not ranked:
         raise ValueError("ranked must be a non-empty dict: method -> per-query ranked rows")

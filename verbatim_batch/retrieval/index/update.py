@@ -1,15 +1,9 @@
 """Incremental updates of a dense index for nightly runs: remove rows, append new vectors.
 
-The index layout stays the one ``build_dense`` makes: row ``i`` of the index is
-row ``i`` of ``ids.parquet`` (and of the BM25 texts), rows contiguous ``0..n-1``.
-After ``update_dense`` the rows are the old rows that were not removed, in their
-old relative order, followed by the new vectors; the caller rewrites
-``ids.parquet`` (and rebuilds BM25) in that same order.
-
-The update is done in place with FAISS's own incremental operations, never a
-rebuild: the IVF coarse quantizer and PQ codebooks are reused as trained. That is
-only sound while the corpus has not drifted far from what they were trained on;
-``plan_update`` decides when to rebuild instead.
+Row ``i`` of the index is row ``i`` of ``ids.parquet``, rows contiguous ``0..n-1``; after ``update_dense`` they
+are the kept old rows in order, then the new vectors (the caller rewrites ``ids.parquet`` and BM25 alike). FAISS's
+own incremental operations reuse the trained quantizer and codebooks, which is sound only while the corpus has not
+drifted far: ``plan_update`` decides when to rebuild instead.
 """
 
 from __future__ import annotations
@@ -25,26 +19,12 @@ from verbatim_batch.retrieval.index.dense import _is_int
 def plan_update(n_old: int, n_removed: int, n_added: int, max_drift: float) -> tuple[str, float]:
     """Choose between updating the index in place and rebuilding it: ``(action, drift)``.
 
-    ``drift = (n_removed + n_added) / max(n_old, 1)``, the fraction of the index that
-    changes. ``action`` is ``"unchanged"`` when nothing is removed or added,
-    ``"rebuilt"`` when ``drift > max_drift`` or the old index is empty, else ``"added"``
-    (take the ``update_dense`` path).
-
-    Why drift bounds the add path: IVF centroids (and PQ codebooks) were trained on the
-    old vectors. New vectors are filed under the nearest old centroid whatever they
-    look like, so as the corpus drifts the inverted lists become unbalanced (a few
-    long lists, many near-empty ones) and the share of a query's neighbours found in
-    its ``nprobe`` nearest lists, i.e. recall at a fixed ``nprobe``, drops; PQ codes
-    of vectors far from the training distribution also get less accurate.
-
-    It also bounds growth: the index ends with at most ``(1 + max_drift) * n_old``
-    vectors, so its ``nlist`` (chosen for the size it was built at) stays about right.
-    Nightly updates compound, though; to bound the drift since the IVF index was
-    trained rather than since last night, pass ``n_old`` = the size at the last rebuild
-    and the removals and additions counted since then (including tonight's).
-
-    A flat index has nothing trained, so the add path is exact at any drift: pass
-    ``max_drift=math.inf`` for it (it is still rebuilt from empty).
+    ``drift = (n_removed + n_added) / max(n_old, 1)``; ``action`` is ``"unchanged"`` when nothing changes,
+    ``"rebuilt"`` when ``drift > max_drift`` or the old index is empty, else ``"added"`` (``update_dense``).
+    Why: new vectors are filed under the old centroids whatever they look like, so as the corpus drifts the lists
+    unbalance and recall at a fixed ``nprobe`` drops (and ``nlist`` no longer fits the size). To bound the drift
+    since training, pass ``n_old`` at the last rebuild and the changes since. A flat index is exact at any drift
+    (``max_drift=math.inf``).
     """
     for name, value in (("n_old", n_old), ("n_removed", n_removed), ("n_added", n_added)):
         if not _is_int(value) or value < 0:
@@ -152,23 +132,13 @@ def _check_rows_contiguous(invlists, n_old: int) -> None:
 
 
 def update_dense(index: faiss.Index, removed_rows: np.ndarray, new_vectors: np.ndarray) -> faiss.Index:
-    """Remove ``removed_rows`` from ``index`` and append ``new_vectors``; returns ``index`` (updated in place).
+    """Remove ``removed_rows`` (unique rows, any order) from ``index`` and append ``new_vectors`` (finite
+    ``(m, d)`` floats), in place: afterwards the kept old rows come first in their order, then the new ones.
 
-    Afterwards row ``j`` is, for ``j < n_kept``, the ``j``-th old row that was not
-    removed (old order kept), and row ``n_kept + i`` is ``new_vectors[i]``.
-
-    * flat (``IndexFlat``): ``remove_ids`` (which compacts the storage in order) and ``add``.
-    * IVF (``IndexIVFFlat``, ``IndexIVFPQ``): ``remove_ids``, then the ids left in every
-      inverted list are rewritten in place to their new rows (old row -> its rank among
-      the kept rows), then ``add_with_ids`` with rows ``n_kept..``. The coarse quantizer
-      and PQ codebooks are reused, not retrained (see ``plan_update`` for when to rebuild).
-      A direct map (``make_direct_map``), if any, is dropped and rebuilt for the new rows.
-
-    ``removed_rows``: unique integer rows in ``0..ntotal-1``, any order. ``new_vectors``:
-    ``(m, d)`` floats (converted to float32), finite. Inputs and the index are all
-    checked before anything changes, so on ``ValueError``/``TypeError`` the index is
-    untouched. An index loaded memory-mapped (``load_dense(..., mmap=True)``) is
-    read-only and gets a ``ValueError``: load it with ``mmap=False`` to update it.
+    Flat: ``remove_ids`` (compacts in order) and ``add``. IVF: ``remove_ids``, the ids left in every list rewritten
+    in place to their new rows, then ``add_with_ids``; a direct map is dropped and rebuilt. Everything is checked
+    before anything changes, so on ``ValueError``/``TypeError`` the index is untouched (a memory-mapped one is
+    refused: load it with ``mmap=False``).
     """
     is_flat = isinstance(index, faiss.IndexFlat)
     is_ivf = isinstance(index, faiss.IndexIVF)
