@@ -136,10 +136,15 @@ def test_embed_carries_by_every_setting_but_its_input(inputs, tmp_path):
     prev = _committed(tmp_path / "prev", "embed", config | {"chunks": old})  # another chunk run: carried across
     same, why = unchanged_chunks(prev, str(tmp_path / "new" / "chunks"), config)
     assert (same.to_pylist(), why) == (["c1"], None)  # c0's context changed
-    for key, value in (("embedder_hash", "another"), ("dim", 7), ("embedder", {"model": "another"})):
+    for key, value in (("embedder_hash", "another"), ("dim", 7), ("model_revision", "another"),
+                       ("a_setting_added_later", 1)):
         prev = _committed(tmp_path / f"prev-{key}", "embed", config | {"chunks": old, key: value})
-        same, why = unchanged_chunks(prev, str(tmp_path / "new" / "chunks"), config)
+        same, why = unchanged_chunks(prev, str(tmp_path / "new" / "chunks"), config | {key: config.get(key, 2)})
         assert (len(same), why) == (0, f"embedder changed ({key})")
+    # the embedder by its hash: its model at another path (a bundled model in another venv) is the same model
+    prev = _committed(tmp_path / "prev-path", "embed",
+                      config | {"chunks": old, "embedder": config["embedder"] | {"model": "/elsewhere/model"}})
+    assert unchanged_chunks(prev, str(tmp_path / "new" / "chunks"), config)[0].to_pylist() == ["c1"]
 
 
 def _embed(chunks: str, output: str, model: str, run_id: str, budget: int, *extra: str, env: dict | None = None):

@@ -94,9 +94,10 @@ class EmbedJob(RunOptions):
 def unchanged_chunks(previous: str, chunks_dir: str, config: dict[str, Any]) -> tuple[pa.Array, str | None]:
     """Chunk ids whose vectors ``previous`` holds and may be carried (same id, same context, and every setting
     the same but the input, which a vector carries across: the embedder's config and weights), and why none
-    may be, if so."""
+    may be, if so. The embedder is compared by its hash (``embedder_hash``: the model by its portable id, so a
+    bundled model at another path is the same)."""
     prev = manifest_config(previous)
-    if key := changed_setting(prev, config, across=carried_across(EmbedJob)):
+    if key := changed_setting(prev, config, across=(*carried_across(EmbedJob), "embedder")):
         return pa.array([], pa.string()), f"embedder changed ({key})"
     new = storage.read_parquet(chunks_dir, columns=["chunk_id", "context"])
     old = storage.read_parquet(committed_table_dir(prev["chunks"], "chunks"), columns=["chunk_id", "context"])
