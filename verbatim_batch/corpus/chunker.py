@@ -8,12 +8,12 @@ three promises, checked by property tests:
 * pipe tables (with their ``Table N:`` caption) and fenced code blocks are never
   split; one that is larger than ``max_chars`` stays whole and is flagged.
 
-How it works: the text is cut into lines at ``\\n``, ``\\r\\n`` or a lone ``\\r``
-(terminators stay in the text, so offsets are exact whatever the line ends; a
-leading byte-order mark is ignored when classifying the first line and kept in
-the first chunk). Lines become *units*: a heading
-line, a paragraph (a run of non-blank text lines), a pipe table (plus an
-adjacent caption paragraph) or a fenced code block. Units are grouped into
+How it works: ``corpus.markdown.scan`` cuts the text into lines and classifies
+them (see there: line ends, headings, fences; a leading byte-order mark stays in
+the first chunk; a fence line that never closes is text, and its chunk is flagged
+``unclosed_fence``). Lines become *units*: a heading line, a paragraph (a run of
+non-blank text lines), a pipe table (plus an adjacent caption paragraph) or a
+fenced code block. Units are grouped into
 sections at ATX headings whose level is in ``heading_levels``; deeper headings
 stay inside their section as text. Sections longer than ``max_chars`` are cut
 between units (that is, at blank lines outside protected blocks); a single text
@@ -21,21 +21,17 @@ unit that is still too long is cut at a line break, else a sentence end, else a
 space, and flagged ``forced_split``. Finally, chunks shorter than ``min_chars``
 merge into the next chunk (or the previous one) when the result fits
 ``max_chars``.
-
-A fence opener with no matching closer is not a fence: the line is plain text
-(and the chunk is flagged ``unclosed_fence``), so one stray fence cannot swallow
-the rest of the paper.
 """
 
 from __future__ import annotations
 
-import bisect
 import re
 from dataclasses import asdict, dataclass
 
 from verbatim_batch.core import limits
 from verbatim_batch.core.options import Declared, option
 from verbatim_batch.core.tables import config_hash
+from verbatim_batch.corpus import markdown as md
 from verbatim_batch.corpus.readers import NORMALIZATIONS
 
 
@@ -67,16 +63,8 @@ HAS_CODE = "has_code"
 
 # Unit kinds.
 _TEXT, _HEADING, _TABLE, _CODE = 0, 1, 2, 3
-# Line classes.
-_BLANK, _LINE_TEXT, _LINE_HEADING, _LINE_TABLE, _LINE_FENCE = 0, 1, 2, 3, 4
 
-_HEADING_RE = re.compile(r"(#{1,6})(?:[ \t]+(.*?))?(?:[ \t]+#+)?[ \t]*$")
-_FENCE_RE = re.compile(r"(`{3,}|~{3,})(.*)$")
 _SENTENCE_END_RE = re.compile(r"[.!?][\"')\]]*\s")
-_LONE_CR_RE = re.compile(r"\r(?!\n)")
-_LINE_SPLIT_RE = re.compile(r"\n|\r(?!\n)")
-_LINE_END_RE = re.compile(r"\r\n?|\n")
-BOM = "\ufeff"
 
 
 @dataclass(frozen=True)
@@ -187,24 +175,6 @@ def is_reference_heading(text: str) -> bool:
     return bool(_REFERENCES_RE.fullmatch(_plain(text)))
 
 
-def _headings(lines: list[str]):
-    """``(line number, heading text)`` of the ATX headings among ``lines`` (outside code fences)."""
-    fence = None
-    for i, line in enumerate(lines):
-        stripped = line.strip()
-        m = _FENCE_RE.match(stripped)
-        if m and len(line) - len(line.lstrip(" ")) <= 3:
-            if fence is None:
-                fence = m.group(1)[0] * 3
-            elif stripped.startswith(fence):
-                fence = None
-            continue
-        if fence is None and stripped.startswith("#") and len(line) - len(line.lstrip(" ")) <= 3:
-            m = _HEADING_RE.match(stripped)
-            if m and m.group(2) and m.group(2).strip():
-                yield i, m.group(2).strip()
-
-
 def first_heading(text: str, limit: int = 20_000) -> str | None:
     """The paper's title from its text, for papers without a metadata title (docling puts it in a heading).
 
@@ -212,13 +182,13 @@ def first_heading(text: str, limit: int = 20_000) -> str | None:
     Introduction``, ``References``, ... at any level: see ``is_section_heading``); failing that, the first
     non-empty line that is neither a section heading nor markup (a leading ``Title:`` label dropped).
     Trimmed and capped at ``TITLE_MAX_CHARS``; None for a paper with no such line."""
-    lines = _LINE_END_RE.split(text[:limit].removeprefix(BOM))
-    for _, heading in _headings(lines):
+    scan = md.scan(text[:limit].removeprefix(md.BOM))
+    for heading in (h for _, h in scan.headings.values() if h):  # in line order, outside code blocks
         if is_section_heading(heading):
             break  # the body has started: later headings are sections, not the title
         return _cap(_plain(heading))
-    for line in lines:
-        m = _HEADING_RE.match(line.strip()) if line.lstrip().startswith("#") else None
+    for line in scan.lines:
+        m = md.HEADING_RE.match(line.strip()) if line.lstrip().startswith("#") else None
         plain = _plain((m.group(2) or "") if m else line)
         if not plain or is_section_heading(plain) or plain.startswith(("<!--", "<", "|", "![", "```", "~~~")):
             continue
@@ -252,119 +222,44 @@ def chunk_markdown(text: str, config: ChunkerConfig | None = None) -> list[Chunk
 # --- lines and units -------------------------------------------------------------
 
 
-def _split_lines(text: str) -> tuple[list[str], list[int]]:
-    """Lines and their start offsets. ``\n``, ``\r\n`` and a lone ``\r`` end a line (CommonMark's line
-    endings); a ``\r`` before ``\n`` stays at the end of its line, as it always did, so CRLF papers chunk
-    exactly as before."""
-    lines = _LINE_SPLIT_RE.split(text) if "\r" in text and _LONE_CR_RE.search(text) else text.split("\n")
-    starts = [0] * len(lines)
-    pos = 0
-    for i, line in enumerate(lines):
-        starts[i] = pos
-        pos += len(line) + 1  # every terminator but the last is one character (\n or a lone \r)
-    return lines, starts
-
-
 def _units(text: str, config: ChunkerConfig) -> list[tuple]:
     """Units as tuples ``(kind, start, end, level, heading_text, flags)``."""
-    lines, starts = _split_lines(text)
-    n = len(lines)
-    cls = [_BLANK] * n
-    indents = [0] * n
-    fences: dict[int, tuple[str, int, bool]] = {}  # line -> (char, length, can_close)
-    closers: dict[str, list[int]] = {"`": [], "~": []}
-    bom = text.startswith(BOM)
-    for i, line in enumerate(lines):
-        if i == 0 and bom:  # a byte-order mark is not text: classify the line without it, keep it in the unit
-            body = line[1:].lstrip()
-            indent = len(line) - 1 - len(body)
-            if not body:
-                cls[i] = _LINE_TEXT
-                continue
-        else:
-            body = line.lstrip()
-            if not body:
-                continue
-            indent = len(line) - len(body)
-            indents[i] = indent
-        c = body[0]
-        if indent <= 3:
-            if c == "#":
-                if _HEADING_RE.match(body):
-                    cls[i] = _LINE_HEADING
-                    continue
-            elif c == "|":
-                cls[i] = _LINE_TABLE
-                continue
-            elif c == "`" or c == "~":
-                m = _FENCE_RE.match(body)
-                if m and not (c == "`" and "`" in m.group(2)):
-                    can_close = not m.group(2).strip()
-                    fences[i] = (c, len(m.group(1)), can_close)
-                    if can_close:
-                        closers[c].append(i)
-                    cls[i] = _LINE_FENCE
-                    continue
-        cls[i] = _LINE_TEXT
-
-    def line_end(i: int) -> int:
-        return starts[i] + len(lines[i].rstrip())
-
+    scan = md.scan(text)
+    kinds, starts, end = scan.kinds, scan.starts, scan.end
+    n = len(kinds)
     units: list[tuple] = []
     i = 0
     while i < n:
-        kind = cls[i]
-        if kind == _BLANK:
+        kind = kinds[i]
+        if kind == md.BLANK:
             i += 1
             continue
-        start = starts[i] + indents[i]  # a leading BOM stays inside the first unit (coverage is exact)
-        if kind == _LINE_HEADING:
-            m = _HEADING_RE.match(lines[i].lstrip(BOM).strip() if i == 0 else lines[i].strip())
-            units.append((_HEADING, start, line_end(i), len(m.group(1)), (m.group(2) or "").strip(), ()))
+        start = starts[i] + scan.indents[i]  # a leading BOM stays inside the first unit (coverage is exact)
+        if kind == md.HEADING:
+            units.append((_HEADING, start, end(i), *scan.headings[i], ()))
             i += 1
             continue
-        if kind == _LINE_FENCE:
-            j = _find_closer(i, fences, closers)
-            if j is not None:
-                units.append((_CODE, start, line_end(j), 0, "", ()))
-                i = j + 1
-                continue
-        if kind == _LINE_TABLE:
+        if kind == md.FENCE:
+            j = scan.closers[i]
+            units.append((_CODE, start, end(j), 0, "", ()))
+            i = j + 1
+            continue
+        if kind == md.TABLE:
             j = i
-            while j + 1 < n and cls[j + 1] == _LINE_TABLE:
+            while j + 1 < n and kinds[j + 1] == md.TABLE:
                 j += 1
-            units.append((_TABLE, start, line_end(j), 0, "", ()))
+            units.append((_TABLE, start, end(j), 0, "", ()))
             i = j + 1
             continue
         # A paragraph: text lines (and fence lines that never close) up to a blank
         # line, a heading, a table row or a fence that does close.
-        flags: tuple[str, ...] = (UNCLOSED_FENCE,) if kind == _LINE_FENCE else ()
         j = i
-        while j + 1 < n:
-            nxt = cls[j + 1]
-            if nxt == _LINE_TEXT:
-                j += 1
-            elif nxt == _LINE_FENCE and _find_closer(j + 1, fences, closers) is None:
-                flags = (UNCLOSED_FENCE,)
-                j += 1
-            else:
-                break
-        units.append((_TEXT, start, line_end(j), 0, "", flags))
+        while j + 1 < n and kinds[j + 1] in (md.TEXT, md.UNCLOSED):
+            j += 1
+        flags = (UNCLOSED_FENCE,) if md.UNCLOSED in kinds[i : j + 1] else ()
+        units.append((_TEXT, start, end(j), 0, "", flags))
         i = j + 1
     return _attach_captions(text, units, re.compile(config.caption_pattern, re.IGNORECASE))
-
-
-def _find_closer(i: int, fences: dict, closers: dict) -> int | None:
-    """Line index closing the fence opened at line ``i``, or None."""
-    char, length, _ = fences[i]
-    candidates = closers[char]
-    k = bisect.bisect_right(candidates, i)
-    while k < len(candidates):
-        j = candidates[k]
-        if fences[j][1] >= length:
-            return j
-        k += 1
-    return None
 
 
 def _attach_captions(text: str, units: list[tuple], caption_re: re.Pattern) -> list[tuple]:
@@ -476,7 +371,7 @@ def _split_long(text: str, start: int, end: int, limit: int) -> list[tuple[int, 
         window_end = pos + limit
         cut = text.rfind("\n", pos + 1, window_end)
         if cut <= pos:  # a lone \r ends a line too (CR-only papers)
-            cut = max((m.start() for m in _LONE_CR_RE.finditer(text, pos + 1, window_end)
+            cut = max((m.start() for m in md.LONE_CR.finditer(text, pos + 1, window_end)
                        if text[m.start() + 1 : m.start() + 2] != "\n"), default=-1)
         if cut <= pos:
             cut = -1

@@ -4,7 +4,8 @@ Prose lines are split at sentence ends (``.``, ``!``, ``?``, possibly followed b
 quotes or brackets and by citation markers such as ``[12]`` or ``<sup>3</sup>``, then space and
 an upper-case letter, digit or opening bracket), except after common abbreviations of
 scientific writing (``e.g.``, ``et al.``, ``Fig.``, initials ...); a period between digits
-(``0.923``) is never an end, as no space follows it. Markdown structure decides the rest: each
+(``0.923``) is never an end, as no space follows it. Markdown structure (``corpus.markdown.scan``:
+lines, fences, table rows, as the chunker reads them) decides the rest: each
 heading line, each table row (pipe rows; lines with two or more tabs, and runs of lines with a tab,
 as PDF conversions write tables), each list item and each caption paragraph (``Table 3: ...``,
 ``**Figure 2.** ...``, one unit however many sentences it has) is a unit of its own; fenced code is
@@ -34,6 +35,8 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
+from verbatim_batch.corpus import markdown as md
+
 PROSE, HEADING, LIST_ITEM, TABLE_ROW, CAPTION, CODE = "prose", "heading", "list_item", "table_row", "caption", "code"
 RUN_IN = "run_in_heading"  # the short title that opens a paragraph: part of the paragraph, never evidence alone
 REFERENCE, TOC, FRONT_MATTER = "reference", "toc", "front_matter"
@@ -56,9 +59,7 @@ _ABBREVIATIONS = frozenset(
 )
 _BOUNDARY = re.compile(r"[.!?][\"')\]]*(?:\[[^\]\n]{1,40}\]|<sup>[^<\n]{1,20}</sup>)*\s+(?=[\"'(\[]?[A-Z0-9])")
 _CAPTION = re.compile(r"[*_]{0,2}(?:Table|Tab\.|Figure|Fig\.)\s*[A-Z]?\d+[a-z]?\s*[:.|]")
-_FENCE = re.compile(r"^\s{0,3}(```|~~~)")
 _TABLE_SEPARATOR = re.compile(r"^\s*\|?\s*:?-{2,}")
-_LIST_ITEM = re.compile(r"^\s*(?:[-*+•]|\d+[.)])\s+")
 _RUN_IN_BOLD = re.compile(r"(\*\*[^*\n]{2,80}\*\*|__[^_\n]{2,80}__)[ \t]+(?=\S)")
 
 # --- parts of a paper that are not its body -----------------------------------------------------------------
@@ -273,16 +274,10 @@ class _Block(NamedTuple):
 
 
 def _blocks(text: str) -> list[_Block]:
-    lines: list[tuple[int, int, str]] = []
-    pos = 0
-    for line in text.splitlines(keepends=True):
-        body = line.rstrip("\r\n")
-        lines.append((pos, pos + len(body), body))
-        pos += len(line)
+    scan = md.scan(text)
     out: list[_Block] = []
     section: str | None = None
     para: list[tuple[int, int]] = []
-    fence_start: int | None = None
     header: tuple[int, int] | None = None  # the current table's first row
 
     def flush() -> None:
@@ -297,21 +292,19 @@ def _blocks(text: str) -> list[_Block]:
             para = []
 
     def tabbed(i: int) -> bool:
-        return 0 <= i < len(lines) and "\t" in lines[i][2] and bool(lines[i][2].strip())
+        return 0 <= i < len(scan.lines) and "\t" in scan.lines[i] and bool(scan.lines[i].strip())
 
-    for i, (ls, le, body) in enumerate(lines):
-        stripped = body.strip()
-        if _FENCE.match(body):
+    for i, (ls, kind) in enumerate(zip(scan.starts, scan.kinds, strict=True)):
+        if kind == md.FENCE:
             flush()
-            if fence_start is None:
-                fence_start = ls
-            else:
-                out.append(_Block("code", ((fence_start, le),), section))
-                fence_start = None
+            out.append(_Block("code", ((ls, scan.stop(scan.closers[i])),), section))
             continue
-        if fence_start is not None:
+        if kind == md.CODE:
             continue
-        is_row = stripped.startswith("|") or body.count("\t") >= 2 or (
+        le = scan.stop(i)
+        body = text[ls:le]
+        stripped = body.strip()
+        is_row = kind == md.TABLE or body.count("\t") >= 2 or (
             "\t" in body and stripped and (tabbed(i - 1) or tabbed(i + 1)))
         if not is_row:
             header = None
@@ -330,14 +323,12 @@ def _blocks(text: str) -> list[_Block]:
             if header is None:
                 header = (ls, le)
             out.append(_Block("row", ((ls, le),), section, header))
-        elif _LIST_ITEM.match(body):
+        elif md.LIST_ITEM.match(body):
             flush()
             out.append(_Block("item", ((ls, le),), section))
         else:
             para.append((ls, le))
     flush()
-    if fence_start is not None:
-        out.append(_Block("code", ((fence_start, len(text)),), section))  # an unclosed fence: the rest is one unit
     return out
 
 
@@ -351,7 +342,7 @@ def _classify(text: str, blocks: list[_Block]) -> list[str | None]:
         s, e = block.lines[0][0], block.lines[-1][1]
         body = text[s:e]
         if block.kind == "item":
-            body = _LIST_ITEM.sub("", body, count=1)
+            body = md.LIST_ITEM.sub("", body, count=1)
         if block.section == "refs":
             kinds[b] = REFERENCE
         elif block.section == "toc":

@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from verbatim_batch.core import storage, tables
+from verbatim_batch.corpus import markdown as md
 from verbatim_batch.extract.highlighter_spans import default_query_tokens, window_problem
 
 # --- thresholds --------------------------------------------------------------------------------------------
@@ -113,8 +114,6 @@ _PROSE_WORDS = frozenset(
     because while also than when where whereas here there such both each our further""".split()
 )
 _PROSE_RE = re.compile(rf"(?<![\w'’-])(?:{'|'.join(sorted(_PROSE_WORDS))})(?![\w'’-])")
-_MD_HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
-_BOLD_HEADING = re.compile(r"^\s*(?:\*\*|__)(.+?)(?:\*\*|__)\s*$")
 _HEADING_NUMBER = re.compile(r"^(?:[A-Z]\.|[IVXLC]+\.?|\d+(?:\.\d+)*\.?)\s+")
 _MERGED_ENTRY = re.compile(r"\s+(?=\[\d{1,4}\]\s+[A-Z])")
 _ENTRY_START = re.compile(r"^\[\d{1,4}\]\s")
@@ -189,20 +188,26 @@ def _split_merged(entry: str) -> list[str]:
     return [entry]
 
 
-def _is_heading_line(line: str) -> bool:
-    return bool(_MD_HEADING.match(line)) or (bool(_BOLD_HEADING.match(line)) and len(line.split()) <= 6)
+def _headings(text: str) -> tuple[md.Scan, dict[int, tuple[int, str]]]:
+    """``text`` scanned, and its headings by line: (level, title) of its markdown headings and of its bold lines
+    (``**References**``, level 7) of up to six words."""
+    scan = md.scan(text)
+    bold = {i: (7, b.group(1)) for i, (line, kind) in enumerate(zip(scan.lines, scan.kinds, strict=True))
+            if kind == md.TEXT and (b := md.BOLD_HEADING.match(line)) and len(line.split()) <= 6}
+    return scan, dict(sorted({**scan.headings, **bold}.items()))
 
 
 def _entries(text: str, by: str = "line") -> list[str]:
     """Candidate bibliography entries of ``text``, headings left out: one per non-empty line (``by="line"``) or
     one per blank-line-separated paragraph with its lines joined (``by="paragraph"``, for hard-wrapped entries)."""
-    lines = [ln.strip() for ln in text.splitlines()]
+    scan, headings = _headings(text)
+    lines = ["" if i in headings else ln.strip() for i, ln in enumerate(scan.lines)]
     if by == "line":
-        blocks = [ln for ln in lines if ln and not _is_heading_line(ln)]
+        blocks = [ln for ln in lines if ln]
     else:
         blocks, current = [], []
         for ln in lines + [""]:
-            if ln and not _is_heading_line(ln):
+            if ln:
                 current.append(ln)
             elif current:
                 blocks.append(" ".join(current))
@@ -239,23 +244,20 @@ def looks_like_reference_list(text: str) -> bool:
 
 
 def _reference_regions(chunk: str) -> list[tuple[int, int]]:
-    """Character ranges of ``chunk`` under a references heading, up to the next heading of the same or a
-    higher level (or the chunk's end)."""
+    """Character ranges of ``chunk`` under a references heading (a bold one of at most four words), up to the
+    next heading of the same or a higher level (or the chunk's end)."""
     regions: list[tuple[int, int]] = []
     open_at: tuple[int, int] | None = None  # (start, level)
-    pos = 0
-    for line in chunk.splitlines(keepends=True):
-        m = _MD_HEADING.match(line.rstrip("\r\n"))
-        b = None if m else _BOLD_HEADING.match(line.rstrip("\r\n"))
-        if m or (b and len(b.group(1).split()) <= 4):
-            level = len(m.group(1)) if m else 7
-            title = m.group(2) if m else b.group(1)
-            if open_at is not None and level <= open_at[1]:
-                regions.append((open_at[0], pos))
-                open_at = None
-            if open_at is None and is_reference_heading(title):
-                open_at = (pos, level)
-        pos += len(line)
+    scan, headings = _headings(chunk)
+    for i, (level, title) in headings.items():
+        if level == 7 and len(title.split()) > 4:
+            continue
+        pos = scan.starts[i]
+        if open_at is not None and level <= open_at[1]:
+            regions.append((open_at[0], pos))
+            open_at = None
+        if open_at is None and is_reference_heading(title):
+            open_at = (pos, level)
     if open_at is not None:
         regions.append((open_at[0], len(chunk)))
     return regions
@@ -310,7 +312,8 @@ def drop_reason(row: Mapping[str, Any], *, max_rank: int = MAX_RANK, min_words: 
     n_cites = count_citations(text)
     if n_cites >= MIN_CITATIONS and n_cites / n_words > citation_density:
         return "citation_dense"
-    prose = "\n".join(ln for ln in text.splitlines() if not ln.lstrip().startswith("|"))  # table cells hold years
+    scan = md.scan(text)  # table rows left out: their cells hold years
+    prose = "\n".join(ln for ln, kind in zip(scan.lines, scan.kinds, strict=True) if kind != md.TABLE)
     n_years = count_years(prose)
     if n_years >= MIN_YEARS and n_years / max(1, count_words(prose)) > year_density:
         return "year_dense"
