@@ -20,8 +20,8 @@ COUNT_PREFIX = "_count_"  # figures of a batch (time, padding) in ``_count_<name
 
 
 def with_counts(table: pa.Table, counts: dict[str, int]) -> pa.Table:
-    """``table`` with ``counts`` as ``_count_<name>`` columns on its first row; the sink adds them into the
-    manifest's counts (``time_ms.<part>`` for where time went)."""
+    """``table`` with ``counts`` as ``_count_<name>`` columns on its first row, which the sink adds into the
+    manifest."""
     for name, value in counts.items():
         marks = [0] * table.num_rows
         if marks:
@@ -31,9 +31,8 @@ def with_counts(table: pa.Table, counts: dict[str, int]) -> pa.Table:
 
 
 def with_retries(call: Callable[[pa.Table], pa.Table], batch: pa.Table, retries: int, what: str) -> pa.Table:
-    """``call(batch)``, retried up to ``retries`` times with backoff on an exception (a transient fault: a
-    flaky file system, an OOM on a shared GPU). The retry count rides along in ``RETRIES_COLUMN`` (first
-    row) for the sink to add up into the manifest; the last failure is raised."""
+    """``call(batch)``, retried up to ``retries`` times with backoff on an exception (a flaky file system, an OOM on a
+    shared GPU); the retries ride in ``RETRIES_COLUMN`` (first row) for the manifest; the last failure raises."""
     for attempt in range(retries + 1):
         try:
             fault_point(f"{what}.batch")
@@ -55,8 +54,7 @@ def with_retry_count(table: pa.Table, retries: int) -> pa.Table:
 
 
 def strip_internal(table: pa.Table) -> tuple[pa.Table, Counter]:
-    """``table`` without its internal columns, and what they carried (``stage_retries`` and the ``_count_``
-    figures, summed)."""
+    """``table`` without its internal columns, and what they carried (retries and ``_count_`` figures, summed)."""
     counts: Counter = Counter()
     internal = [c for c in table.column_names if c == RETRIES_COLUMN or c.startswith(COUNT_PREFIX)]
     for name in internal:

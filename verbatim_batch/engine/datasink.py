@@ -23,15 +23,11 @@ from verbatim_batch.engine.sink import TableCounter, TableSinkResult, no_counts,
 class StageTableSink(Datasink):
     """Runs a stage's writer on each block and writes ``<staging>/<table>/part-<key>.parquet``.
 
-    The writer (e.g. ``IngestStage``) maps one Arrow batch to several tables (papers, chunks, quarantine).
-    Running it inside the write task, fused with the read, keeps its outputs out of Ray's object store. The
-    file key hashes the row keys a write task holds, so the same input gives the same file names.
-
-    Every write ends with a record in ``_writes/part-<key>.json`` (the row keys it covers, and each file's
-    rows, bytes, digest and counts), written after its table files: a write is done exactly when its record
-    exists. ``runs.completed_keys`` reads them back so a resumed run skips that work, and ``finish`` (called
-    by the runner, once) sums the live files, old writes, carried and compacted files included.
-    """
+    The writer (e.g. ``IngestStage``) runs inside the write task, fused with the read, so its outputs stay out of
+    Ray's object store; the file key hashes the block's row keys, so the same input gives the same names. Every write
+    ends with a record ``_writes/part-<key>.json`` (its row keys, each file's rows, bytes, digest and counts), written
+    after its files: a write is done exactly when its record exists (``runs.completed_keys``); ``finish`` sums the
+    live files."""
 
     def __init__(self, writer: Callable[[pa.Table], dict[str, pa.Table]], staging: str,
                  schemas: dict[str, pa.Schema], key_columns: dict[str, str],
@@ -73,6 +69,6 @@ class StageTableSink(Datasink):
         return {k: v for k, v in out.items() if k not in ("keys", "stats")}
 
     def finish(self) -> TableSinkResult:
-        """Sum every live file (this run's writes, a resumed run's, carried and compacted files) into one
-        result; every table exists, even when empty."""
+        """Sum every live file (writes, resumed, carried and compacted) into one result; every table exists, even
+        empty."""
         return sum_live_files(self.staging, self.schemas)

@@ -1,17 +1,11 @@
 """Publishing a night as Apache Iceberg tables: what is published, where, and the catalog's faults in one line.
 
-Four tables, ``<namespace>.chunks``, ``retrieval``, ``pairs`` and ``spans``, hold the current state: one row per
-key (``tables.PUBLISHED_KEYS``, the tables' Iceberg identifier fields) of the night published last, with the
-``night`` that last wrote the row in front and its ``row_hash`` last. Publishing a night commits one snapshot
-per table that deletes the rows whose key left or changed and adds the new ones (``lake_state``); every
-published night is an Iceberg tag ``night-<run id>`` (a night that changed nothing tags the current snapshot and
-writes no data file), and the night's fingerprint is kept with it (``verbatim.fingerprint.<tag>``), so publishing
-a night again is a no-op. ``retain`` keeps the newest nights' tags and expires the other snapshots, removing
-the files only they read. Tables of the previous release (a partition per night) are refused with one line
-naming ``publish --convert`` (``lake_convert``).
-
-The schemas are those of ``tables.py`` (``arrow_schema``): one declaration. This module holds no Ray.
-pyiceberg is the ``iceberg`` extra, imported only when a catalog is opened.
+Four tables (``<namespace>.chunks``, ``retrieval``, ``pairs``, ``spans``) hold the current state: one row per key
+(``tables.PUBLISHED_KEYS``) of the night published last, with its ``night`` in front and ``row_hash`` last. A publish
+commits one snapshot per table deleting the rows whose key left or changed and adding the new ones (``lake_state``);
+each night is a tag ``night-<run id>`` with its fingerprint, so publishing it again is a no-op. ``retain`` keeps the
+newest nights' tags and expires the rest. Tables of the previous release are refused with one line naming
+``publish --convert`` (``lake_convert``). No Ray; pyiceberg (the ``iceberg`` extra) only when a catalog is opened.
 """
 
 from __future__ import annotations
@@ -74,9 +68,8 @@ class OldTables(ValueError):
 
 @dataclass(frozen=True, kw_only=True)
 class IcebergTarget(Declared):
-    """Where nights are published: a catalog (by default pyiceberg's SQL catalog in ``WAREHOUSE/catalog.db``)
-    and a namespace. ``publish`` takes these options, and so does ``nightly``: a night given a warehouse or a
-    catalog publishes itself once it is committed."""
+    """Where nights are published: a catalog (by default pyiceberg's SQL catalog in ``WAREHOUSE/catalog.db``) and a
+    namespace; ``publish`` and ``nightly`` (which publishes a committed night itself) take these options."""
 
     warehouse: str | None = option(
         None, "publish to Apache Iceberg tables here (a folder, or an object-store URI with --catalog-uri): "
@@ -217,9 +210,8 @@ def check_writable(target: IcebergTarget) -> None:
 
 @contextlib.contextmanager
 def publish_lock(target: IcebergTarget, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
-    """Publishes to one local warehouse take turns (``WAREHOUSE/.publish.lock``, an advisory lock the kernel
-    drops with its process): the later one waits up to ``wait_s`` and then stops with one line. Other catalogs
-    rely on Iceberg's optimistic commits alone (``publish`` compares again on a conflict)."""
+    """Publishes to one local warehouse take turns (``WAREHOUSE/.publish.lock``, an advisory lock): the later waits up
+    to ``wait_s``, then stops with one line. Other catalogs rely on Iceberg's optimistic commits alone."""
     if not target.warehouse or storage.is_remote(target.warehouse):
         yield
         return
@@ -262,8 +254,7 @@ def open_catalog(target: IcebergTarget) -> Catalog:
 
 
 def arrow_schema(name: str) -> pa.Schema:
-    """The Arrow schema of published table ``name``: ``night``, the columns of its ``tables.py`` schema, and
-    ``row_hash``."""
+    """The Arrow schema of published table ``name``: ``night``, its ``tables.py`` columns, ``row_hash``."""
     source = PUBLISHED[name].schema
     return pa.schema([pa.field(NIGHT, pa.string(), nullable=False), *source,
                       pa.field(ROW_HASH, pa.int64(), nullable=False)])
@@ -301,10 +292,8 @@ def ensure_table(catalog: Catalog, namespace: str, name: str) -> Table:
     from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError
 
     ident = (namespace, name)
-    try:
+    with contextlib.suppress(NamespaceAlreadyExistsError):  # another publish made it meanwhile
         catalog.create_namespace_if_not_exists(namespace)
-    except NamespaceAlreadyExistsError:  # another publish made it meanwhile
-        pass
     try:
         table = catalog.load_table(ident)
     except NoSuchTableError:
@@ -376,15 +365,13 @@ def is_published(table: Table, night: str, digest: str) -> bool:
 
 
 def night_snapshot(table: Table, night: str) -> int | None:
-    """The id of the snapshot tagged with ``night`` (``table.scan(snapshot_id=...)`` reads the table as that
-    night left it), or None."""
+    """The id of the snapshot tagged with ``night`` (the table as that night left it), or None."""
     ref = table.metadata.refs.get(tag_of(night))
     return ref.snapshot_id if ref is not None else None
 
 
 def night_properties(table: Table, night: str, digest: str, content: str) -> dict[str, str]:
-    """The table properties a publish of ``night`` sets: the night last published, its fingerprint by tag, the
-    content of the current state, and the publish order of the nights."""
+    """The table properties a publish of ``night`` sets: night, fingerprint by tag, content and publish order."""
     tag = tag_of(night)
     order = [t for t in night_tags(table) if t != tag] + [tag]
     return {NIGHT_PROP: night, f"{FINGERPRINT_PROP}.{tag}": digest, CONTENT_PROP: content,
@@ -401,9 +388,8 @@ def _snapshot_files(table: Table, snapshot: Any) -> set[str]:
 
 
 def retain(table: Table, keep: int) -> dict[str, int]:
-    """Keep the tags of the last ``keep`` nights published: older tags (and their fingerprints) go, every
-    snapshot neither the current one nor a kept tag names is expired, and the files only expired snapshots read
-    are deleted (a kept night, and the current state, read all theirs). Returns what went."""
+    """Keep the tags of the last ``keep`` nights: older tags and fingerprints go, snapshots neither current nor tagged
+    are expired, and the files only they read are deleted. Returns what went."""
     from pyiceberg.table.update import RemoveSnapshotRefUpdate
 
     order = night_tags(table)
@@ -433,9 +419,8 @@ def retain(table: Table, keep: int) -> dict[str, int]:
 
 
 def conform(batch: pa.Table, name: str, night: str) -> pa.Table:
-    """A batch of run rows as published table ``name`` holds them: ``night`` in front, every column cast to its
-    declared type (a column a run written before it existed lacks, when nullable, as nulls), ``row_hash``
-    last."""
+    """A batch of run rows as published table ``name`` holds them: ``night`` in front, columns cast to their declared
+    types (a nullable one an older run lacks as nulls), ``row_hash`` last."""
     schema = arrow_schema(name)
     columns = [pa.array([night] * batch.num_rows, pa.string())]
     for f in list(schema)[1:-1]:

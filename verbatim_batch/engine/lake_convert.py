@@ -1,12 +1,9 @@
 """``publish --convert``: tables of the previous release (a partition per night) as current-state tables.
 
-The previous release kept every night as a partition of its own, and each publish as a snapshot whose summary
-names the night (``verbatim.night``). Converting a table replays those nights, oldest first, into a new
-current-state table (each night's rows read from the snapshot that published it, so a night an earlier
-``--keep-nights`` dropped is still found while that snapshot is kept): each night is one commit and one tag, the
-night published last becomes the current state, and a night whose snapshot or files are gone is left out.
-The new table is built under a temporary name, then the old one is dropped with its files and the new one takes
-its name; a conversion cut short is started again (or, past the drop, finished) by running it again.
+Converting replays the old table's nights, oldest first (each read from the snapshot that published it), into a new
+current-state table, one commit and one tag per night; a night whose snapshot or files are gone is left out. The
+new table is built under a temporary name, then replaces the old one; a conversion cut short is started again (or,
+past the drop, finished) by running it again.
 """
 
 from __future__ import annotations
@@ -61,8 +58,7 @@ def _night_rows(table: Table, night: str, snapshot_id: int) -> pa.Table | None:
 
 
 def convert_table(catalog: Catalog, namespace: str, name: str) -> dict[str, Any] | None:
-    """Convert one table if it is of the previous release (or finish a conversion cut short); None if there was
-    nothing to convert."""
+    """Convert one table of the previous release (or finish a cut-short conversion); None if nothing to convert."""
     from pyiceberg.exceptions import NoSuchTableError
 
     ident, temp = (namespace, name), (namespace, name + TEMP_SUFFIX)

@@ -1,20 +1,14 @@
 """Current-state Iceberg tables: what a night changes, and the one snapshot that changes only that.
 
-A published table holds one row per key of the night published last (``tables.KEYS``), each with the ``night``
-that last wrote it and a ``row_hash`` of its columns (``row_hashes``: every column but those two). Publishing a
-night compares the night's row hashes with the table's live rows (``live_state``: the ``row_hash`` column of each
-data file, less the positions its delete files remove) as multisets: a live row whose hash the night lacks is
-deleted (its key left, or its row changed), a night row whose hash the table lacks is added, and every other row
-stays where it is, not rewritten. ``commit_state`` commits that as one snapshot: Iceberg v2 position-delete files
-(one per data file touched; a data file left with no live row is removed instead) and the added rows' data files,
-with the night's tag and summary in the same commit.
+A published table holds one row per key of the night published last, each with the ``night`` that last wrote it
+and a ``row_hash`` of its other columns. Publishing compares the night's row hashes with the table's live rows
+(``live_state``) as multisets: a live row whose hash the night lacks is deleted, a night row the table lacks is
+added, every other row stays unrewritten. ``commit_state`` commits that as one snapshot (Iceberg v2
+position-delete files, or a data file removed when none of it stays live, plus the added rows), with the tag.
 
-The row hashes of a night's Parquet file are kept by the file's digest (``HASHES_DIR`` under the table, content
-addressed, so never stale): a file that is unchanged since an earlier night (a nightly run carries unchanged
-files by their bytes) is not read again, and neither is a file its run carried from an earlier one by rewriting
-that file's unchanged rows (``carried_hashes``: its ``files.json`` names the earlier file's digest and which of
-its rows it holds, so its hashes are those rows' recorded hashes). The cache can be deleted at any time; it is
-rebuilt when missing.
+The row hashes of a night's Parquet file are cached by its digest (``HASHES_DIR``, content addressed, never
+stale), so a file carried by its bytes is not read again, nor one carried by rewriting an earlier file's rows
+(``carried_hashes``). The cache may be deleted at any time.
 """
 
 from __future__ import annotations
@@ -152,11 +146,9 @@ KEY_HASH = "key_hash"  # in the cache: a 64-bit hash of each row's key columns (
 
 
 def carried_hashes(table: Table, provenance: Any, keys: pa.Table) -> np.ndarray | None:
-    """The row hashes of a night file that its run carried from an earlier file by rewriting some of that
-    file's rows (``provenance``: its ``files.json`` entry's ``carried_from``, the earlier file's digest and the
-    ``[start, stop)`` ranges of its rows, in order; ``keys``: the night file's key columns): those rows' hashes
-    as recorded for the earlier file. None, and the file is read and hashed, when the earlier file has no record
-    or when the provenance is not ranges of it whose recorded keys are, row for row, ``keys``."""
+    """The row hashes of a night file that a run carried by rewriting an earlier file's rows (``provenance``: the
+    earlier digest and its ``[start, stop)`` row ranges; ``keys``: the night file's key columns), as recorded for the
+    earlier file; None (read and hash it) when there is no record or the ranges' recorded keys are not ``keys``."""
     if not isinstance(provenance, dict) or not isinstance(provenance.get("digest"), str):
         return None
     ranges = provenance.get("rows")
@@ -178,8 +170,7 @@ def carried_hashes(table: Table, provenance: Any, keys: pa.Table) -> np.ndarray 
 
 
 def store_hashes(table: Table, digest: str, hashes: np.ndarray, keys: pa.Table) -> None:
-    """Record a night file's row hashes and the hashes of its key columns under its digest (a cache: a failure
-    to write it is no error)."""
+    """Cache a night file's row and key-column hashes under its digest (a failure to write is no error)."""
     try:
         with table.io.new_output(_cache_path(table, digest)).create(overwrite=True) as fh:
             pq.write_table(pa.table({ROW_HASH: pa.array(hashes, pa.int64()),
@@ -193,8 +184,7 @@ def store_hashes(table: Table, digest: str, hashes: np.ndarray, keys: pa.Table) 
 
 @dataclass
 class Change:
-    """What a night changes in one table: the positions to delete per live data file, the files left with no
-    live row, and the added rows' data files."""
+    """What a night changes in one table: positions to delete per data file, files left empty, added data files."""
 
     deletes: dict[str, np.ndarray] = field(default_factory=dict)
     dropped: list[Any] = field(default_factory=list)
@@ -249,8 +239,7 @@ def write_delete_files(table: Table, deletes: dict[str, np.ndarray]) -> list[Any
 
 
 def write_data_files(table: Table, batches: Iterable[pa.Table]) -> list[Any]:
-    """The added rows (conformed, hashed) as data files of ``table``, written in this process in batches of
-    about ``FLUSH_ROWS`` rows (not committed)."""
+    """The added rows (conformed, hashed) as ``table``'s data files, in batches of ``FLUSH_ROWS`` (not committed)."""
     from pyiceberg.io.pyarrow import _dataframe_to_data_files
 
     out: list[Any] = []
@@ -319,9 +308,8 @@ def _producer(txn: Transaction, summary: dict[str, str], delete_files: list[Any]
 
 def commit_state(table: Table, change: Change, summary: dict[str, str], tag: str,
                  properties: dict[str, str]) -> int:
-    """One commit: ``change`` as one snapshot (none when it is empty) with ``summary``, the tag ``tag`` on that
-    snapshot (on the current one when nothing changed) and ``properties`` set. Atomic: a conflicting commit, or a
-    process killed before it, leaves the table as it was. Returns the tagged snapshot's id."""
+    """One atomic commit: ``change`` as one snapshot (none when empty) with ``summary``, the tag ``tag`` on it (on the
+    current one when nothing changed) and ``properties``; returns the tagged snapshot's id."""
     from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
     from pyiceberg.table.update import AssertRefSnapshotId, SetSnapshotRefUpdate
 
@@ -348,8 +336,7 @@ def commit_state(table: Table, change: Change, summary: dict[str, str], tag: str
 
 
 def table_change(table: Table, rows: pa.Table) -> Change:
-    """What making ``rows`` (conformed, hashed) the state of ``table`` changes, the added rows written in this
-    process (not committed)."""
+    """What making ``rows`` (conformed, hashed) ``table``'s state changes, the added rows written (not committed)."""
     live = live_state(table)
     old = np.concatenate([f.hashes[f.live] for f in live]) if live else np.zeros(0, np.int64)
     gone, added = multiset_diff(old, rows[ROW_HASH].to_numpy())

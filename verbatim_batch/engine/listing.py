@@ -18,8 +18,7 @@ MIN_GROUP_BYTES = 8 * 1024 * 1024
 
 
 def balanced_groups(files: list, parallelism: int, max_bytes: int) -> list[list]:
-    """Contiguous groups of files: about ``parallelism`` of them, each 8 MiB to ``max_bytes``
-    (so small corpora do not turn into many tiny tasks and files)."""
+    """Contiguous groups of files: about ``parallelism`` of them, each 8 MiB to ``max_bytes`` (no tiny tasks)."""
     total = sum(f.size for f in files)
     target = max(MIN_GROUP_BYTES, min(max_bytes, total // parallelism + 1))
     groups: list[list] = [[]]
@@ -34,9 +33,8 @@ def balanced_groups(files: list, parallelism: int, max_bytes: int) -> list[list]
 
 
 def md_duplicates(files: list[corpus.SourceFile], max_paper_bytes: int) -> tuple[dict[str, str], int]:
-    """``({paper_id: winning source}, number of files)`` of a folder of md/txt papers, from the listing alone (a
-    paper's id is its file's stem); a file the reader will reject (unreadable, too large) never wins. Parquet and
-    JSONL corpora are scanned by Ray: ``source.record_duplicates``."""
+    """``({paper_id: winning source}, number of files)`` of a folder of md/txt papers, from the listing alone (an id is
+    its file's stem; a file the reader rejects never wins). Parquet and JSONL: ``source.record_duplicates``."""
     return duplicate_winners(
         (None if f.problem or f.size > max_paper_bytes else corpus.md_paper_id(f.path), f.path) for f in files)
 
@@ -71,9 +69,8 @@ def _digests(fs: pafs.FileSystem, paths: list[str]) -> list[str | None]:
 
 
 def file_digests(fs: pafs.FileSystem, files: list[corpus.SourceFile]) -> dict[str, str | None]:
-    """``{path: sha256 of its bytes}``: as Ray tasks over groups of files when Ray is up (every node reads
-    its share), else in this process's threads (hashlib and the reads release the GIL), so a local night
-    that finds nothing changed never starts Ray."""
+    """``{path: sha256 of its bytes}``: Ray tasks over groups of files when Ray is up, else threads here, so a local
+    night that finds nothing changed never starts Ray."""
     from concurrent.futures import ThreadPoolExecutor
 
     groups = [[f.path for f in g] for g in balanced_groups(files, max(1, 4 * (os.cpu_count() or 1)),

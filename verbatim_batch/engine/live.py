@@ -1,12 +1,10 @@
 """Live counts from a stage's model actors to the driver's progress line, before any row is written.
 
-A model stage writes a batch's rows only when the whole batch is done; with one large batch (the demo's 361
-chunks in one embed call) the written count stays at 0 for minutes. The actors therefore also report, to one
-small named actor of the driver's job (``LiveCounter``, no CPU), when a model is loaded and how many rows have
-gone through the model so far: the model's ``live_fraction`` of its current call (where it counts forward pass
-by forward pass) as rows of the batch, else the whole batch at its end. Reports are fire-and-forget: a lost
-report costs a stale line, never a row, and a worker that cannot find the counter (a user's own pipeline,
-``VERBATIM_PROGRESS=off``) reports nothing.
+A model stage writes a batch's rows only when the whole batch is done, so with one large batch the written count
+stays at 0 for minutes. The actors also report, fire-and-forget, to one small named actor of the driver's job
+(``LiveCounter``, no CPU): when a model is loaded, and the rows through it so far (the model's ``live_fraction`` of
+its current call, else the whole batch at its end). A lost report costs a stale line, never a row; a worker that
+finds no counter (a user's pipeline, ``VERBATIM_PROGRESS=off``) reports nothing.
 """
 
 from __future__ import annotations
@@ -66,9 +64,8 @@ def read(handle: Any | None) -> dict[str, int]:
 
 
 class Reporter:
-    """A model actor's side: ``loaded()`` once, then per batch ``with reporter.batch(rows, model): ...``, which
-    reports the growth of the model's ``live_fraction`` (as rows) every ``REPORT_EVERY_S`` while the batch runs,
-    and the rest at its end."""
+    """A model actor's side: ``loaded()`` once, then per batch ``with reporter.batch(rows, model): ...``, reporting the
+    model's ``live_fraction`` growth (as rows) every ``REPORT_EVERY_S`` and the rest at the end."""
 
     def __init__(self) -> None:
         self._handle: Any | None = None

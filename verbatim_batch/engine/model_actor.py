@@ -1,12 +1,10 @@
-"""The one base of the stages' model actors (embed, extract's highlighter and semantic extractors, rerank; ``api``'s
-processors run the same actors), and what the CPU tasks around them share.
+"""The one base of the stages' model actors (embed, extract's model extractors, rerank; ``api``'s processors),
+and what the CPU tasks around them share.
 
 A ``ModelActor`` sets torch's threads once, loads its model once (``load``), does each batch with retries
-(``batches.with_retries``), reports what the batch cost (``counts``: the growth of the model's ``stats``, and
-the wall time) as ``_count_`` columns, and, where the stage says so (``failed_rows``), turns a batch whose
-retries are spent into one ``stage_failed`` error row per input row instead of failing the job. Its Ray
-arguments (actors, CPUs, GPUs, threads) come from the stage's ``resources.Resources`` through
-``resources.ray_args``.
+(``batches.with_retries``), reports the batch's cost as ``_count_`` columns (``counts``: its ``stats`` growth and
+wall time) and, where the stage says so (``failed_rows``), turns a batch whose retries are spent into one
+``stage_failed`` row per input row. Its Ray arguments come from ``resources.ray_args``.
 """
 
 from __future__ import annotations
@@ -40,7 +38,7 @@ def stage_failed(exc: BaseException) -> str:
 
 
 class ModelActor:
-    """One model per actor (per GPU). Subclasses give ``load`` and ``run``, and optionally ``counts`` and
+    """One model per actor (per GPU); subclasses give ``load`` and ``run``, optionally ``counts`` and
     ``failed_rows``."""
 
     what: ClassVar[str] = "model"  # the stage, in retry warnings and fault points (``<what>.batch``)
@@ -81,8 +79,7 @@ class ModelActor:
         return {}
 
     def failed_rows(self, batch: pa.Table, error: str) -> pa.Table | None:
-        """Rows standing for a batch whose retries are spent, each with ``error`` (``stage_failed: ...``); None:
-        the failure is raised (the job fails)."""
+        """Rows for a batch whose retries are spent, each with ``error`` (``stage_failed: ...``); None: it raises."""
         return None
 
     def _attempt(self, batch: pa.Table) -> pa.Table:

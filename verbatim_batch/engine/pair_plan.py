@@ -1,35 +1,21 @@
 """Extract's pairs from a retrieval run, planned in Ray tasks: the driver does O(files) work, not O(rows).
 
-``build_pairs`` (``stages.extract``) joins retrieval x queries x chunks into one ``PAIR_INPUT`` table on the
-driver: at a million pairs that is GBs of chunk text in the head node's memory. ``PairPlanner`` does the same
-join in tasks, in four steps, and the driver holds only object references and one Arrow array of pair ids:
+``build_pairs`` (``stages.extract``) joins retrieval x queries x chunks on the driver (GBs of chunk text at a
+million pairs); ``PairPlanner`` does the same join in tasks, the driver holding only object references and one
+Arrow array of pair ids:
 
-1. **keys** (``work``): one task per retrieval file reads its rows of the method with ``rank <= top_k``,
-   computes each pair id, and splits the key rows (query_id, rank, chunk_id, paper_id, pair_id: no text) into
-   ``P`` partitions by a hash of the query id, so that every pair of a query lands in one partition whatever
-   file it came from. The driver gets back refs to the pieces, each file's pair ids (``Work.keys``, for the
-   runner's carry, resume and row checks) and its count and methods. A task reads the query file.
-2. **chunks** (on first need): one task per chunk file reads the rows of the chunk ids some pair wants (the
-   wanted ids are one task's union of the key pieces); each file's wanted rows (id, text, index, start) stay
-   in the object store.
-3. **carry** (``unchanged``, with ``--previous``): per partition, a task attaches query and chunk text,
-   computes each pair's ``tables.pair_input_hash`` (the same value as before, so earlier runs' pairs still
-   carry) and compares (pair id, input hash, rank) with the previous run's pairs table (read by one task);
-   only the unchanged pair ids come back.
-4. **rows** (``dataset``): per partition, a streaming task drops the skipped pairs, attaches the text, sorts by
-   (query_id, rank) and yields the blocks the extractor reads: for an I/O extractor (the LLM) blocks of whole
-   queries (``query_blocks``: a query's pairs never split, as its requests group them; the actor does each
-   block's ``batch_rows`` query blocks one by one), else blocks of whole ``batch_rows`` batches. The blocks go
-   to ``ray.data.from_arrow_refs``: they never reach the driver.
+1. **keys** (``work``): per retrieval file, its rows of the method with ``rank <= top_k``, their pair ids, and the
+   key rows (no text) split into ``P`` partitions by a hash of the query id (a query's pairs in one partition);
+   the driver gets refs, each file's pair ids (``Work.keys``), counts and methods.
+2. **chunks** (on first need): per chunk file, the rows of the chunk ids some pair wants, kept in the object store.
+3. **carry** (``unchanged``, with ``--previous``): per partition, each pair's ``tables.pair_input_hash`` and rank
+   compared with the previous run's pairs; only unchanged pair ids come back.
+4. **rows** (``dataset``): per partition, a streaming task drops skipped pairs, attaches the text, sorts by
+   (query_id, rank) and yields blocks of whole queries for an I/O extractor (``query_blocks``), else of whole
+   ``batch_rows`` batches, to ``ray.data.from_arrow_refs``.
 
-Rows equal ``build_pairs``'s row for row (tests/test_pair_plan.py), errors included: a query missing from the
-query file is ``query_not_found`` (its chunk attached when found), a chunk missing from the chunk table
-``chunk_not_found``. Below ``IN_DRIVER_ROWS`` retrieval rows, when Ray is not up yet, the same functions run in
-this process (no Ray start for a small run whose pairs may all be carried); above it, ``work`` starts Ray.
-
-Costs: each partition task hashes the wanted chunk ids once (``P`` x wanted chunks in all); every wanted chunk's
-text sits in the object store while the dataset is built (Ray spills it to disk when it does not fit), and on a
-cluster a node fetches the chunk blocks its partitions need.
+Rows equal ``build_pairs``'s row for row, errors included (tests/test_pair_plan.py). Below ``IN_DRIVER_ROWS``
+retrieval rows, with Ray not up, the same functions run in this process (no Ray start for a small run).
 """
 
 from __future__ import annotations
@@ -52,11 +38,8 @@ from verbatim_batch.engine.resources import Resources, ray_args
 PARTITION_PAIRS = 50_000  # pairs per planning partition (each hashes the wanted chunk ids once)
 MAX_PARTITIONS = 256
 IN_DRIVER_ROWS = 100_000  # retrieval rows up to which a driver without Ray plans in-process
-# Pairs per block: each block costs the driver about 50 kB of Ray bookkeeping (its ref and the metadata task of
-# ``from_arrow_refs``), so blocks are larger than a batch: whole ``batch_rows`` batches for a model extractor
-# (its actors take batches of ``batch_rows``); whole queries for an I/O one, whose actor does the block's
-# ``query_blocks`` one by one (``ExtractActor``): smaller, since a block is also one write (what a killed run
-# redoes) and an LLM's pair is slow.
+# Pairs per block (a block costs the driver about 50 kB of Ray bookkeeping): whole ``batch_rows`` batches for a
+# model extractor; fewer, whole queries, for an I/O one (a block is one write, what a killed run redoes).
 MODEL_BLOCK_PAIRS = 8192
 IO_BLOCK_PAIRS = 1024
 KEY_COLUMNS = ["query_id", "rank", "chunk_id", "paper_id"]
@@ -98,7 +81,6 @@ def _retrieval_keys(path: str, method: str, top_k: int, parts: int) -> tuple:
 
 
 def _read_query_table(path: str) -> pa.Table:
-
     return read_queries(path)[0]
 
 
@@ -113,8 +95,7 @@ def _flat(values: pa.Array | pa.ChunkedArray) -> pa.Array:
 
 
 def _chunk_rows(path: str, wanted: pa.Array) -> pa.Table:
-    """A chunk file's rows of the wanted chunk ids (``_CHUNKS``): the id column is read first, the rest only
-    for the rows wanted."""
+    """A chunk file's rows of the wanted chunk ids (``_CHUNKS``), the id column read first."""
     ids = storage.read_parquet(path, columns=["chunk_id"])["chunk_id"]
     mask = pc.is_in(ids, value_set=wanted)
     if not pc.any(mask).as_py():
@@ -239,8 +220,7 @@ def _call(fn, *args, num_returns: int | str = 1):
 
 
 def _get(value):
-    """The value of a ref (or list of refs), with a failed task's own exception raised (e.g. a query file's
-    ``ValueError``), not Ray's wrapper."""
+    """The value of a ref (or list of refs), a failed task's own exception raised, not Ray's wrapper."""
     if "ray" not in sys.modules:  # no ref was ever made here: values, as computed in this process
         return value
     import ray

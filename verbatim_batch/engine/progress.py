@@ -1,21 +1,14 @@
 """Progress a person can read: rows done of the rows to do, rows/s and an ETA, for every keyed stage.
 
-Ray Data's own progress counts what passes through each operator, so on a stage whose input is a few large
-blocks it reads ``Total Progress: 0/?`` and ``MapBatches(...): 0/1`` until the very end; a stage job turns it
-off (``ray_env.quiet_ray_data``) and reports from what the run itself knows instead. The runner knows how
-many rows it has to do, and the sink records every completed write in the staging folder
-(``_writes/part-*.json``, with the row keys it covers), whatever node wrote it. ``Progress`` is a thread in
-the driver that polls that folder (each record is read once), so it needs no hook in the write path and counts
-exactly what is done: rows whose files are written.
+Ray Data's progress counts what passes each operator, so a stage fed a few large blocks reads ``0/?`` until the
+end; a stage job turns it off (``ray_env.quiet_ray_data``). ``Progress`` is a driver thread that polls the sink's
+write records in the staging folder (``_writes/part-*.json``, each read once), so it counts exactly the rows whose
+files are written, with no hook in the write path.
 
-On a terminal it draws one bar, redrawn in place every second; otherwise (a log, ``ray job submit``'s output)
-it writes one line every ``VERBATIM_PROGRESS_INTERVAL`` seconds (5) when something changed, and at least every
-six intervals while nothing does, then a last line with the total time. Its rows/s is over the stage so far; its
-ETA is from the rate since the first rows (start-up and model loading left out) and is shown only once that rate
-has held ``SETTLE_S`` seconds over ``SETTLE_STEPS`` advances (``Eta``): until then the line says ``ETA settling``
-(a rate over the first rows alone, start-up included, said 56 minutes of a 2-minute stage).
-``VERBATIM_PROGRESS`` chooses: ``auto`` (default), ``bar``, ``log``, ``off``, or ``ray`` (Ray Data's own
-progress bars instead of these).
+On a terminal it redraws one bar every second; otherwise it writes a line every ``VERBATIM_PROGRESS_INTERVAL``
+seconds (5) when something changed, at least every six intervals, and a last one with the total time. The ETA is
+from the rate since the first rows, shown once it has held (``Eta``; a rate including start-up said 56 minutes of
+a 2-minute stage). ``VERBATIM_PROGRESS``: ``auto`` (default), ``bar``, ``log``, ``off`` or ``ray`` (Ray Data's own).
 """
 
 from __future__ import annotations
@@ -61,10 +54,8 @@ def duration(seconds: float) -> str:
 
 
 class Eta:
-    """The time left of a count (rows written, or rows through the model), from its rate since the first rows
-    were seen: the stage's start-up and model loading are not in it. ``left`` is None (not shown) until that rate
-    has held ``SETTLE_S`` seconds over ``SETTLE_STEPS`` advances of the count past the first rows; once shown it
-    stays shown (both only grow). Times are the caller's clock (``time.monotonic`` in ``Progress``)."""
+    """The time left of a count, from its rate since the first rows were seen (start-up and model loading left out):
+    ``left`` is None until that rate has held ``SETTLE_S`` seconds over ``SETTLE_STEPS`` advances, then stays shown."""
 
     def __init__(self) -> None:
         self.first: tuple[int, float] | None = None  # (count, time) of the first rows seen
@@ -92,10 +83,9 @@ class Eta:
 
 def status(done: int, total: int, elapsed: float, live: dict[str, int] | None = None,
            eta: str | None = None) -> str:
-    """``1,234/5,000 rows (24.7%) in 30s, 41.2 rows/s, ETA 1m31s``: rows/s over the stage so far; ``eta`` is the
-    count's settled ETA (``Eta.left``), ``settling`` when None. Before the first write, ``live`` (the model
-    actors' reports: ``loaded`` models, ``rows`` through a model, ``engine.live``) says what the time is spent on,
-    and ``eta`` is then the ETA of the rows through the model."""
+    """``1,234/5,000 rows (24.7%) in 30s, 41.2 rows/s, ETA 1m31s`` (``eta`` from ``Eta.left``, ``settling`` when None).
+    Before the first write, ``live`` (the model actors' ``loaded`` and ``rows``, ``engine.live``) says what the time is
+    spent on, and ``eta`` is that of the rows through the model."""
     live = live or {}
     through = min(total, live.get("rows", 0))
     eta = eta or SETTLING
@@ -116,11 +106,8 @@ def status(done: int, total: int, elapsed: float, live: dict[str, int] | None = 
 class Progress:
     """``with Progress("extract", staging, total, unique=True): <write the stage's rows>``.
 
-    ``total`` is the rows this run has to do. ``unique``: a write's keys are input keys, counted once each
-    (keyed stages; the retrieval table repeats a query's id on each of its rows); else every key is one
-    input record (chunk: one papers or quarantine row per record), and records already in the folder when
-    the stage starts (a resumed or carried part) count against the total.
-    """
+    ``total`` is the rows this run has to do. ``unique``: a write's keys are input keys, counted once each; else each
+    key is one input record (chunk), and records already in the folder at the start count against the total."""
 
     def __init__(self, what: str, staging: str, total: int, *, unique: bool = True, stream: TextIO | None = None,
                  how: str | None = None, every: float | None = None) -> None:

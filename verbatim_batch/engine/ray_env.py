@@ -19,13 +19,11 @@ _STARTED_LOCAL = False  # this process started the Ray it runs on (``_start_loca
 
 def init_ray(address: str | None = None, num_cpus: int | None = None, log_to_driver: bool = True,
              oom_retries: int | None = None) -> None:
-    """The one place Ray is started (jobs, ``verify``, ``api``, tests, benchmarks): join the cluster at
-    ``address`` (or ``RAY_ADDRESS``; ``auto`` finds one on this machine), else start a fresh local Ray that
-    listens on loopback only (``_start_local``; also for ``address="local"``), never silently joining
-    whatever ``ray start`` left running here. On a cluster, Ray's own node address settings apply. A no-op
-    when this process already has Ray up. ``oom_retries`` bounds, on a local Ray, the retries of a task that
-    Ray's memory monitor killed (Ray's ``task_oom_retries``, counted apart from other failures; default
-    ``--worker-restarts``'s); a cluster sets ``RAY_task_oom_retries`` on its nodes (docs/cluster.md)."""
+    """The one place Ray is started: join the cluster at ``address`` (or ``RAY_ADDRESS``; ``auto`` finds one here),
+    else start a fresh local Ray listening on loopback only (``_start_local``; also ``address="local"``), never
+    silently joining what ``ray start`` left running. A no-op when Ray is up. ``oom_retries`` bounds a local Ray's
+    retries of tasks its memory monitor killed (default ``--worker-restarts``'s; a cluster sets
+    ``RAY_task_oom_retries``, docs/cluster.md)."""
     import ray  # here, not at the top: the CLI parses its options without importing Ray
 
     if ray.is_initialized():
@@ -49,26 +47,14 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, log_to_dri
 def quiet_ray_data() -> None:
     """Ray Data's progress and warnings in a stage job's driver, made readable (``engine.progress``).
 
-    - Its progress bars count what passes each operator: a stage fed a few large blocks logs ``Total
-      Progress: 0/?`` and ``MapBatches(...): 0/1`` every 10 s until the end. They are off; the runner reports
-      rows done / rows to do, rows/s and an ETA from the sink's write records instead (``VERBATIM_PROGRESS=ray``
-      keeps Ray Data's own bars, and ours off). Switching them off would log a warning saying so; not here.
-    - "The Dataset job will hang unless more CPUs are freed up" is logged once per driver when a dataset
-      starts at a moment with no free CPU, e.g. while the previous stage's actors are being released. Stage
-      pools always leave a CPU to the tasks around them (``actor_pool``), so it was never true here; a job
-      that truly cannot progress fails by Ray Data's own no-progress timeout, and its progress line shows
-      0 rows/s meanwhile. It is consumed (``log_once``) before any dataset runs.
-    - Ray Data's own INFO lines ("Starting execution of Dataset ...", "... execution finished in 6.20 seconds",
-      "Data sink StageTableSink finished. 2 rows ... written") are not printed between the progress lines:
-      its console handler is set to WARNING (its warnings and errors still print), and its log file, the
-      session's ``logs/ray-data/ray-data.log``, keeps them all. ``VERBATIM_PROGRESS=ray`` keeps them too.
-    - Ray's "Token authentication is enabled for this Ray cluster" WARNING, printed at every local start, is
-      not: a local Ray always uses it (nothing for the user to do). Token auth itself stays on.
-    - Model loading bars from transformers ("Loading weights: 100%") are off in every worker
-      (``HF_HUB_DISABLE_PROGRESS_BARS``, which transformers reads; a local Ray's workers inherit it).
-    - Ray Data's stack traces of a lost worker (a Ray bug, they say; a killed process, in fact) stay in its log
-      file: the command ends with one line of its own (``worker_faults``).
-    """
+    - Its progress bars are off (they count per operator: ``0/?`` until the end); ``VERBATIM_PROGRESS=ray`` keeps them.
+    - "The Dataset job will hang unless more CPUs are freed up" is consumed (``log_once``) before any dataset runs:
+      stage pools always leave a CPU to the tasks around them, so it was never true here.
+    - Ray Data's INFO lines go to its log file only (``logs/ray-data/ray-data.log``); its console handler is WARNING.
+    - Ray's "Token authentication is enabled" warning of every local start is dropped (token auth stays on).
+    - transformers' model loading bars are off in every worker (``HF_HUB_DISABLE_PROGRESS_BARS``).
+    - Ray Data's stack traces of a lost worker stay in its log file: the command ends with one line
+      (``worker_faults``)."""
 
     from ray.data import DataContext
     from ray.util.debug import log_once
@@ -114,11 +100,10 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
 
 
 def _private_token_file() -> None:
-    """Write the token of the local Ray's token authentication (``~/.ray/auth_token``) before Ray does, readable by
-    this user only. Ray writes it with the process's umask: 0644 under the usual 022, 0666 under 000, so any local
-    user could read it and submit work to this Ray. A token the user set up (``RAY_AUTH_TOKEN``,
-    ``RAY_AUTH_TOKEN_PATH``, the file itself) is left as it is, and so is ``RAY_AUTH_MODE=disabled``. Written under
-    another name and linked into place, so a Ray starting beside this one never reads it half written."""
+    """Write the local Ray's auth token (``~/.ray/auth_token``) before Ray does, readable by this user only (Ray writes
+    it with the umask: 0644 under 022, readable by any local user). A token the user set up, or
+    ``RAY_AUTH_MODE=disabled``, is left alone; it is linked into place, so a Ray starting beside this one never reads
+    it half written."""
     import secrets
     import tempfile
     from pathlib import Path
@@ -159,12 +144,9 @@ def _temp_dir_hint(exc: BaseException) -> str:
 def _start_local(num_cpus: int | None = None, log_to_driver: bool = True, oom_retries: int | None = None) -> None:
     """A local Ray whose servers all bind 127.0.0.1 (through ``init_ray``).
 
-    Ray's C++ servers bind loopback only when the node's address is exactly 127.0.0.1, but ``ray.init``
-    swaps a loopback ``_node_ip_address`` for the machine's routable address first (so that other nodes
-    could reach it, which a local run never needs); that swap is switched off for the call. The socket
-    table test (tests/test_exposure.py) checks the result on every Ray upgrade. A reaper process ends the
-    local Ray's processes when this driver dies (``reaper``).
-    """
+    Ray's servers bind loopback only when the node address is exactly 127.0.0.1, but ``ray.init`` swaps a loopback
+    address for the routable one first; that swap is off for the call (tests/test_exposure.py checks the sockets). A
+    reaper ends the local Ray's processes when this driver dies (``reaper``)."""
     if num_cpus is not None and num_cpus < 1:
         raise ValueError(f"--num-cpus must be at least 1, got {num_cpus}")
     import ray
@@ -215,10 +197,8 @@ def _start_local(num_cpus: int | None = None, log_to_driver: bool = True, oom_re
 def keeping_sigterm():
     """While Ray starts, this process's own SIGTERM handler (the CLI's: one line, exit 143) stays in place.
 
-    ``ray.init`` replaces it first thing with one of Ray's that exits with status 15 and no line; a SIGTERM during
-    a start-up of several seconds then ended the command so. Ray's setter is a no-op for the call, where a Python
-    handler is in place (at the default, Ray's stays). Ray's core worker, once created, catches SIGTERM in C++,
-    prints a stack and hands it on to the handler here; ``AFTER_START`` puts the handler back after it."""
+    ``ray.init`` replaces it first thing with one that exits 15 with no line, so Ray's setter is a no-op for the call;
+    Ray's core worker later catches SIGTERM in C++ and hands it on, and ``AFTER_START`` puts the handler back."""
     import signal
     import threading
 
@@ -237,14 +217,11 @@ def keeping_sigterm():
 
 
 def _abandon_start(started: float) -> None:
-    """A local start that failed or was interrupted: Ray shut down and what it started since ``started`` ended,
-    a second signal meanwhile ignored (the first one is being handled)."""
+    """A failed or interrupted local start: Ray shut down and what it started since ``started`` ended."""
     import ray
 
-    try:
+    with contextlib.suppress(BaseException):  # cleaning up after a failure or a signal
         ray.shutdown()
-    except BaseException:  # noqa: BLE001 - cleaning up after a failure or a signal
-        pass
     try:
         _end_children_since(started)
     except BaseException:  # noqa: BLE001
@@ -292,9 +269,8 @@ def cpus() -> int:
 
 
 def actor_pool(n_cpus: int, concurrency: int, cpus_per_actor: float) -> tuple[int, float]:
-    """``(actors, CPUs per actor)`` for a CPU actor pool that always leaves one CPU to the tasks that read and
-    write around it (a pool holding every CPU waits forever for its input). On a one-CPU machine the actors
-    claim no CPU; where the asked-for pool does not fit, it gets fewer actors, then less CPU each."""
+    """``(actors, CPUs per actor)`` for a CPU actor pool that always leaves one CPU to the reads and writes around it;
+    on one CPU the actors claim none; a pool that does not fit gets fewer actors, then less CPU each."""
     spare = max(0, n_cpus - 1)
     if not spare:
         return 1, 0.0

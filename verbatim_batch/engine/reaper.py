@@ -1,16 +1,13 @@
 """Ends a local Ray's processes when the driver that started it dies, however it dies.
 
-``ray.init`` starts the GCS, the raylet and their agents as children of the driver. On ``kill -9`` of the
-driver the GCS and raylet go, but the dashboard and runtime-env agents are left to init and, trying to report
-to a GCS that is gone, stay. The reaper is a small process in its own session that watches the driver:
-every half second it notes the driver's descendants, and once the driver is gone it kills those still alive
-(matching pid and start time, so a reused pid is never hit), then exits. A driver that ends normally has
-shut its Ray down already; the reaper then finds nothing to kill.
+On ``kill -9`` of the driver, the GCS and raylet go but the dashboard and runtime-env agents stay. The reaper, a
+small process in its own session, notes the driver's descendants every half second and, once the driver is gone,
+kills those still alive (matching pid and start time, so a reused pid is never hit).
 
     python verbatim_batch/engine/reaper.py DRIVER_PID
 
-It runs as a plain script (only psutil imported, not the package), and ``start`` waits until it has taken
-its first look at the driver's processes, so even a driver killed right after ``ray.init`` leaves nothing.
+It runs as a plain script (only psutil), and ``start`` waits for its first look, so even a driver killed right
+after ``ray.init`` leaves nothing.
 """
 
 from __future__ import annotations
@@ -27,8 +24,7 @@ REFRESH_S = 5.0  # how often its process tree is walked (reads /proc: costs CPU 
 
 
 def start(driver_pid: int | None = None, timeout_s: float = 30.0) -> subprocess.Popen:
-    """Start the reaper for ``driver_pid`` (this process by default) in a session of its own; returns once it
-    watches (or after ``timeout_s``, if the machine is that slow)."""
+    """Start the reaper for ``driver_pid`` (default: this process) in its own session; returns once it watches."""
     proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), str(driver_pid or os.getpid())],
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             start_new_session=True, close_fds=True)

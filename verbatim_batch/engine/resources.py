@@ -1,27 +1,17 @@
 """What a stage needs from Ray, declared once on the stage, and the one function that turns it into Ray arguments.
 
-In the manner of NeMo Curator's ``ProcessingStage.resources`` / ``with_()``: a stage class declares its
-``Resources`` (CPUs and GPUs per actor or task, actor count, rows per call); the runner applies a job's options
-(``batch_rows``, ``concurrency``, ``threads``, ``worker_restarts``, from the CLI or YAML) through ``with_job``
-and hands the result to the stage (``Stage.resolved``, ``ctx.resources``); ``ray_args`` alone turns it into
-``map_batches`` (or Ray task) arguments for the cluster at hand:
+A stage class declares its ``Resources`` (as NeMo Curator's ``ProcessingStage.resources``); the runner applies a
+job's options through ``with_job`` and hands the result to the stage (``ctx.resources``); ``ray_args`` alone turns
+it into ``map_batches`` (or Ray task) arguments for the cluster at hand:
 
-- **GPUs in the cluster**, a stage that declares ``gpus``: one actor per GPU (``actors`` if given), each with
-  ``gpus`` GPUs;
-- **CPU only**: an actor pool sized by ``ray_env.actor_pool``, which always leaves one CPU to the tasks that
-  read and write around it (a pool holding every CPU waits forever for its input);
-- **inside a user's pipeline** (``api``, ``Cluster.user_pipeline``): the pipeline may hold other processors'
-  pools and the user's own, and an actor holds its CPU for the whole run, so pools that each claim one can take
-  every CPU and leave none to read with. There the actors claim no CPU: Ray's CPU count is a scheduling
-  figure, not a limit (the actor's torch threads still use the cores), and every CPU slot stays free for the
-  reads, maps and writes around them, however many processors the pipeline chains.
+- **GPUs in the cluster**, a stage that declares ``gpus``: one actor per GPU (``actors`` if given);
+- **CPU only**: an actor pool (``ray_env.actor_pool``) that always leaves one CPU to the reads and writes around
+  it (a pool holding every CPU waits forever for its input);
+- **inside a user's pipeline** (``api``): actors claim no CPU, since pools that each hold one for the whole run can
+  take every CPU from the reads; Ray's CPU count is a scheduling figure, not a limit.
 
-Every actor pool and task is bounded: a lost actor restarts, and a lost task is retried, ``restarts`` times
-(``--worker-restarts``), where Ray Data would restart forever; then the stage stops with one line
-(``worker_faults``).
-
-Pool sizes go in ``compute=`` (``ActorPoolStrategy`` / ``TaskPoolStrategy``): Ray 2.51 deprecated
-``concurrency=`` on ``map_batches`` (a warning in every run).
+A lost actor restarts, and a lost task is retried, ``restarts`` times (Ray Data would restart forever), then the
+stage stops with one line (``worker_faults``). Pool sizes go in ``compute=`` (Ray 2.51 deprecated ``concurrency=``).
 """
 
 from __future__ import annotations
@@ -36,10 +26,8 @@ from verbatim_batch.engine.restarts import Restarting
 
 
 def _quiet_bounds_warning() -> None:
-    """Ray 2.60 deprecates ``map_batches(**ray_remote_args)`` but names no parameter for ``max_restarts``,
-    ``max_task_retries`` or ``max_retries``, the bounds ``ray_args`` sets on every stage: its warning is off for
-    the package's own calls (a user's pipeline keeps it for theirs). Put first again at each call: Ray adds
-    filters of its own after import."""
+    """Ray 2.60 deprecates ``map_batches(**ray_remote_args)`` but has no parameter for the restart bounds ``ray_args``
+    sets, so its warning is off for the package's own calls (put first again at each call: Ray adds filters later)."""
     warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated", module=r"verbatim_batch\.")
 
 
@@ -74,8 +62,8 @@ class Resources:
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
 
     def with_job(self, job: Any) -> Resources:
-        """A copy with a job's per-stage options applied: ``batch_rows``, ``concurrency`` (every actor pool of the
-        stage), ``threads`` and ``worker_restarts``, where the job has them."""
+        """A copy with a job's ``batch_rows``, ``concurrency``, ``threads`` and ``worker_restarts`` applied, where
+        set."""
         return self.with_(batch_rows=getattr(job, "batch_rows", None), actors=getattr(job, "concurrency", None),
                           threads=getattr(job, "threads", None), restarts=getattr(job, "worker_restarts", None))
 
@@ -97,23 +85,17 @@ class Cluster:
 
 
 def task_bounds(restarts: int) -> dict[str, int]:
-    """The Ray arguments that bound a stage's plain tasks beside its actors (reads, tokenizing, post-processing,
-    writes): ``max_retries``, where Ray Data's tasks retry forever (``max_retries=-1``), so a task the kernel's
-    OOM killer ends on every attempt would loop without a word. Resources stay Ray Data's own."""
+    """The ``max_retries`` bound of a stage's plain tasks beside its actors: Ray Data's retry forever, so a task the OOM
+    killer ends on every attempt would loop without a word. Resources stay Ray Data's own."""
     _quiet_bounds_warning()
     return {"max_retries": restarts}
 
 
 def ray_args(res: Resources, fn: Any = None, cluster: Cluster | None = None, **kwargs: Any) -> dict[str, Any]:
-    """The Ray arguments of ``res`` on ``cluster`` (default: ``Cluster.current()``), merged into ``kwargs``:
-
-    - ``fn`` a class: ``map_batches`` arguments of an actor pool (``compute=ActorPoolStrategy``, ``num_cpus``,
-      ``num_gpus``, ``batch_size``); a model actor (``model_actor.ModelActor``) of a model stage (one that
-      declares ``gpus``) also gets its torch ``threads``, and ``token_budget`` if set, in ``fn_constructor_kwargs``;
-    - ``fn`` a function: ``map_batches`` arguments of tasks (``num_cpus``, ``num_gpus``, ``batch_size``, and
-      ``compute=TaskPoolStrategy`` when ``actors`` caps them);
-    - ``fn`` None: the options of a Ray task (``ray.remote(...)`` / ``.options(...)``).
-    """
+    """The Ray arguments of ``res`` on ``cluster`` (default ``Cluster.current()``), merged into ``kwargs``: for a class,
+    an actor pool's ``map_batches`` arguments (a model actor of a GPU-declaring stage also gets ``threads`` and
+    ``token_budget`` in ``fn_constructor_kwargs``); for a function, tasks' (``TaskPoolStrategy`` when ``actors`` caps
+    them); for None, a Ray task's options."""
     import ray
 
     _quiet_bounds_warning()

@@ -1,8 +1,6 @@
-"""Writing a stage's tables: the files and records of each write (the Ray Datasink that runs a stage's writer on
-each block is ``datasink.StageTableSink``), the carry of unchanged rows from a previous run, compaction.
-
-The sink knows nothing of any stage: the stage hands it a writer (block -> tables), the schemas, the key
-column recorded per table, and a function of its own that counts a written table (``table_counts``).
+"""Writing a stage's tables: each write's files and records (the Ray Datasink is ``datasink.StageTableSink``), the
+carry of unchanged rows from a previous run, compaction. The stage hands it a writer (block -> tables), the schemas,
+the key column per table and its own table counter (``table_counts``).
 """
 
 from __future__ import annotations
@@ -69,9 +67,8 @@ def write_table_file(staging: str, name: str, part: str, table: pa.Table, schema
 
 
 def _write_empty_parquet(schema: pa.Schema, loc: str) -> dict[str, int | str]:
-    """An empty table as a Parquet file with the schema and no row group (``pq.write_table`` writes one empty
-    row group, on which HF ``datasets`` fails: ``BatchSize must be greater than 0``). pyarrow, pandas, duckdb,
-    Ray Data and HF ``datasets`` (streaming) read it as zero rows with every column; ``{"bytes", "digest"}``."""
+    """An empty table as a Parquet file with the schema and no row group (HF ``datasets`` fails on the empty row group
+    ``pq.write_table`` writes); ``{"bytes", "digest"}``."""
     import pyarrow.parquet as pq
 
     sink = pa.BufferOutputStream()
@@ -103,11 +100,9 @@ def sum_live_files(staging: str, schemas: dict[str, pa.Schema]) -> TableSinkResu
 def _carry_file(previous: str, prev_dir: str, name: str, f: str, schema: pa.Schema, key_column: str,
                 value_set: pa.Array, staging: str, record_keys: str | None, table_counts: TableCounter,
                 known: dict[str, Any] | None, rows_verified: bool) -> tuple[pa.Array, int, str] | None:
-    """Carry one previous file's rows of ``value_set`` into ``staging``: the whole file by reference when
-    every row is wanted and its bytes match the digest in the previous run's ``files.json``, else its wanted
-    rows rewritten. A file that does not match its digest is not carried (None), unless the stage verified
-    the rows itself (``rows_verified``): then they are rewritten, never linked. ``(keys found, rows, how)``,
-    or None when the file has none of the rows."""
+    """Carry one previous file's rows of ``value_set`` into ``staging``: by reference when every row is wanted and its
+    bytes match the previous run's digest, else its wanted rows rewritten; a mismatching file is not carried (None)
+    unless ``rows_verified`` (then rewritten). ``(keys found, rows, how)``, or None when it has none of the rows."""
     src = storage.join(prev_dir, f)
     part = f"{CARRIED_PREFIX}{stable_hash(previous, name, f, size=8)}"
     record = f"{part}-{name}"
@@ -153,9 +148,8 @@ def _carry_file(previous: str, prev_dir: str, name: str, f: str, schema: pa.Sche
 
 
 def carried_from(digest: str, mask: pa.Array) -> dict[str, Any]:
-    """A rewritten carried file's provenance for its stats (``files.json``): its rows are, in order, the rows
-    ``[start, stop)`` of each range of the file whose bytes have ``digest`` (what a publish reuses the row hashes
-    of that file by, ``lake_state.carried_hashes``); nothing when the ranges are too many to list."""
+    """A rewritten carried file's provenance (``files.json``): its rows are the ranges ``[start, stop)`` of the file
+    with ``digest`` (whose row hashes a publish reuses, ``lake_state.carried_hashes``); nothing past too many ranges."""
     import numpy as np
 
     wanted = np.asarray(pc.fill_null(mask, False).to_numpy(zero_copy_only=False), bool)  # as filter() drops nulls
@@ -170,8 +164,7 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _wanted(keys: pa.Array, value_set: pa.Array) -> pa.Array:
-    """``pc.is_in(keys, value_set)``, hashing the smaller side: a file's keys are probed by the wanted set
-    (thousands to millions) without building a hash table of the whole set for every file."""
+    """``pc.is_in(keys, value_set)``, hashing the smaller side (no hash table of the whole set per file)."""
     if len(value_set) <= 4 * len(keys):
         return pc.is_in(keys, value_set=value_set)
     here = value_set.filter(pc.is_in(value_set, value_set=keys))
@@ -183,14 +176,10 @@ def carry_rows(previous: str, tables: dict[str, pa.Schema], key_column: str, key
                rows_verified: bool = False) -> tuple[pa.Array, Counter]:
     """Carry the rows of ``previous``'s ``tables`` whose ``key_column`` is in ``keys`` into ``staging``.
 
-    A previous file whose rows are all wanted is carried by reference (``storage.link_file``: a hard link,
-    or a server-side copy), once its bytes match the digest the previous run recorded; a file with some
-    wanted rows has those rewritten; a file that does not match its digest is not carried (its rows are
-    done again). Each carried file is one recorded write (its ``record_keys`` column gives the write's row
-    keys), so ``finish`` counts carried rows like written ones and a resumed run does not carry a file
-    twice. Returns the distinct keys found (Arrow: the driver holds no Python object per key) and, per table,
-    rows carried now and files linked or rewritten.
-    """
+    A file whose rows are all wanted is carried by reference (``storage.link_file``) once its bytes match the recorded
+    digest; a file with some wanted rows has those rewritten; a mismatching file is not carried. Each carried file is
+    one recorded write (row keys from ``record_keys``), so ``finish`` counts it and a resumed run does not carry it
+    twice. Returns the distinct keys found (Arrow) and, per table, rows carried and files linked or rewritten."""
     if isinstance(keys, (pa.Array, pa.ChunkedArray)):  # many keys: kept in Arrow, no Python set of them
         value_set = pc.unique(keys.cast(pa.string()))
         value_set = value_set.combine_chunks() if isinstance(value_set, pa.ChunkedArray) else value_set
@@ -228,15 +217,13 @@ IO_TASK = Resources(cpus=1)  # a task of ``in_tasks``: one file's read, hash or 
 
 
 def ray_if_up() -> Any | None:
-    """The ``ray`` module when this process has Ray up, else None, without importing Ray (a local night that
-    finds nothing changed never does)."""
+    """The ``ray`` module when this process has Ray up, else None, without importing Ray."""
     ray = sys.modules.get("ray")
     return ray if ray is not None and ray.is_initialized() else None
 
 
 def in_tasks(fn: Callable, calls: list[tuple]) -> list:
-    """``fn(*args)`` for each call: as Ray tasks when this driver has Ray up (the work leaves the driver and
-    runs on every node), else here."""
+    """``fn(*args)`` for each call: as Ray tasks when this driver has Ray up, else here."""
     ray = ray_if_up()
     if ray is None or len(calls) < 2:
         return [fn(*args) for args in calls]
@@ -251,8 +238,7 @@ install_runner(in_tasks)  # the lower floors' fan-outs (verify) run as Ray tasks
 
 
 def _merge_files(staging: str, name: str, schema: pa.Schema, group: list[tuple[str, dict[str, Any]]]) -> str:
-    """One compaction: ``group``'s files of table ``name`` into one file, recorded as replacing them (then
-    they are deleted). Crash-safe: see ``runs.live_files``."""
+    """One compaction: ``group``'s files of ``name`` into one, recorded as replacing them (``runs.live_files``)."""
     paths = [p for p, _ in group]
     part = f"part-compact-{stable_hash(*paths, size=10)}"
     table = pa.concat_tables([storage.read_parquet(storage.join(staging, p)) for p in paths])
@@ -270,9 +256,9 @@ def _merge_files(staging: str, name: str, schema: pa.Schema, group: list[tuple[s
 
 
 def compact(staging: str, schemas: dict[str, pa.Schema], target_bytes: int, max_small_files: int) -> int:
-    """Merge a table's small files (under a quarter of ``target_bytes``) into files of about ``target_bytes``
-    once it has more than ``max_small_files`` of them, so the file count stays bounded however many
-    incremental runs add their few rows. Returns the files merged away."""
+    """Merge a table's small files (under a quarter of ``target_bytes``) into files of about ``target_bytes`` once it
+    has more than ``max_small_files``, so incremental runs keep the file count bounded; returns the files merged
+    away."""
     live = live_files(read_writes(staging))
     calls = []
     for name, schema in schemas.items():
@@ -295,9 +281,8 @@ def compact(staging: str, schemas: dict[str, pa.Schema], target_bytes: int, max_
 
 
 def changed_files(run_dir: str, tables: Iterable[str]) -> list[str] | None:
-    """Files of a committed run's ``tables`` whose bytes no longer match its ``files.json`` (or that it does
-    not list, or that are gone); None for a run without ``files.json``. Hashing reads bytes, decodes nothing,
-    and runs as Ray tasks when Ray is up."""
+    """Files of a committed run's ``tables`` whose bytes no longer match its ``files.json`` (or unlisted, or gone); None
+    without ``files.json``. Hashing decodes nothing and runs as Ray tasks when Ray is up."""
     index = files_index(run_dir)
     if index is None:
         return None
@@ -317,9 +302,8 @@ FILES_INDEX = "files.json"  # a committed run's files: table -> name -> rows, by
 
 
 def files_index(run_dir: str) -> dict[str, dict[str, dict[str, Any]]] | None:
-    """The ``files.json`` of a committed run, or None for a run written without one; validated
-    (``runs.read_files_index``): an entry that is not what this tool writes is left out (its file is then
-    not trusted), an unreadable ``files.json`` trusts no file."""
+    """A committed run's validated ``files.json`` (``runs.read_files_index``), or None: an entry not as this tool writes
+    it is left out (its file untrusted), an unreadable one trusts no file."""
     index, problems = read_files_index(run_dir)
     for p in problems[:3]:
         log.warning("%s: %s", run_dir, p)
@@ -327,8 +311,7 @@ def files_index(run_dir: str) -> dict[str, dict[str, dict[str, Any]]] | None:
 
 
 def write_files_index(staging: str, result: TableSinkResult, tables: Iterable[str]) -> None:
-    """``files.json`` of a run about to commit: each file of ``tables`` with its rows, bytes, digest and
-    counts (what a later run needs to carry a file by reference, and to trust it)."""
+    """``files.json`` of a run about to commit: each file's rows, bytes, digest and counts (to carry and trust it)."""
     wanted = set(tables)
     index: dict[str, dict[str, Any]] = {name: {} for name in wanted}
     for path, stats in result.stats.items():

@@ -16,12 +16,8 @@ from verbatim_batch.engine.resources import task_bounds
 
 
 class CorpusDatasource(Datasource):
-    """Raw records (``tables.RAW_RECORDS``) from md files, Parquet or JSONL.
-
-    Files are grouped into read tasks up front (``file_groups``); read it with
-    ``read_corpus`` so Ray runs exactly one task per group and can fuse the read
-    with the stages after it (an extra block split would prevent that).
-    """
+    """Raw records (``tables.RAW_RECORDS``) from md files, Parquet or JSONL, in read tasks grouped up front
+    (``file_groups``); ``read_corpus`` runs one task per group, so Ray fuses the read with the stages after it."""
 
     def __init__(
         self,
@@ -71,17 +67,15 @@ class CorpusDatasource(Datasource):
 
 
 def read_corpus(source: CorpusDatasource, restarts: int) -> ray.data.Dataset:
-    """The corpus as a Ray dataset: one read task per group of files, retried ``restarts`` times (the job's
-    ``--worker-restarts``; Ray Data's own read tasks retry forever)."""
+    """The corpus as a Ray dataset: one read task per group of files, retried ``restarts`` times (not forever)."""
     return ray.data.read_datasource(source, override_num_blocks=len(source.groups),
                                     ray_remote_args=task_bounds(restarts))
 
 
 def record_duplicates(fs: pafs.FileSystem, files: list[corpus.SourceFile], fmt: str,
                       max_paper_bytes: int, restarts: int) -> tuple[dict[str, str], int]:
-    """``({paper_id: winning source}, number of records)`` of a Parquet or JSONL corpus, by a Ray read of the ids
-    alone (Parquet reads one column, JSONL parses its lines once more); the first source in path order wins,
-    and a record the reader already rejected never wins over a good one."""
+    """``({paper_id: winning source}, number of records)`` of a Parquet or JSONL corpus by a Ray read of the ids alone;
+    the first source in path order wins, and a record the reader rejected never wins over a good one."""
     ds = read_corpus(CorpusDatasource(fs, files, fmt, max_paper_bytes, ids_only=True), restarts)
     return duplicate_winners(
         (None if err else pid, src)

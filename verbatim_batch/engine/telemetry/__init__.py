@@ -1,12 +1,7 @@
 """Operating a run: the metrics a platform engineer scrapes and alerts on, and each run's performance report.
 
-- ``declare``: every exported metric, declared once (name, kind, help, labels); the Pushgateway registry, the
-  Ray exporter and the metric reference (docs/reference/metrics.md) are all built from it.
-- ``accounting``: a committed (or failed) run's manifest -> the samples of its stage (rows by outcome, tokens,
-  batches, bytes, duration). The one place a manifest's counts become metrics; the manifest records the
-  result (``manifest["metrics"]``), so the exported figures are the manifest's.
-- ``session``: what this process recorded, handed out once when the command ends (``finish``).
-- ``push``: a Pushgateway (``--metrics-push URL``), for one-shot commands and cron.
-- ``ray_export``: ``ray.util.metrics`` in a detached actor, scraped with Ray's own metrics on a cluster.
-- ``perf``: CPU-seconds of every process, peak memory, actor idle share, GPU use, per stage.
+``declare`` (every metric, once; the Pushgateway, the Ray exporter and docs/reference/metrics.md are built from it),
+``accounting`` (a run's manifest -> its stage's samples, the one place counts become metrics), ``session`` (what this
+process recorded, handed out once at the end), ``push`` (a Pushgateway), ``ray_export`` (``ray.util.metrics`` in a
+detached actor) and ``perf`` (CPU-seconds, peak memory, actor idle share, GPU use, per stage).
 """

@@ -17,9 +17,8 @@ STANDARD = {"in": "rows_in", "written": "rows_new", "carried": "rows_carried", "
 
 
 def row_outcomes(counts: Mapping[str, int], declared: Mapping[str, Iterable[str]]) -> dict[str, int]:
-    """Rows by outcome: the runner's standard counts, and the counts a stage declares for the other outcomes
-    (``Stage.outcomes``: e.g. the extract stage's ``failed`` are its ``pairs_failed``). A stage without the
-    standard counts declares ``in`` and ``written`` itself (the index: its chunks)."""
+    """Rows by outcome: the runner's standard counts and those a stage declares (``Stage.outcomes``); a stage without
+    the standard counts declares ``in`` and ``written`` itself (the index: its chunks)."""
     out = {o: 0 for o in OUTCOMES}
     for outcome, key in STANDARD.items():
         out[outcome] = int(counts.get(key, 0) or 0)
@@ -52,9 +51,8 @@ def stage_metrics(counts: Mapping[str, int], timings: Mapping[str, float], decla
 
 
 def run_bytes(path: str) -> int | None:
-    """Bytes of a committed run's tables (its ``files.json``, read bounded and checked: a forged or damaged one
-    counts what it validly lists), or of a file; None for anything else (a corpus folder: its stage counts the
-    papers' bytes itself). Never raises: a figure is an account, never a reason to fail a run."""
+    """Bytes of a committed run's tables (what its checked ``files.json`` validly lists) or of a file; None otherwise.
+    Never raises: a figure is an account, never a reason to fail a run."""
     from verbatim_batch.core.runs.folder import read_files_index
 
     try:

@@ -1,10 +1,7 @@
 """Every metric verbatim-batch exports, declared once.
 
-Prometheus naming: base units (seconds, bytes), ``_total`` on counters. Labels never carry ids or paths:
-``command`` (the CLI command that ran, e.g. ``nightly``), ``stage`` (the stage within it, e.g. ``extract``; the
-command itself for the command's own duration), ``outcome`` (rows), ``status`` (runs). A Pushgateway adds
-``job`` (``--metrics-job``) and ``instance``; Ray adds its own (``SessionName``, ``NodeAddress``, ...) and the
-prefix ``ray_`` to every name.
+Prometheus naming: base units, ``_total`` on counters. Labels never carry ids or paths: ``command``, ``stage``,
+``outcome`` (rows), ``status`` (runs); a Pushgateway adds ``job`` and ``instance``, Ray its own and ``ray_``.
 """
 
 from __future__ import annotations

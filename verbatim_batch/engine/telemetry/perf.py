@@ -1,12 +1,10 @@
 """A run's performance report: per stage, wall time, CPU-seconds of every process, rows/s and tokens/s, model actors'
 idle share, peak memory, and GPU-seconds and utilisation where the machine has an NVIDIA GPU.
 
-One sampler thread per process (``Sampler``), started by the first stage and shared by every stage after it (a
-chain's stages and the chain itself), reads the process tree of this driver every ``INTERVAL_S`` seconds
-(``psutil``): a local Ray's GCS, raylet and workers are all in it. Each stage opens a window on it (``Window``) and
-closes it at its commit. On a cluster joined with ``--address`` the tree is the driver alone (the scope says so):
-workers on other nodes are on the cluster's own dashboards (Ray's ``ray_node_*`` metrics). A process that ends
-between two samples loses at most one interval of its CPU time here.
+One sampler thread per process (``Sampler``), shared by every stage, reads this driver's process tree every
+``INTERVAL_S`` seconds (a local Ray's GCS, raylet and workers are in it; with ``--address`` the driver alone, as
+the scope says); each stage opens a ``Window`` on it and closes it at its commit. A process ending between two
+samples loses at most one interval of CPU time.
 """
 
 from __future__ import annotations
@@ -23,9 +21,8 @@ RESCAN_EVERY = 5  # samples between two walks of the process tree (new processes
 
 
 def _kind(proc: Any) -> str:
-    """A process's kind for the breakdown: ``driver`` (this process), ``ray workers`` (tasks and actors: their
-    titles change with the task, so they are not told apart), ``ray system`` (GCS, raylet, agents, monitors) or
-    ``other`` (e.g. the reaper, a model server started by a stage)."""
+    """A process's kind: ``driver``, ``ray workers`` (tasks and actors, not told apart), ``ray system`` (GCS, raylet,
+    agents) or ``other`` (the reaper, a model server)."""
     if proc.pid == os.getpid():
         return "driver"
     try:
@@ -212,9 +209,8 @@ def discard(window: Window | None) -> None:
 
 def performance(window: Window | None, counts: Mapping[str, Any], rows: Mapping[str, int],
                 wall_work_s: float | None) -> dict[str, Any]:
-    """A stage's performance block: the window's figures, rows/s and tokens/s over the time its work took
-    (``wall_work_s``: reading, the models and writing; the whole stage when None), and the model actors'
-    idle share (time between batches over time alive, after loading: ``model_actor``'s counts)."""
+    """A stage's performance block: the window's figures, rows/s and tokens/s over ``wall_work_s`` (the whole stage when
+    None), and the model actors' idle share (time between batches over time alive, after loading)."""
     out: dict[str, Any] = window.close() if window is not None else {"skipped": "psutil could not read processes"}
     wall = wall_work_s if wall_work_s else out.get("wall_s") or 0.0
     written = rows.get("written", 0)

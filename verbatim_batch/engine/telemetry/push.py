@@ -1,23 +1,18 @@
 """Metrics to a Prometheus Pushgateway when a command ends (``--metrics-push URL``): the batch-job convention.
 
-The group of a committed command is ``job`` (``--metrics-job``) and ``command``, which it replaces (HTTP PUT),
-``verbatim_last_success_timestamp_seconds`` included. A refused, failed or interrupted one pushes its
-``verbatim_runs_total`` alone, to a group of its own, ``job``, ``command`` and ``status`` (``session.finish``):
-it never replaces a committed command's series (a POST into the committed group replaced every family it
-pushed, ``verbatim_runs_total{status="committed"}`` among them), and its partial figures never mix with the last
-night's. Counters hold the last command's figures, per group, not a running total (a Pushgateway keeps what
-was pushed last).
+A committed command replaces (HTTP PUT) its group, ``job`` (``--metrics-job``) and ``command``. A refused, failed
+or interrupted one pushes its ``verbatim_runs_total`` alone to a group with ``status`` too, so it never replaces a
+committed command's series. Counters hold the last command's figures per group, not a running total.
 
-What the push never does: follow a redirect (an answer 3xx is one warning naming where it points, and nothing
-is sent there), send the URL's ``user:password`` (basic auth) to any host but the one named, print the password,
-or hold the command past ``DEADLINE_S`` (connecting, sending and reading the answer together: a gateway that
-answers one byte every two seconds is given up on with one warning). Label values go base64-encoded in the path
-(the Pushgateway's ``<label>@base64/<value>``), so every accepted job label pushes (``.`` and ``..`` too).
+The push never follows a redirect (one warning naming where it points), sends ``user:password`` only to the host
+named, prints no password, and never holds the command past ``DEADLINE_S`` (connect, send and answer together).
+Label values go base64-encoded in the path (``<label>@base64/<value>``), so every accepted label pushes.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.client
 import socket
 import threading
@@ -94,9 +89,8 @@ class PushFailed(Exception):
 
 def _request(parts: urllib.parse.SplitResult, method: str, path: str, body: bytes, headers: dict[str, str],
              deadline_s: float) -> tuple[int, str, str | None, bytes]:
-    """One HTTP request to the host ``parts`` names, given ``deadline_s`` in all: ``(status, reason, Location,
-    the answer's first bytes)``. No redirect is followed (``http.client`` follows none). Raises ``PushFailed``, or
-    ``TimeoutError`` past the deadline."""
+    """One HTTP request to ``parts``' host within ``deadline_s``: ``(status, reason, Location, the answer's first
+    bytes)``; no redirect followed. Raises ``PushFailed``, or ``TimeoutError`` past the deadline."""
     kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     conn = kind(parts.hostname, parts.port, timeout=deadline_s)
     done: dict[str, Any] = {}
@@ -117,10 +111,8 @@ def _request(parts: urllib.parse.SplitResult, method: str, path: str, body: byte
         # shut, so that the thread ends too
         sock = conn.sock
         if sock is not None:
-            try:
+            with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
         conn.close()
         raise TimeoutError("no complete answer in time")
     conn.close()
@@ -132,9 +124,8 @@ def _request(parts: urllib.parse.SplitResult, method: str, path: str, body: byte
 
 def push(url: str, job: str, command: str, rows: list[tuple[str, dict[str, str], Any]], replace: bool,
          deadline_s: float = DEADLINE_S, group: dict[str, str] | None = None) -> bool:
-    """Push ``rows`` to the gateway at ``url``, into the group ``job``, ``command`` and ``group``'s labels
-    (replacing it: PUT; else adding to it: POST); False (and one warning line) when it cannot, within
-    ``deadline_s`` in all."""
+    """Push ``rows`` into the gateway group ``job``, ``command`` and ``group``'s labels (``replace``: PUT, else POST);
+    False, with one warning line, when it cannot within ``deadline_s``."""
     from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
     from verbatim_batch.engine.telemetry.warning import warn

@@ -1,14 +1,10 @@
 """Metrics through ``ray.util.metrics`` on a Ray cluster, scraped by the cluster's Prometheus with Ray's own.
 
-A command's driver may end seconds after its last stage, before Ray's metrics agent has reported what it
-recorded; so the samples go to one detached actor per cluster (``verbatim_batch_metrics`` in the namespace
-``verbatim_batch``, no CPU), which holds them as counters, a histogram and a gauge for as long as the cluster
-lives. Ray names them ``ray_<name>`` (and counters ``..._total``) and adds its own labels (``SessionName``,
-``NodeAddress``, ``WorkerId``, ...). Counters here are running totals over every command the cluster ran
-(``increase()`` gives a night's rows); a restarted actor starts them again from zero, which Prometheus reads as a
-counter reset. Zero increments are not recorded (Ray refuses them): a series appears with its first row.
-Ray's metrics agent drops a gauge that was not reported again within two export intervals (20 s by default), so
-the actor sets its gauges (the last success) again every ``KEEPALIVE_S`` for as long as it lives.
+A driver may end before Ray's metrics agent reported its samples, so they go to one detached actor per cluster
+(``verbatim_batch_metrics``, namespace ``verbatim_batch``, no CPU) that holds them for the cluster's life. Ray names
+them ``ray_<name>`` and adds its labels; counters are running totals over every command (a restarted actor starts
+again from zero, a counter reset), and zero increments are not recorded (Ray refuses them). Ray drops a gauge not
+reported within two export intervals, so the actor sets its gauges again every ``KEEPALIVE_S``.
 """
 
 from __future__ import annotations
@@ -85,8 +81,7 @@ def exporter():
 
 
 def export(address: str, rows: list[tuple[str, dict[str, str], Any]]) -> bool:
-    """Send ``rows`` to the exporter on the cluster at ``address`` (joined here if this process has not yet);
-    False (and one warning line) when it cannot."""
+    """Send ``rows`` to the cluster's exporter at ``address`` (joined if need be); False, with one warning, if not."""
     from verbatim_batch.engine.telemetry.warning import warn
 
     try:

@@ -35,9 +35,8 @@ _SESSION: Session | None = None
 
 def begin(command: str, push: str | None = None, job: str | None = None, address: str | None = None,
           joins: bool = False) -> Session:
-    """Open this process's session for ``command`` (the CLI's; nothing is exported without one). ``joins``:
-    the command runs on Ray (it takes ``--address``), so on a cluster it exports there even when it did no
-    Ray work (a night with nothing to do still reports its success)."""
+    """Open this process's session for ``command`` (nothing is exported without one). ``joins``: the command runs on
+    Ray, so on a cluster it exports there even with no Ray work done (a night with nothing to do reports success)."""
     global _SESSION
     _SESSION = Session(command=command, push=push, job=job or "verbatim-batch", address=address, joins=joins)
     return _SESSION
@@ -57,9 +56,8 @@ TOTAL = "total"  # the stage label of the whole command's duration
 
 
 def samples(session: Session, status: str, now: float | None = None) -> list[tuple[str, dict[str, str], Any]]:
-    """``(metric name, labels, value)`` of everything the session holds; a histogram's value is the list of its
-    observations. Counters are summed over the session's stage runs; the whole command's duration is the
-    observation of ``stage="total"``."""
+    """``(metric name, labels, value)`` of the session (a histogram's value: its observations); counters summed over
+    its stage runs, the command's duration observed as ``stage="total"``."""
     cmd = session.command
     sums: dict[tuple[str, tuple[tuple[str, str], ...]], float] = defaultdict(float)
     hist: dict[tuple[tuple[str, str], ...], list[float]] = defaultdict(list)
