@@ -46,7 +46,7 @@ def markdown() -> str:
                 default = ", ".join(f"{k} {show(v)}" if k else show(v) for k, v in shown) if shown else ""
             role = "runtime" if of.option.runtime else "output"
             lines.append(f"| `{' '.join(flag.flags)}` | `{key}` | {_cell(default)} | {role} "
-                         f"| {_cell(of.option.help)} |")
+                         f"| {_cell(of.option.text)} |")
         if stages:
             lines += ["", "Stage sections (the options of each stage's command above, but its inputs, outputs and "
                       "run options, which the chain sets):", ""]

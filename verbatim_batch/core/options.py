@@ -58,6 +58,14 @@ class Option:
     metavar: str | None = None
     runtime: bool = False  # only how the run goes (workers, batch sizes, retries, addresses), never its output
     selects: bool = False  # chooses which rows there are, not what a row holds: a row carries across a change
+    # the values of its config's other options under which it applies (``{"backend": "vllm"}``): its help says so
+    # first, and a group that fixes one of them otherwise leaves it out
+    when: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def text(self) -> str:
+        """The help as shown: what it applies to (``when``) first."""
+        return "".join(f"{v}: " for _, v in self.when) + self.help
 
 
 @dataclass(frozen=True)
@@ -68,13 +76,15 @@ class Group:
     select: str | None = None  # the option choosing among ``kinds`` by their ``kind`` attribute
     select_default: str | None = None
     select_help: str = ""
-    only: tuple[str, ...] | None = None  # of the nested options, only these
+    omit: tuple[str, ...] = ()  # of the nested options, those the job does not take
     fixed: tuple[tuple[str, Any], ...] = ()  # values the job sets itself (e.g. the HTTP backend)
     selects: bool = False  # as ``Option.selects``: each row carries by its own fingerprint across a change
 
 
 def option(default: Any = MISSING, help: str = "", *, default_factory: Any = MISSING, **settings: Any) -> Any:
     """A dataclass field that is an option (``settings``: the fields of ``Option``)."""
+    if "when" in settings:
+        settings["when"] = tuple(settings["when"].items())
     return field(default=default, default_factory=default_factory, metadata={"option": Option(help, **settings)})
 
 
@@ -171,12 +181,12 @@ class Declared:
 
 def group(*kinds: type, default: Any = None, default_factory: Any = MISSING, required: bool = False,
           select: str | None = None, select_default: str | None = None, select_help: str = "",
-          only: tuple[str, ...] | None = None, fixed: dict[str, Any] | None = None, selects: bool = False) -> Any:
+          omit: tuple[str, ...] = (), fixed: dict[str, Any] | None = None, selects: bool = False) -> Any:
     """A dataclass field holding a nested config (one of ``kinds``) whose options the command takes (None by
     default; ``required``: no default, the job is built with one)."""
     if required or default_factory is not MISSING:
         default = MISSING
-    spec = Group(tuple(kinds), select, select_default, select_help, only, tuple((fixed or {}).items()), selects)
+    spec = Group(tuple(kinds), select, select_default, select_help, omit, tuple((fixed or {}).items()), selects)
     return field(default=default, default_factory=default_factory, metadata={"group": spec})
 
 
@@ -207,7 +217,7 @@ class OptionField:
 
     def help_text(self) -> str:
         """The help with the default, as declared (never a literal copy)."""
-        text = self.option.help
+        text = self.option.text
         if self.option.default_help is not None:
             return f"{text} (default: {self.option.default_help})"
         if self.is_bool or self.required:
@@ -275,7 +285,8 @@ def options_of(cls: type) -> tuple[OptionField, ...]:
             for kind in spec.kinds:
                 label = getattr(kind, "kind", "") if spec.select else ""
                 for inner in options_of(kind):
-                    if (spec.only is not None and inner.key not in spec.only) or inner.field in fixed:
+                    if inner.key in spec.omit or inner.field in fixed or any(
+                            k in fixed and fixed[k] != v for k, v in inner.option.when):
                         continue
                     add(dataclasses.replace(inner, group=f.name, defaults=((label, inner.default),),
                                             kinds=(label,) if spec.select else ()))

