@@ -308,3 +308,23 @@ def test_a_pair_carries_across_its_inputs_and_the_pair_choice_only(tmp_path):
     assert carries(top_k=config.get("top_k", 5) + 3, method="dense", pairs="elsewhere.jsonl")
     assert not carries(max_chunk_chars=config["max_chunk_chars"] + 1)
     assert not carries(extractor_hash="another")
+
+
+def test_a_group_that_fixes_the_backend_takes_that_backends_options_only():
+    """querygen and silver ask an endpoint: they take the LLM options declared for the HTTP backend (``when``) and
+    those of any backend, never the vLLM engine's nor the extraction prompt's (``omit``); the help says which
+    backend an option is for, from the same declaration."""
+    from verbatim_batch.core.options import options_of
+    from verbatim_batch.extract.llm import LLMConfig
+    from verbatim_batch.stages.querygen import QueryGenJob
+    from verbatim_batch.stages.silver import SilverJob
+
+    declared = {of.key: dict(of.option.when).get("backend") for of in options_of(LLMConfig)}
+    assert {b for b in declared.values()} == {None, "http", "vllm"}
+    for job in (QueryGenJob, SilverJob):
+        taken = {of.key for of in options_of(job) if of.group == "llm"}
+        assert taken == {k for k, b in declared.items() if b in (None, "http")} - {"backend", "style",
+                                                                                  "docs_per_request"}, job
+    for of in options_of(LLMConfig):
+        if backend := dict(of.option.when).get("backend"):
+            assert of.help_text().startswith(f"{backend}: "), of.key
