@@ -507,7 +507,9 @@ def decode_paper(raw: bytes | None, max_control_ratio: float = 0.001) -> tuple[s
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        kind = QuarantineReason.BINARY if _looks_binary(raw) else QuarantineReason.INVALID_UTF8
+        head = raw[:4096]
+        binary = sum(32 <= b < 127 or b in (9, 10, 13) for b in head) < 0.7 * len(head)
+        kind = QuarantineReason.BINARY if binary else QuarantineReason.INVALID_UTF8
         return None, f"{kind}: {exc.reason} at byte {exc.start}"
     if raw.startswith(b"\xef\xbb\xbf") and (len(raw) == 3 or raw[3:].isspace()):
         return None, f"{QuarantineReason.EMPTY}: {len(raw)} bytes, a byte-order mark and no visible text"
@@ -516,12 +518,6 @@ def decode_paper(raw: bytes | None, max_control_ratio: float = 0.001) -> tuple[s
         first = _CTRL_RE.search(text).start()
         return None, f"{QuarantineReason.BINARY}: {n_ctrl} control characters, first at char {first}"
     return text, None
-
-
-def _looks_binary(raw: bytes, sample: int = 4096) -> bool:
-    head = raw[:sample]
-    printable = sum(32 <= b < 127 or b in (9, 10, 13) for b in head)
-    return printable < 0.7 * len(head)
 
 
 def normalize_text(text: str, ops: tuple[str, ...] | list[str]) -> str:

@@ -222,11 +222,6 @@ def run_sources(path: str) -> dict[str, str | None]:
     return {"queries": config.get("queries"), "chunks": config.get("chunks") or chunks}
 
 
-def _top(docs: Mapping[str, float], n: int) -> dict[str, float]:
-    """The first ``n`` documents in trec_eval's order (score descending, then doc id descending)."""
-    return dict(sorted(docs.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)[:n])
-
-
 def evaluate_run(run: Run, qrels: Qrels, recall_at: Sequence[int] = DEFAULT_RECALL_AT,
                  per_query: bool = False) -> dict[str, Any]:
     """Per method: ``nDCG@10``, ``MRR@10`` and ``Recall@k`` for each ``k`` in ``recall_at``, averaged over the
@@ -244,7 +239,10 @@ def evaluate_run(run: Run, qrels: Qrels, recall_at: Sequence[int] = DEFAULT_RECA
     for method in sorted(run):
         lists = {q: docs for q, docs in run[method].items() if q in labelled and docs}
         scores = full.evaluate(lists)
-        for q, res in cut.evaluate({q: _top(docs, 10) for q, docs in lists.items()}).items():
+        # each list cut at 10 in trec_eval's order: score descending, then doc id descending
+        top = {q: dict(sorted(docs.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)[:10])
+               for q, docs in lists.items()}
+        for q, res in cut.evaluate(top).items():
             scores.setdefault(q, {}).update(res)
         queries = {q: {names[m]: float(scores.get(q, {}).get(m, 0.0)) for m in names} for q in labelled}
         summary: dict[str, Any] = {name: sum(v[name] for v in queries.values()) / len(queries)
@@ -274,7 +272,10 @@ def evaluate_retrieval(run_path: str, qrels_path: str, *, level: str = "chunk", 
     if queries:
         table, _ = read_queries(queries)
         query_ids = dict(zip(table["query"].to_pylist(), table["query_id"].to_pylist(), strict=True))
-    chunk_keys = ChunkKeys(_chunks_table(chunks)) if chunks and level == "chunk" else None
+    chunk_keys = None
+    if chunks and level == "chunk":  # a chunk run folder's chunks table, or the path itself (a table)
+        inner = storage.join(chunks, "chunks")
+        chunk_keys = ChunkKeys(inner if storage.isdir(inner) else chunks)
     qrels, counts = read_qrels(qrels_path, level=level, chunks=chunk_keys, query_ids=query_ids)
     run = read_run(run_path, level)
     labelled = {q for q, docs in qrels.items() if any(r > 0 for r in docs.values())}
@@ -286,12 +287,6 @@ def evaluate_retrieval(run_path: str, qrels_path: str, *, level: str = "chunk", 
             "labelled_queries": sum(1 for d in qrels.values() if any(r > 0 for r in d.values())),
             "judged_queries": len(qrels), **counts, "methods": methods,
             "metrics_by": "trec_eval through " + _trec_eval_version()}
-
-
-def _chunks_table(chunks: str) -> str:
-    """A chunk run folder's ``chunks`` table, or the path itself (a table folder or file)."""
-    inner = storage.join(chunks, "chunks")
-    return inner if storage.isdir(inner) else chunks
 
 
 def _trec_eval_version() -> str:

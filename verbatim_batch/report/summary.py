@@ -9,14 +9,6 @@ import os
 from verbatim_batch.core import storage
 
 
-def _table_location(path: str, name: str) -> str:
-    """Where table ``name`` of a run really is: its folder, or its single file (the index's ``ids.parquet``)."""
-    folder = storage.join(path, name)
-    if not storage.isdir(folder) and storage.exists(folder + ".parquet"):
-        return folder + ".parquet"
-    return folder
-
-
 def night_changes(manifest: dict) -> str | None:
     """What a night changed, in a line: its papers unchanged, changed, added and removed against its base (a
     first night's are all added); None for a run that is no night."""
@@ -126,7 +118,9 @@ def print_run(path: str, manifest: dict) -> None:
     counts = manifest["counts"]
     print(f"run {manifest['run_id']} committed to {path}")
     for name, info in manifest["tables"].items():
-        print(f"  {name:<11} {info['rows']:>9} rows  {_table_location(path, name)}")
+        folder = storage.join(path, name)  # or its single file (the index's ids.parquet)
+        single = not storage.isdir(folder) and storage.exists(folder + ".parquet")
+        print(f"  {name:<11} {info['rows']:>9} rows  {folder + '.parquet' if single else folder}")
     print(f"  manifest    {os.path.join(path, 'manifest.json')}")
     reasons = {k.split(".", 1)[1]: v for k, v in counts.items() if k.startswith("quarantine.")}
     if reasons:

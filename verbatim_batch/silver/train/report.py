@@ -38,10 +38,9 @@ def svg_plot(title: str, series: Sequence[tuple[str, Sequence[tuple[float, float
              f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + h}" stroke="#444"/>',
              f'<text x="{left + w / 2}" y="{height - 8}" text-anchor="middle">{html.escape(x_label)}</text>']
     for i in range(5):
-        yv = y0 + (y1 - y0) * i / 4
-        xv = x0 + (x1 - x0) * i / 4
-        parts.append(f'<text x="{left - 5}" y="{sy(yv) + 4:.1f}" text-anchor="end" font-size="11">{yv:.3g}</text>')
-        parts.append(f'<text x="{sx(xv):.1f}" y="{top + h + 15}" text-anchor="middle" font-size="11">{xv:.3g}</text>')
+        yv, xv = y0 + (y1 - y0) * i / 4, x0 + (x1 - x0) * i / 4
+        parts += [f'<text x="{left - 5}" y="{sy(yv) + 4:.1f}" text-anchor="end" font-size="11">{yv:.3g}</text>',
+                  f'<text x="{sx(xv):.1f}" y="{top + h + 15}" text-anchor="middle" font-size="11">{xv:.3g}</text>']
     for k, (name, s) in enumerate(series):
         color = _COLORS[k % len(_COLORS)]
         clean = [p for p in s if p[1] == p[1]]
