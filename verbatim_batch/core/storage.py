@@ -7,6 +7,7 @@ environment (Ray workers need the same). An object store has no atomic folder re
 
 from __future__ import annotations
 
+import hashlib
 import os
 import posixpath
 import re
@@ -278,15 +279,11 @@ def row_group_rows(table: pa.Table) -> int:
 
 
 def bytes_digest(data: bytes) -> str:
-    import hashlib
-
     return "blake2b:" + hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
 def file_digest(loc: str) -> str:
     """The ``bytes_digest`` of a file, read in blocks."""
-    import hashlib
-
     h = hashlib.blake2b(digest_size=16)
     fs, path = resolve(loc)
     with fs.open_input_stream(path) as fh:

@@ -75,9 +75,7 @@ def _has_ids(row: Mapping[str, Any]) -> bool:
 def _as_offsets(span: Any) -> tuple[int, int] | None:
     """(start, end) from a dict with start/end or a two-item sequence of ints; None otherwise."""
     if isinstance(span, Mapping):
-        if "start" in span and "end" in span:
-            return span["start"], span["end"]
-        return None
+        return (span["start"], span["end"]) if "start" in span and "end" in span else None
     if isinstance(span, (list, tuple)) and len(span) == 2 and all(isinstance(v, int) for v in span):
         return span[0], span[1]
     return None
@@ -323,14 +321,10 @@ def _index_gold(gold_rows: Sequence[Mapping[str, Any]]) -> tuple[dict, dict, dic
 
 def _resolve(rec: Mapping[str, Any], by_ids: dict, by_text: dict, by_cid: dict) -> int | None:
     """Index of the gold row a prediction record belongs to, or None."""
-    if _has_ids(rec):
-        hit = by_ids.get((rec["query"], str(rec["paper_id"]), int(rec["chunk_index"])))
-        if hit is not None:
-            return hit
-    if rec.get("chunk") is not None:
-        hit = by_text.get((rec["query"], rec["chunk"]))
-        if hit is not None:
-            return hit
+    if _has_ids(rec) and (hit := by_ids.get((rec["query"], str(rec["paper_id"]), int(rec["chunk_index"])))) is not None:
+        return hit
+    if rec.get("chunk") is not None and (hit := by_text.get((rec["query"], rec["chunk"]))) is not None:
+        return hit
     if rec.get("chunk_id") is not None:
         return by_cid.get((rec["query"], str(rec["chunk_id"])))
     return None

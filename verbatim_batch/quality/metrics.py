@@ -278,14 +278,8 @@ def evaluate(
             "micro_f1": _f1(micro_p, micro_r),
             "macro_f1": sum(row_f1) / n_rows if n_rows else 0.0,
         },
-        "iou": {
-            k: {
-                "p": v[0] / n_rows if n_rows else 0.0,
-                "r": v[1] / n_rows if n_rows else 0.0,
-                "f1": v[2] / n_rows if n_rows else 0.0,
-            }
-            for k, v in iou_sums.items()
-        },
+        "iou": {k: {m: s / n_rows if n_rows else 0.0 for m, s in zip(("p", "r", "f1"), v, strict=True)}
+                for k, v in iou_sums.items()},
         "containment": {k: (v / n_pred if n_pred else 0.0) for k, v in contained.items()},
         "containment_union": {k: (v / n_pred if n_pred else 0.0) for k, v in contained_union.items()},
         "coverage": {k: (v / n_gold if n_gold else 0.0) for k, v in covered.items()},
@@ -323,15 +317,11 @@ def format_table(result: dict[str, Any]) -> str:
     for t, v in result.get("iou", {}).items():
         line(f"  IoU >= {t}", v["p"], v["r"], v["f1"])
     lines.append("")
-    lines.append("containment (pred in gold)")
-    for t, v in result.get("containment", {}).items():
-        line(f"  >= {t}", v)
-    lines.append("containment (pred in gold union)")
-    for t, v in result.get("containment_union", {}).items():
-        line(f"  >= {t}", v)
-    lines.append("gold coverage (by pred)")
-    for t, v in result.get("coverage", {}).items():
-        line(f"  >= {t}", v)
+    for label, key in (("containment (pred in gold)", "containment"), ("containment (pred in gold union)",
+                       "containment_union"), ("gold coverage (by pred)", "coverage")):
+        lines.append(label)
+        for t, v in result.get(key, {}).items():
+            line(f"  >= {t}", v)
     lines.append("")
     line("any-overlap recall", result.get("any_overlap_recall"))
     line("over-prediction ratio", result.get("over_prediction_ratio"))

@@ -205,9 +205,7 @@ tr.best td{font-weight:600;background:#fff8e1}"""
 
 def cut(text: str, limit: int = FIELD_CHARS) -> str:
     """``text`` up to ``limit`` characters, with how much was left out."""
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}… ({len(text) - limit:,} more characters)"
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text) - limit:,} more characters)"
 
 
 def esc(value: Any, limit: int = FIELD_CHARS) -> str:
