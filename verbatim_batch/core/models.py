@@ -103,10 +103,7 @@ def read_config(folder: Path, what: str = "model") -> dict | None:
         raise _bad(what, folder, "config.json is not a JSON object")
     for part in (config, *(v for v in config.values() if isinstance(v, dict))):  # text_config, vision_config
         for key, limit in CONFIG_LIMITS.items():
-            value = part.get(key)
-            if value is None:
-                continue
-            if type(value) is not int or not 0 < value <= limit:
+            if (value := part.get(key)) is not None and (type(value) is not int or not 0 < value <= limit):
                 raise _bad(what, folder, f"config.json gives {key} = {str(value)[:40]}: not a size this tool "
                                          f"loads (an integer from 1 to {limit:,})")
     return config
@@ -156,9 +153,7 @@ def safetensors_header(path: Path, what: str = "model", folder: Path | None = No
         ok = ok and all(type(d) is int and d >= 0 for d in shape) and len(offsets) == 2 and all(
             type(o) is int for o in offsets) and 0 <= offsets[0] <= offsets[1] <= data
         item = _DTYPE_BYTES.get(t.get("dtype")) if ok else None
-        if ok and item is not None and math.prod(shape) * item != offsets[1] - offsets[0]:
-            ok = False
-        if not ok:
+        if not ok or (item is not None and math.prod(shape) * item != offsets[1] - offsets[0]):
             raise _bad(what, folder, f"{path.name}: tensor {str(name)[:80]!r} has a shape, dtype or offsets that "
                                      f"do not fit the file's {data:,} bytes of data (damaged or forged)")
         total += offsets[1] - offsets[0]

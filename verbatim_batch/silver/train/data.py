@@ -43,11 +43,8 @@ def silver_data_dir(path: str) -> str | None:
 def _input_files(path: str) -> list[tuple[str, str]]:
     """(format, location) of every Parquet / JSONL file at ``path`` (a file or a folder, searched recursively)."""
     def fmt(name: str) -> str | None:
-        if name.endswith(".parquet"):
-            return "parquet"
-        if name.endswith((".jsonl", ".json", ".jsonl.gz")):
-            return "jsonl"
-        return None
+        jsonl = name.endswith((".jsonl", ".json", ".jsonl.gz"))
+        return "parquet" if name.endswith(".parquet") else "jsonl" if jsonl else None
 
     if storage.isfile(path):
         kind = fmt(path)
@@ -175,10 +172,8 @@ def pack_batches(windows_table: pa.Table, *, batch_size: int | None = 8, batch_t
             raise ValueError("batch_size must be positive (or give batch_tokens)")
         order = rng.permutation(n)
         groups = [order[i:i + batch_size] for i in range(0, n, batch_size)]
-    rows = []
-    for b, g in enumerate(groups):
-        rows.append({"batch": b, "n_tokens": int(sum(len(ids[i]) for i in g)),
-                     "input_ids": [ids[i] for i in g], "labels": [labels[i] for i in g]})
+    rows = [{"batch": b, "n_tokens": int(sum(len(ids[i]) for i in g)), "input_ids": [ids[i] for i in g],
+             "labels": [labels[i] for i in g]} for b, g in enumerate(groups)]
     return pa.Table.from_pylist(rows, schema=TRAIN_BATCHES_SCHEMA)
 
 
