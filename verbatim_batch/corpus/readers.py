@@ -50,16 +50,7 @@ resolve = storage.resolve  # (file system, path) for a local path or a URI
 def detect_format(uri: str) -> str:
     """``md``, ``parquet`` or ``jsonl`` from a file's extension or a folder's contents."""
     fs, path = resolve(uri)
-    if _is_local(fs):
-        names = [f.path for f in _walk_local(path, None)]
-    else:
-        info = storage.file_info(uri)  # an object store that cannot be reached: one line
-        if info.type == pafs.FileType.NotFound:
-            raise FileNotFoundError(f"input not found: {uri}")
-        names = [path] if info.type == pafs.FileType.File else [
-            f.path for f in fs.get_file_info(pafs.FileSelector(path, recursive=True))
-            if f.type == pafs.FileType.File
-        ]
+    names = [f.path for f in (_walk_local(path, None) if _is_local(fs) else _remote_files(fs, path, uri))]
     for fmt in FORMATS:
         if any(n.lower().endswith(_EXTENSIONS[fmt]) for n in names):
             return fmt
@@ -75,19 +66,20 @@ def list_sources(uri: str, fmt: str) -> tuple[pafs.FileSystem, list[SourceFile]]
     if _is_local(fs):
         files = _walk_local(path, _EXTENSIONS[fmt])
     else:
-        info = storage.file_info(uri)  # an object store that cannot be reached: one line
-        if info.type == pafs.FileType.NotFound:
-            raise FileNotFoundError(f"input not found: {uri}")
-        infos = [info] if info.type == pafs.FileType.File else fs.get_file_info(
-            pafs.FileSelector(path, recursive=True))
-        files = [
-            SourceFile(f.path, f.size or 0, mtime=f.mtime.timestamp() if f.mtime else None)
-            for f in infos
-            if f.type == pafs.FileType.File and f.path.lower().endswith(_EXTENSIONS[fmt])
-        ]
+        files = [SourceFile(f.path, f.size or 0, mtime=f.mtime.timestamp() if f.mtime else None)
+                 for f in _remote_files(fs, path, uri) if f.path.lower().endswith(_EXTENSIONS[fmt])]
     if not files:
         raise ValueError(f"no {fmt} files under {uri}")
     return fs, sorted(files, key=lambda f: f.path)
+
+
+def _remote_files(fs: pafs.FileSystem, path: str, uri: str) -> list[pafs.FileInfo]:
+    """The files at a URI: itself, or every file under it; FileNotFoundError when nothing is there."""
+    info = storage.file_info(uri)  # an object store that cannot be reached: one line
+    if info.type == pafs.FileType.NotFound:
+        raise FileNotFoundError(f"input not found: {uri}")
+    infos = [info] if info.type == pafs.FileType.File else fs.get_file_info(pafs.FileSelector(path, recursive=True))
+    return [f for f in infos if f.type == pafs.FileType.File]
 
 
 def _is_local(fs: pafs.FileSystem) -> bool:

@@ -34,7 +34,7 @@ def _is_parquet(path: str) -> bool:
         return fh.read(4) == b"PAR1"
 
 
-def _read_jsonl(path: str) -> list[tuple[int, dict[str, Any]]]:
+def read_jsonl(path: str) -> list[tuple[int, dict[str, Any]]]:
     """(line number, object) for each non-blank line; ValueError on bad JSON or a non-object line."""
     out = []
     fs, local = storage.resolve(path)
@@ -181,7 +181,7 @@ def load_gold(path: str | Path, chunks: str | None = None) -> list[dict[str, Any
     if _is_parquet(path):
         records = [(f"{path} row {i}", r) for i, r in enumerate(storage.read_parquet(path).to_pylist())]
     else:
-        records = [(f"{path}, line {n}", r) for n, r in _read_jsonl(path)]
+        records = [(f"{path}, line {n}", r) for n, r in read_jsonl(path)]
     if chunks:
         fill_chunks(records, chunks)
     else:
@@ -263,7 +263,7 @@ def _load_span_table(path: str) -> Predictions:
 def _load_prediction_jsonl(path: str) -> Predictions:
     records = []
     seen: dict[tuple, int] = {}
-    for lineno, obj in _read_jsonl(path):
+    for lineno, obj in read_jsonl(path):
         where = f"{path}, line {lineno}"
         if not isinstance(obj.get("query"), str):
             raise ValueError(f"{where}: missing or non-string 'query'")

@@ -14,7 +14,6 @@ TREC file's by its scores. MRR@10 is ``recip_rank`` on lists cut at 10; nDCG@10 
 from __future__ import annotations
 
 import io
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 from verbatim_batch.core import storage
 from verbatim_batch.core.records import read_queries
 from verbatim_batch.core.tables import query_id_for
+from verbatim_batch.quality.evaluate import read_jsonl
 
 Qrels = dict[str, dict[str, int]]  # query id -> {doc id: relevance}
 Run = dict[str, dict[str, dict[str, float]]]  # method -> query id -> {doc id: score}
@@ -47,17 +47,6 @@ def _text_lines(path: str) -> Iterable[tuple[int, str]]:
         for lineno, line in enumerate(fh, 1):
             if line.strip():
                 yield lineno, line.rstrip("\n")
-
-
-def _jsonl(path: str) -> Iterable[tuple[int, dict[str, Any]]]:
-    for lineno, line in _text_lines(path):
-        try:
-            obj = json.loads(line)
-        except (json.JSONDecodeError, RecursionError):
-            raise ValueError(f"{path}, line {lineno}: invalid JSON") from None
-        if not isinstance(obj, dict):
-            raise ValueError(f"{path}, line {lineno}: expected a JSON object")
-        yield lineno, obj
 
 
 def _first(row: Mapping[str, Any], keys: Sequence[str]) -> Any:
@@ -112,7 +101,7 @@ def read_qrels(path: str, *, level: str = "chunk", chunks: ChunkKeys | None = No
 
     name = path.lower()
     if name.endswith((".jsonl", ".json")):
-        for lineno, row in _jsonl(path):
+        for lineno, row in read_jsonl(path):
             where = f"{path}, line {lineno}"
             if "query" in row and "paper_id" in row and ("relevant" in row or "gold_spans" in row):
                 rel = bool(row["relevant"]) if "relevant" in row else bool(row.get("gold_spans"))
