@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import json
 import numbers
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,6 @@ GoldKey = tuple  # (query, paper_id, chunk_index) or (query, chunk)
 Span = tuple[int, int]
 
 _SPAN_COLUMNS = ("query", "paper_id", "chunk_index", "chunk_id", "start", "end", "text")
-
 
 
 def _is_parquet(path: str) -> bool:
@@ -72,14 +71,16 @@ def _has_ids(row: Mapping[str, Any]) -> bool:
     return row.get("paper_id") is not None and row.get("chunk_index") is not None
 
 
-def _as_offsets(span: Any) -> tuple[int, int] | None:
-    """(start, end) from a dict with start/end or a two-item sequence of ints; None otherwise."""
-    if isinstance(span, Mapping):
-        return (span["start"], span["end"]) if "start" in span and "end" in span else None
+def _placed(chunk: str, span: Any, align: Callable[[str, str], Span | None], what: str) -> Span | None:
+    """A span's offsets: a quoted string placed by ``align`` (None when it cannot be), a ``{start, end}`` mapping or
+    a pair of ints; anything else is a ValueError naming ``what``."""
+    if isinstance(span, str):
+        return align(chunk, span)
+    if isinstance(span, Mapping) and "start" in span and "end" in span:
+        return span["start"], span["end"]
     if isinstance(span, (list, tuple)) and len(span) == 2 and all(isinstance(v, int) for v in span):
         return span[0], span[1]
-    return None
-
+    raise ValueError(f"{what} {span!r} is neither a string nor {{'start', 'end'}}")
 
 
 def gold_key(row: Mapping[str, Any]) -> GoldKey:
@@ -111,17 +112,10 @@ def normalize_gold_row(row: Mapping[str, Any], where: str = "") -> dict[str, Any
         raise ValueError(f"{prefix}'gold_spans' must be a list of strings or {{'start', 'end'}} objects, got a "
                          f"{type(gold).__name__}")
     for span in gold or []:
-        if isinstance(span, str):
-            placed = align_gold(chunk, span)
-            if placed is None:
-                unaligned += 1
-            else:
-                spans.append(placed)
-            continue
-        offsets = _as_offsets(span)
-        if offsets is None:
-            raise ValueError(f"{prefix}gold span {span!r} is neither a string nor {{'start', 'end'}}")
-        spans.append(offsets)
+        if (placed := _placed(chunk, span, align_gold, f"{prefix}gold span")) is None:
+            unaligned += 1
+        else:
+            spans.append(placed)
     out["gold_spans"] = spans
     out["gold_unaligned"] = unaligned
     if out.get("chunk_index") is not None:
@@ -194,7 +188,6 @@ def load_gold(path: str | Path, chunks: str | None = None) -> list[dict[str, Any
     if not rows:
         raise ValueError(f"{path} holds no gold pairs: nothing to evaluate against")
     return rows
-
 
 
 @dataclass
@@ -302,7 +295,6 @@ def load_predictions(path: str | Path) -> Predictions:
     return _load_prediction_jsonl(path)
 
 
-
 def _index_gold(gold_rows: Sequence[Mapping[str, Any]]) -> tuple[dict, dict, dict]:
     """Lookup tables over gold rows: by ids, by (query, chunk) and by (query, chunk id)."""
     by_ids: dict[tuple, int] = {}
@@ -334,16 +326,9 @@ def _place_spans(chunk: str, spans: Iterable[Any], diag: dict[str, int], where: 
     """Offsets of predicted spans in the gold chunk; strings are aligned, offsets with text are checked."""
     out: list[Span] = []
     for span in spans:
-        if isinstance(span, str):
-            placed = align_prediction(chunk, span)
-            if placed is None:
-                diag["pred_dropped"] += 1
-            else:
-                out.append(placed)
+        if (offsets := _placed(chunk, span, align_prediction, f"{where}: predicted span")) is None:
+            diag["pred_dropped"] += 1
             continue
-        offsets = _as_offsets(span)
-        if offsets is None:
-            raise ValueError(f"{where}: predicted span {span!r} is neither a string nor {{'start', 'end'}}")
         if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in offsets):
             raise ValueError(f"{where}: predicted span {span!r} has no integer offsets")
         text = span.get("text") if isinstance(span, Mapping) else None

@@ -24,7 +24,6 @@ def word_spans(text: str) -> list[Span]:
     return [(m.start(), m.end()) for m in _WORD_RE.finditer(text)]
 
 
-
 def _fold(text: str) -> str:
     """Lower-case ``text`` one character at a time, keeping its length (U+0130, whose lower case is two code
     points, stays as it is), so index ``i`` of the result is index ``i`` of the input."""
@@ -98,7 +97,6 @@ def align_prediction(chunk: str, s: str) -> Span | None:
     if not s:
         return None
     return _find_exact(chunk, s) or _find_casefree(chunk, s)
-
 
 
 @dataclass
