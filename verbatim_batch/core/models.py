@@ -274,8 +274,7 @@ def safetensors_files(weights_dir: Path) -> list[Path]:
 
 
 def fingerprint(files: list[Path]) -> str:
-    """sha256 over safetensors files: whole bytes up to 1 GiB, else header, sizes and 64 sampled blocks (any
-    dtype, shape or offset change still shows)."""
+    """sha256 over safetensors files: whole up to 1 GiB, else their headers, sizes and 64 sampled blocks."""
     h = hashlib.sha256()
     total = sum(f.stat().st_size for f in files)
     full = total <= FULL_HASH_BYTES

@@ -102,14 +102,12 @@ def markdown() -> str:
         lines.append(f"| [`{name}`](#{name.lower()}) | {f'`{table}`' if table else ''} | {n} |")
     lines.append("")
     for name, value, first, last in defs:
+        schema = value(EXAMPLE_DIM) if callable(value) else value
         about = " ".join(_block_above(first, comments))
         if callable(value):
             about = (inspect.getdoc(value) or "") + (
                 f" Shown for a {EXAMPLE_DIM}-dimensional model (`{name}({EXAMPLE_DIM})`): `vector` is as wide as the "
                 "model's vectors, its items `float32` unless `embed --output-dtype` says otherwise.")
-            schema = value(EXAMPLE_DIM)
-        else:
-            schema = value
         fields = list(schema) if isinstance(schema, pa.Schema) else [schema.field(i) for i in range(schema.num_fields)]
         table = tables.table_name_of(schema) if isinstance(schema, pa.Schema) else None
         lines += [f"## {name}", ""]

@@ -42,8 +42,8 @@ def gold_of_run(manifest: dict[str, Any]) -> str | None:
 
 def abstention_curve(run_dir: str, gold_path: str,
                      thresholds: Sequence[float] = DEFAULT_THRESHOLDS) -> list[dict[str, Any]]:
-    """One row per threshold: answered and abstained pairs, pair precision/recall and word precision/recall/F1
-    of the extract run ``run_dir`` against ``gold_path`` when pairs below the threshold abstain."""
+    """Per threshold, pairs below it abstaining: answered and abstained pairs, pair P/R and word P/R/F1 of the extract
+    run ``run_dir`` against ``gold_path``."""
     gold = load_gold(gold_path)
     by_ids, by_text, by_cid = _index_gold(gold)
     pairs = read_table(run_dir, "pairs", ["query", "paper_id", "chunk_index", "chunk_id", "n_spans", "relevance",

@@ -409,16 +409,14 @@ def evaluate_predictions(
 def evaluate_files(gold_path: str | Path, predictions_path: str | Path,
                    detail: list[dict[str, Any]] | None = None, chunks: str | None = None,
                    **thresholds: Any) -> dict[str, Any]:
-    """Load a pairs file and predictions, match them, and return the metrics with ``diagnostics`` (``detail``:
-    :func:`row_details`; ``chunks``: a chunk run the gold rows may name their chunks in)."""
+    """Load a pairs file and predictions, match and score them, with ``diagnostics`` (``detail``: ``row_details``)."""
     gold = load_gold(gold_path, chunks)
     preds = load_predictions(predictions_path)
     return _score(gold, preds.records, _new_diagnostics(), detail, **thresholds)
 
 
 def row_details(gold_rows: Sequence[Mapping[str, Any]], rows: Sequence[EvalRow]) -> list[dict[str, Any]]:
-    """Per gold row, for the side-by-side report: its ids, chunk, gold and predicted spans (sorted) and its own
-    word-level P, R and F1 (as ``evaluate`` scores one row)."""
+    """Per gold row, for the side-by-side report: ids, chunk, sorted gold and predicted spans, and its word P, R, F1."""
     out = []
     for g, row in zip(gold_rows, rows, strict=True):
         word = evaluate([row], iou_thresholds=(), containment_thresholds=(), coverage_thresholds=())["word"]
@@ -433,10 +431,8 @@ def sweep_rows(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """One row of headline figures per threshold of a sweep (``{threshold: evaluate result}``)."""
     out = []
     for t, r in results.items():
-        iou = r.get("iou", {})
-        iou_key = "0.5" if "0.5" in iou else next(iter(iou), None)
-        cov = r.get("coverage", {})
-        cov_key = "0.5" if "0.5" in cov else next(iter(cov), None)
+        iou, cov = r.get("iou", {}), r.get("coverage", {})
+        iou_key, cov_key = ("0.5" if "0.5" in d else next(iter(d), None) for d in (iou, cov))
         out.append({"threshold": float(t), "pred_spans": r.get("n_pred_spans"), "word_p": r["word"]["micro_p"],
                     "word_r": r["word"]["micro_r"], "word_f1": r["word"]["micro_f1"],
                     "macro_f1": r["word"]["macro_f1"], "iou_f1": iou[iou_key]["f1"] if iou_key else None,

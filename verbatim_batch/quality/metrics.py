@@ -50,8 +50,7 @@ def _find_casefree(chunk: str, s: str) -> Span | None:
 
 
 def _collapse(chunk: str) -> tuple[str, list[int], list[int]]:
-    """Folded ``chunk`` with each whitespace run as one space, and for each of its positions the start and end
-    in ``chunk`` of the character or run it stands for."""
+    """Folded ``chunk`` with each whitespace run as one space, and each position's start and end in ``chunk``."""
     parts: list[str] = []
     starts: list[int] = []
     ends: list[int] = []

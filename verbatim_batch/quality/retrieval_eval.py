@@ -85,8 +85,7 @@ class ChunkKeys:
 
 def read_qrels(path: str, *, level: str = "chunk", chunks: ChunkKeys | None = None,
                query_ids: Mapping[str, str] | None = None) -> tuple[Qrels, dict[str, int]]:
-    """``(qrels, counts)`` of a qrels file in any format the module docstring lists; ``counts``: judgments read and
-    gold rows whose chunk is not in the chunk table."""
+    """``(qrels, counts)`` of a qrels file in any format the module docstring lists (judgments, unplaced gold rows)."""
     if level not in LEVELS:
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
     if not storage.exists(path):
@@ -247,8 +246,7 @@ def evaluate_run(run: Run, qrels: Qrels, recall_at: Sequence[int] = DEFAULT_RECA
 def evaluate_retrieval(run_path: str, qrels_path: str, *, level: str = "chunk", chunks: str | None = None,
                        queries: str | None = None, recall_at: Sequence[int] = DEFAULT_RECALL_AT,
                        per_query: bool = False) -> dict[str, Any]:
-    """Read a run and its qrels (the run's query file and chunk table from its manifests unless given) and score
-    every method: what ``verbatim-batch evaluate-retrieval`` prints."""
+    """Score every method of a run against qrels (its query file and chunk table from its manifests unless given)."""
     sources = run_sources(run_path)
     for name, given in (("queries", queries), ("chunks", chunks)):
         where = f"--{name}" if given else f"the manifest of {run_path}"

@@ -21,8 +21,7 @@ LENGTH_EDGES = [0, 25, 50, 100, 200, 400, 800, 1600, 3200, math.inf]
 
 
 def highlight(chunk: str, spans: list[dict[str, Any]], lo: int = 0, hi: int | None = None) -> str:
-    """``chunk[lo:hi]`` as escaped HTML with each span wrapped in ``<mark>`` (score and method on hover; the
-    mark's ``data-start``/``data-end`` are chunk offsets)."""
+    """``chunk[lo:hi]`` as escaped HTML, each span a ``<mark>`` with its chunk offsets and its score on hover."""
     hi = len(chunk) if hi is None else hi
     parts, pos = [], lo
     for s in sorted(spans, key=lambda s: (s["start"], -s["end"])):
@@ -231,8 +230,7 @@ def _fmt(value: Any) -> str:
 
 
 def html_page(title: str, body: Sequence[str], max_bytes: int = PAGE_BYTES) -> str:
-    """The page, its body parts in order up to about ``max_bytes`` (UTF-8); the parts past it are left out and
-    the page says so."""
+    """The page, its body parts in order up to about ``max_bytes`` (UTF-8), saying what it left out."""
     kept, size = [], 0
     for i, part in enumerate(body):
         n = len(part.encode("utf-8", "surrogatepass"))

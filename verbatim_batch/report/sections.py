@@ -46,8 +46,7 @@ def _stop(body: list[str], size: int, shown: int, total: int) -> bool:
 
 
 def query_positions(path: str | None) -> dict[str, int]:
-    """``query_id -> position`` in the query file a run was made from (queries are shown as given); empty when
-    the file is gone or unreadable."""
+    """``query_id -> position`` in the query file a run was made from (empty when it is gone or unreadable)."""
     return {q: i for i, q in enumerate(query_file(path)[0])} if path else {}
 
 

@@ -10,8 +10,7 @@ from verbatim_batch.core import storage
 
 
 def night_changes(manifest: dict) -> str | None:
-    """What a night changed, in a line: its papers unchanged, changed, added and removed against its base (a
-    first night's are all added); None for a run that is no night."""
+    """What a night changed against its base, in a line (papers unchanged, changed, added, removed); else None."""
     if manifest.get("command") != "nightly":
         return None
     counts = manifest.get("counts") or {}
@@ -94,8 +93,7 @@ def questions_hint(path: str, manifest: dict) -> str | None:
 
 
 def truncated_lines(counts: dict, embedder: dict) -> list[str]:
-    """An embed run's ``truncated`` count in words, with the options that change it (``--max-windows``,
-    ``--reference-windows``)."""
+    """An embed run's ``truncated`` count in words, with the options that change it."""
     truncated = counts.get("truncated", 0)
     limit = embedder.get("max_windows")
     # a truncated row of one window under a limit above one is a reference list (first window only); an older

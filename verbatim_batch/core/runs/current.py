@@ -258,8 +258,7 @@ def prune_runs(root: str, keep: int, protect: tuple[str, ...] = ()) -> list[str]
 
 
 def publish(root: str, run_id: str, keep_runs: int) -> list[str]:
-    """Move ``current`` to a committed run unless a newer one is current, then prune; returns the ids pruned.
-    Safe to repeat (a rerun of a run killed after its commit calls it again)."""
+    """Move ``current`` to a run unless a newer one is current, then prune (safe to repeat); the ids pruned."""
     current = current_run(root)
     if current != run_id:
         created = read_manifest(storage.join(root, RUNS_DIR, run_id))["created_at"]

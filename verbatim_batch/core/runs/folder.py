@@ -518,8 +518,7 @@ def claim_composite(output: str, run_id: str, settings_hash: str, overwrite: boo
 @contextmanager
 def staged(output: str, overwrite: bool = False, run_id: str | None = None, resume: bool = False,
            settings_hash: str | None = None) -> Iterator[RunDir]:
-    """``with staged(out) as run: ... run.commit(manifest)``; on a failure the staging folder goes, unless a run id
-    keeps it for a rerun to resume."""
+    """``with staged(out) as run: ... run.commit(manifest)``; without a run id a failed run's staging folder goes."""
     run = RunDir(output, overwrite=overwrite, run_id=run_id, resume=resume, settings_hash=settings_hash)
     try:
         yield run
@@ -533,8 +532,7 @@ def staged(output: str, overwrite: bool = False, run_id: str | None = None, resu
 
 def write_manifest(run_dir: str, manifest: Mapping[str, Any],
                    on_commit: Callable[[str, dict[str, Any]], None] | None = None) -> None:
-    """Validate and write ``run_dir/manifest.json``, credentials redacted, then call ``on_commit`` (whose failure
-    is logged, never stopping a commit)."""
+    """Validate and write ``manifest.json`` (credentials redacted), then ``on_commit``, whose failure is only logged."""
     manifest = redact(dict(manifest))
     validate_manifest(manifest)
     fault_point("commit")

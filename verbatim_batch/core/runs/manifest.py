@@ -58,8 +58,7 @@ def build_manifest(
     counts: Mapping[str, int],
     timings_s: Mapping[str, float],
 ) -> dict[str, Any]:
-    """A run's manifest, credentials in URLs redacted from its config and inputs (it is shared with the run);
-    ``config_hash`` is of the config as recorded."""
+    """A run's manifest, credentials in its config's and inputs' URLs redacted (it is shared with the run)."""
     config = redact(dict(config))
     return {
         "run_id": run_id,

@@ -27,8 +27,7 @@ LABELS = {0: "O", 1: "EVIDENCE"}
 
 def span_predictions(model_dir: str, pairs: Sequence[dict[str, Any]], *, max_length: int, stride: int,
                      device: str = "cpu", batch_pairs: int = 64) -> list[list[tuple[int, int]] | None]:
-    """Spans the highlighter finds with the model at ``model_dir`` on each pair (None: the pair failed,
-    e.g. a question over the highlighter's query limit)."""
+    """Spans the highlighter finds with the model at ``model_dir`` on each pair (None where the pair failed)."""
     from verbatim_batch.extract.highlighter import Highlighter, HighlighterConfig
 
     hl = Highlighter(HighlighterConfig(model=model_dir, max_length=max_length, stride=stride, device=device))
