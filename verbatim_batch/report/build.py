@@ -91,11 +91,8 @@ def build_report(run_dir: str, manifest: dict[str, Any] | None = None) -> dict[s
         "tables": {k: v.get("rows") for k, v in manifest.get("tables", {}).items()},
         "timings_s": timings, "counts": counts,
     }
-    rate = {}
-    for key, label in (("papers", "papers_per_s"), ("chunks", "chunks_per_s"), ("pairs", "pairs_per_s"),
-                       ("spans", "spans_per_s"), ("tokens", "tokens_per_s"), ("queries", "queries_per_s")):
-        if total > 0 and counts.get(key):
-            rate[label] = counts[key] / total
+    rate = {f"{key}_per_s": counts[key] / total for key in ("papers", "chunks", "pairs", "spans", "tokens", "queries")
+            if total > 0 and counts.get(key)}
     if total > 0 and counts.get("papers_bytes"):
         rate["mb_per_s"] = counts["papers_bytes"] / 1e6 / total
     out["throughput"] = rate
@@ -104,9 +101,7 @@ def build_report(run_dir: str, manifest: dict[str, Any] | None = None) -> dict[s
     subs = {s: _sub_manifest(run_dir, s) for s in manifest.get("stages") or {}} if command in COMPOSITES else {}
     out["performance"] = performance_rows(manifest, subs)
     out["time_breakdown"] = time_breakdown(manifest)
-    for key, value in out["time_breakdown"].items():
-        if key.endswith("_per_s_excluding_ray_start"):
-            rate[key] = value
+    rate |= {k: v for k, v in out["time_breakdown"].items() if k.endswith("_per_s_excluding_ray_start")}
     where = {"quarantine": run_dir, "pairs": run_dir, "rejects": run_dir}
     if command in COMPOSITES:  # a run of stage runs: figures per stage, tables in theirs
         where = {t: holding(run_dir, (t,), manifest) or run_dir for t in where}
@@ -116,11 +111,8 @@ def build_report(run_dir: str, manifest: dict[str, Any] | None = None) -> dict[s
             stages.setdefault(stage, {})[name] = value
         for stage, figures in stages.items():
             out.setdefault("stage_counts", {})[stage] = {**figures, "seconds": float(timings.get(stage) or 0.0)}
-        out["stage_time_breakdown"] = {}
-        for stage in (s for s in manifest.get("stages") or {} if isinstance(s, str)):  # the run's own, in order
-            sub = _sub_manifest(run_dir, stage)
-            if sub is not None:
-                out["stage_time_breakdown"][stage] = time_breakdown(sub)
+        out["stage_time_breakdown"] = {stage: time_breakdown(sub) for stage in manifest.get("stages") or {}  # in order
+                                       if isinstance(stage, str) and (sub := _sub_manifest(run_dir, stage)) is not None}
         if command == "nightly":
             out["index_update"] = manifest.get("index_update")
         out["throughput"] = {f"{stage}_{k}_per_s": v / float(timings[stage]) for stage, k in (
@@ -164,9 +156,8 @@ def render_html(report: dict[str, Any], sections: Sequence[str] = ()) -> str:
     where the time went and its counts."""
     command = str(report.get("command"))
     summary = {k: report.get(k) for k in ("run_id", "command", "created_at", "status")}
-    for key in ("abstention_rate", "verbatim_violations", "rejects", "spans_per_pair"):
-        if key in report:
-            summary[key] = report[key]
+    summary |= {k: report[k] for k in ("abstention_rate", "verbatim_violations", "rejects", "spans_per_pair")
+                if k in report}
     # what the run found comes first; how it ran (time, counts) after
     body = [f"<h1>verbatim-batch {esc(command)} · {esc(report.get('run_id'))}</h1>",
             *([f'<p class="meta">This night: {esc(report["changed"])}</p>'] if report.get("changed") else []),

@@ -74,13 +74,12 @@ def chunk_texts(config: dict[str, Any], pair_rows: list[dict[str, Any]]) -> dict
 
 
 def paper_titles(chunks_run: str | None, paper_ids: set[str]) -> dict[str, str]:
+    import pyarrow.compute as pc
     import pyarrow.dataset as pads
 
     papers = storage.join(chunks_run, "papers") if chunks_run else None
     if not papers or not paper_ids or not storage.isdir(papers):
         return {}
-    import pyarrow.compute as pc
-
     table = storage.dataset(papers).to_table(  # titles cut as they are read: a 5 MB title is never held whole
         columns={"paper_id": pads.field("paper_id"), "title": pc.utf8_slice_codeunits(pads.field("title"), 0,
                                                                                       TEXT_CHARS)},
