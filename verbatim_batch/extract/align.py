@@ -12,13 +12,10 @@ steps, first hit wins:
    span's length, so an added word would pull in a neighbour), mapped back, widened to whole words and trimmed;
    rejected when under half or over twice the span's folded length. The score is the partial ratio.
 
-Per-character folding makes the offset map exact; NFKD rather than NFKC because decomposition is per-character
-and composition is not (a precomposed ``"é"`` and ``"e"`` + U+0301 both fold to the latter). Typographic quotes,
-dashes and accents are left to the fuzzy step.
-
-Rejects are reason strings whose first word is a code: ``"empty"``, ``"not_a_string"``,
-``"not_found"`` (with ``" (best fuzzy 0.62)"`` when the fuzzy step ran), and
-``"fuzzy_length_mismatch"``.
+Per-character folding makes the offset map exact; NFKD, not NFKC, because decomposition is per-character (a
+precomposed ``"é"`` and ``"e"`` + U+0301 both fold to the latter). Quotes, dashes and accents are left to the fuzzy
+step. Rejects are reason strings whose first word is a code: ``"empty"``, ``"not_a_string"``, ``"not_found"`` (with
+``" (best fuzzy 0.62)"`` after the fuzzy step) and ``"fuzzy_length_mismatch"``.
 """
 
 from __future__ import annotations
@@ -139,8 +136,7 @@ def _is_space(codes: np.ndarray) -> np.ndarray:
 
 
 def normalize_with_map(text: str) -> tuple[str, np.ndarray]:
-    """The folded, whitespace-collapsed form of ``text`` (not stripped) and each folded character's source index
-    (non-decreasing)."""
+    """The folded, whitespace-collapsed ``text`` (not stripped) and each folded character's source index."""
     n = len(text)
     folded, odd = _fold_parts(text)
     index: np.ndarray | None = None
@@ -164,8 +160,7 @@ def normalize_with_map(text: str) -> tuple[str, np.ndarray]:
 
 
 def _refine(norm: str, target: str, lo: int, hi: int, k: int = 3) -> tuple[int, int]:
-    """Move the edges of a fuzzy window ``norm[lo:hi]`` up to ``k`` words either way to where it best matches
-    ``target`` (start, end, start again; ties to the closest edge)."""
+    """Move a fuzzy window's edges up to ``k`` words either way to where it best matches ``target``."""
     n = len(norm)
     s0 = lo + 1 if norm[lo] == " " else norm.rfind(" ", 0, lo) + 1
     starts, q = [s0], s0
@@ -309,8 +304,7 @@ def align_span(chunk: str, span: str, **kw: Any) -> Alignment | str:
 
 def align_spans(chunk: str | ChunkIndex, spans: Sequence[str] | Iterable[str],
                 **kw: Any) -> tuple[list[Alignment], list[tuple[str, str]]]:
-    """Align many spans onto one chunk (folded once): the alignments in input order, each ``(start, end)`` once,
-    and the rejects as ``(span, reason)``; keyword arguments go to ``ChunkIndex.align``."""
+    """Align many spans onto one chunk (folded once): alignments in order, each once, and ``(span, reason)`` rejects."""
     index = chunk if isinstance(chunk, ChunkIndex) else ChunkIndex(chunk)
     found: list[Alignment] = []
     rejects: list[tuple[str, str]] = []

@@ -26,11 +26,9 @@ class Extractor(Protocol):
 
     def describe(self) -> dict[str, Any]:
         """``model_id``, ``model_revision`` and ``config_hash`` (plus anything for the manifest)."""
-        ...
 
     def extract(self, queries: Sequence[str], chunks: Sequence[str]) -> list[PairResult]:
         """One result per pair, in order."""
-        ...
 
 
 def validate_pair(row: dict[str, Any], max_chunk_chars: int, max_query_chars: int) -> str | None:
@@ -75,8 +73,8 @@ class PairExtractor:
 
     def _run(self, queries: list[str], chunks: list[str], query_ids: list[str] | None = None,
              ranks: list[int | None] | None = None) -> list[PairResult]:
-        """The extractor over a batch; if the batch fails, each pair alone. An extractor that judges a query's
-        pairs together (``groups_queries``) gets their query ids and retrieval ranks."""
+        """The extractor over a batch (with query ids and ranks if it ``groups_queries``); if it fails, each pair
+        alone."""
         try:
             if getattr(self.extractor, "groups_queries", False) and query_ids is not None:
                 results = self.extractor.extract(queries, chunks, query_ids=query_ids, ranks=ranks)

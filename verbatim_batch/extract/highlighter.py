@@ -1,20 +1,12 @@
 """The highlighter: a ModernBERT token classifier that marks evidence tokens in a chunk.
 
-The (query, chunk) pair is tokenised as a sentence pair; a pair longer than ``max_length`` is cut into windows
-over the chunk overlapping by ``stride`` tokens (the tokenizer's overflow, so every window repeats the query).
-Post-processing is that of the released students' ``process()`` (model card of ``KRLabsOrg/acl-verbatim-modernbert``),
-so the same weights give the same spans: a token's probability is the sum of its non-zero labels'; in each window,
-runs of context tokens at or above ``threshold`` become character ranges scored by their highest probability; the
-runs of all windows merge within ``merge_gap`` and only then are spans under ``min_chars`` dropped. One addition:
-each final span is trimmed of whitespace (BPE offsets include a leading space), after the length test. A pair's
-``relevance`` is its highest context-token probability.
-
-The work is three parts, so a GPU's process runs only the model (issue 25): ``HighlighterTokenizer.encode`` (flat
-windows from a private copy of the Rust tokenizer, checked against the transformers call),
-``Highlighter.forward_probs`` (windows packed by length under a token budget, which never changes a window's tokens)
-and ``ContextScores.results`` (``highlighter_spans``, numpy over the batch); the extract job runs them as stages
+A (query, chunk) pair longer than ``max_length`` is cut into windows over the chunk overlapping by ``stride``
+tokens (each repeats the query). Post-processing is the released students' ``process()`` (``highlighter_spans``),
+so the same weights give the same spans, plus a trim of edge whitespace. The work is three parts, so a GPU's
+process runs only the model (issue 25): ``HighlighterTokenizer.encode`` (flat windows), ``Highlighter.forward_probs``
+(packed by length under a token budget) and ``ContextScores.results``; the extract job runs them as stages
 (``highlighter_stages``). The paper's students ship configs naming custom code over plain
-``ModernBertForTokenClassification`` weights; they load here with ``trust_remote_code`` off.
+``ModernBertForTokenClassification`` weights; they load with ``trust_remote_code`` off.
 """
 
 from __future__ import annotations
@@ -29,15 +21,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from verbatim_batch.core import limits
-from verbatim_batch.core.models import (
-    fingerprint,
-    load_model,
-    resolve_device,
-    resolve_dtype,
-    resolve_model_dir,
-    safetensors_files,
-)
+from verbatim_batch.core import limits, models
 from verbatim_batch.core.options import Declared, option, runtime
 from verbatim_batch.extract.highlighter_spans import (
     ContextScores,
@@ -108,10 +92,6 @@ class EncodedPairs:
     offsets: np.ndarray  # int64 (C, 2): their character offsets in the chunk
     context_counts: np.ndarray  # int64 (W,): context tokens per window
 
-    @property
-    def n_pairs(self) -> int:
-        return len(self.errors)
-
     def scores(self, token_probs: np.ndarray) -> ContextScores:
         """The context tokens' scores, given the probability of every token of ``ids``."""
         probs = np.asarray(token_probs, dtype=np.float32)[self.context] if len(self.context) else \
@@ -152,11 +132,9 @@ def _check_head_loaded(model, weights: list[Path]) -> None:
 
 
 class HighlighterTokenizer:
-    """The highlighter's tokenizer and window settings, no model (a CPU stage loads this alone).
-
-    ``windows`` is the reference call (transformers' overflow windows); ``encode`` gives the same windows as flat
-    arrays from a private copy of the Rust tokenizer (checked on a probe at load, else the reference call is read).
-    """
+    """The highlighter's tokenizer and window settings, no model (a CPU stage loads this alone): ``windows`` is the
+    reference call (transformers' overflow windows), ``encode`` the same windows as flat arrays from a private copy of
+    the Rust tokenizer (checked on a probe at load)."""
 
     def __init__(self, config: HighlighterConfig, model_dir: Path | None = None, model_config: Any = None) -> None:
         from transformers import AutoTokenizer
@@ -164,7 +142,7 @@ class HighlighterTokenizer:
         from verbatim_batch.retrieval.embedder import portable_model_id
 
         self.config = config
-        model_dir = model_dir or resolve_model_dir(config.model, config.revision, "highlighter model")
+        model_dir = model_dir or models.resolve_model_dir(config.model, config.revision, "highlighter model")
         mconf = model_config if model_config is not None else _classifier_config(model_dir, config.trust_remote_code)
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=config.trust_remote_code)
         if not getattr(self.tokenizer, "is_fast", False):
@@ -298,15 +276,15 @@ class Highlighter:
         from verbatim_batch.retrieval.embedder import portable_model_id
 
         self.config = config = config or HighlighterConfig()
-        self.device = resolve_device(config.device)
-        self.torch_dtype = resolve_dtype(config.dtype, self.device)
-        model_dir = resolve_model_dir(config.model, config.revision, "highlighter model")
-        weights = safetensors_files(model_dir)
+        self.device = models.resolve_device(config.device)
+        self.torch_dtype = models.resolve_dtype(config.dtype, self.device)
+        model_dir = models.resolve_model_dir(config.model, config.revision, "highlighter model")
+        weights = models.safetensors_files(model_dir)
         self.model_id = portable_model_id(config.model)
-        self.model_revision = fingerprint(weights)
+        self.model_revision = models.fingerprint(weights)
         mconf = _classifier_config(model_dir, config.trust_remote_code)
         cls = ModernBertForTokenClassification if mconf.model_type == "modernbert" else AutoModelForTokenClassification
-        self.model, self.attn_implementation = load_model(
+        self.model, self.attn_implementation = models.load_model(
             cls, model_dir, device=self.device, torch_dtype=self.torch_dtype, config=mconf,
             attn_implementation=config.attn_implementation, trust_remote_code=config.trust_remote_code,
         )
@@ -343,8 +321,7 @@ class Highlighter:
         return enc
 
     def forward_probs(self, ids: np.ndarray, window_lengths: np.ndarray) -> np.ndarray:
-        """Positive probability (float32) of every token of every window, flat like ``ids``; windows are
-        sorted by length and packed into forward passes under the token budget."""
+        """Positive probability (float32) of every token of every window, flat like ``ids``, packed by length."""
         from verbatim_batch.retrieval.embedder import plan_batches
 
         torch = self._torch
@@ -424,7 +401,8 @@ def host_describe(config: HighlighterConfig) -> dict[str, Any]:
 
 
 def _fingerprint(config: HighlighterConfig) -> str:
-    return fingerprint(safetensors_files(resolve_model_dir(config.model, config.revision, "highlighter model")))
+    model_dir = models.resolve_model_dir(config.model, config.revision, "highlighter model")
+    return models.fingerprint(models.safetensors_files(model_dir))
 
 
 EXTRACTOR = ExtractorKind("highlighter", HighlighterConfig, build=lambda config: Highlighter(config),

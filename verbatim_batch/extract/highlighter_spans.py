@@ -31,8 +31,7 @@ def window_problem(max_length: int, stride: int, max_query_tokens: int | None = 
 
 @dataclass
 class TokenScores:
-    """Per window of a pair, its context tokens' offsets ``(n, 2)`` and probabilities ``(n,)``, empty-offset
-    tokens included (they end a run)."""
+    """Per window of a pair, its context tokens' offsets ``(n, 2)`` and probabilities ``(n,)``."""
 
     windows: list[tuple[np.ndarray, np.ndarray]]
 
@@ -93,18 +92,13 @@ def highlight_spans(scores: TokenScores, chunk: str, threshold: float, min_chars
 
 @dataclass
 class ContextScores:
-    """The context tokens of a batch of pairs with their positive probabilities, flat (what the span stage
-    reads): ``offsets``/``probs`` window after window, ``context_counts`` and ``window_pair`` per window."""
+    """A batch's context tokens and probabilities, flat, window after window (what the span stage reads)."""
 
     errors: list[str | None]
     offsets: np.ndarray  # (C, 2)
     probs: np.ndarray  # float32 (C,)
     context_counts: np.ndarray  # (W,)
     window_pair: np.ndarray  # (W,)
-
-    @property
-    def n_pairs(self) -> int:
-        return len(self.errors)
 
     def pair(self, i: int) -> TokenScores:
         """Pair ``i``'s windows as ``TokenScores``."""
@@ -114,9 +108,8 @@ class ContextScores:
 
     def results(self, chunks: Sequence[str | None], threshold: float, min_chars: int,
                 merge_gap: int) -> list[PairResult]:
-        """Every pair's spans and relevance (``highlight_spans`` and ``TokenScores.relevance`` of each pair,
-        computed over the whole batch at once); an error pair gets its error."""
-        n = self.n_pairs
+        """Every pair's spans and relevance, computed over the whole batch at once; an error pair gets its error."""
+        n = len(self.errors)
         counts = np.asarray(self.context_counts, dtype=np.int64)
         token_pair = np.repeat(np.asarray(self.window_pair, dtype=np.int64), counts)
         first = np.zeros(len(token_pair), dtype=bool)

@@ -119,8 +119,7 @@ def forward_table(hl: Highlighter, batch: pa.Table) -> pa.Table:
 
 
 def failed_forward_table(batch: pa.Table, error: str) -> pa.Table:
-    """What the forward stage hands on for a batch it gave up on: ``forward_table``'s columns, every row with
-    ``error`` (zero probabilities, never read)."""
+    """``forward_table``'s columns for a batch the forward stage gave up on, every row with ``error``."""
     _, ctx_per_row = _flat(batch["_hl_ctx"], np.int64)
     n = batch.num_rows
     return _forwarded(batch, np.zeros(int(ctx_per_row.sum())), ctx_per_row, [error] * n, [0.0] * n)
@@ -144,8 +143,7 @@ def scores_of(batch: pa.Table) -> ContextScores:
 
 
 def spans_table(batch: pa.Table, stage: Any, config: HighlighterConfig) -> dict[str, pa.Table]:
-    """The span stage: spans (runs, merge, drop, trim) of every pair of a forward stage's batch, then the
-    verbatim gate and the rows (``PairExtractor.tables`` of ``stage``)."""
+    """The span stage: every pair's spans from a forward stage's batch, then the verbatim gate and the rows."""
     from verbatim_batch.core.tables import PAIR_INPUT
 
     t0 = time.perf_counter()
@@ -160,8 +158,7 @@ def spans_table(batch: pa.Table, stage: Any, config: HighlighterConfig) -> dict[
 
 
 class HighlighterRows:
-    """The highlighter as the span stage sees it (``PairExtractor`` needs a name and ``describe``): no model,
-    the figures its rows carry, computed once by the driver (``host_describe``)."""
+    """The highlighter as the span stage's ``PairExtractor`` sees it: no model, the driver's ``host_describe``."""
 
     name = "highlighter"
 

@@ -1,11 +1,9 @@
 """LLM span extraction: requests, the OpenAI-compatible HTTP backend, and turning answers into spans.
 
-Pairs of one query are grouped, in order, into requests of up to ``docs_per_request`` chunks (doc_0..doc_n); the
-answer is parsed leniently (``llm_output``) and each string aligned to its own document (``align``). A span is
-always the chunk's own text at the aligned offsets; a string that cannot be placed is a ``Reject``. Backends:
-``http`` (any OpenAI-compatible endpoint, not trusted: each attempt bounded as a whole, the answer capped, the key
-sent only within the base URL's origin) and ``vllm`` (engines in the cluster through ``ray.data.llm``; only the
-generation differs). A request that fails after its retries makes an error row for each of its pairs only.
+A query's pairs are grouped into requests of up to ``docs_per_request`` chunks (doc_0..doc_n); the answer is parsed
+leniently (``llm_output``) and each string aligned to its document (``align``), a span always the chunk's own text,
+a string that cannot be placed a ``Reject``. Backends: ``http`` (an untrusted OpenAI-compatible endpoint) and
+``vllm`` (engines in the cluster, ``ray.data.llm``). A request failed after its retries is an error row per pair.
 """
 
 from __future__ import annotations
@@ -363,10 +361,9 @@ def _content(data: bytes, content_type: str) -> str:
 
 
 class OpenAIClient:
-    """Minimal OpenAI-compatible chat client on the standard library, distrustful of the server: each attempt bounded
-    by ``timeout_s`` and ``max_response_mb``, at most 5 http(s) redirects, ``Authorization`` only to the base
-    URL's origin; connection errors, timeouts, 408/409/425/429 and 5xx retried with backoff (``Retry-After``, at
-    most 60 s)."""
+    """Minimal OpenAI-compatible chat client, distrustful of the server: attempts bounded by ``timeout_s`` and
+    ``max_response_mb``, at most 5 http(s) redirects, the key only to the base URL's origin; connection errors,
+    timeouts, 408/409/425/429 and 5xx retried with backoff (``Retry-After``, at most 60 s)."""
 
     def __init__(self, config: LLMConfig) -> None:
         base = config.base_url or os.environ.get("OPENAI_BASE_URL")
@@ -521,8 +518,7 @@ class LLMExtractor:
                     for _ in chunks]
 
     def extract(self, queries: Sequence[str], chunks: Sequence[str]) -> list[PairResult]:
-        """One result per pair. A request that fails makes error rows for its pairs only; answers of the
-        previous call are reused, so a batch retried after a later failure is not sent again."""
+        """One result per pair; a failed request is error rows for its pairs, and a retried batch reuses the answers."""
         groups = group_requests(queries, self.config.docs_per_request)
         answered: dict[str, str] = {}
         futures = [self.pool.submit(self._one, queries[g[0]], [chunks[i] for i in g], self._answered, answered)

@@ -14,6 +14,7 @@ answer keeps its complete items and nothing partial reaches alignment (``align.a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -59,11 +60,8 @@ _MISSING = object()
 
 
 class _Lenient:
-    """Reads one JSON-like value, keeping whatever was complete at the end or an error.
-
-    ``stop`` ends as ``None`` (complete), ``"eof"`` (the text ended inside) or ``"error"`` (at ``pos``).
-    Unclosed strings, and keys without a value, are never kept.
-    """
+    """Reads one JSON-like value, keeping what was complete at the end or an error: ``stop`` ends as ``None``,
+    ``"eof"`` or ``"error"`` (at ``pos``); unclosed strings and keys without a value are never kept."""
 
     def __init__(self, text: str, end: int) -> None:
         self.s = text
@@ -228,11 +226,9 @@ class _Found:
 
 def _parse_at(text: str, i: int, end: int) -> _Found:
     """The value starting at ``text[i]``: strict JSON if possible, else the forgiving reader."""
-    try:
+    with contextlib.suppress(Exception):  # ValueError, RecursionError: fall back to the forgiving reader
         value, stop = _STRICT.raw_decode(text[:end], i)
         return _Found(value, i, stop, "strict")
-    except Exception:  # noqa: BLE001 - ValueError, RecursionError: fall back to the forgiving reader
-        pass
     reader = _Lenient(text, end)
     try:
         value, stop = reader.value(i)
@@ -252,11 +248,9 @@ def _looks_like_root(obj: dict) -> bool:
 
 
 def _find_root(text: str, start: int, end: int) -> _Found | None:
-    """The JSON value to read in ``text[start:end]``: the first object that looks like an answer (doc keys or a
-    wrapper key), else the first object, else the earliest of the first list and the first salvaged partial.
-    Values are never searched inside one already read; after a broken object a later one is taken only if it looks
-    like an answer (else it is probably one of the broken object's items).
-    """
+    """The JSON value to read in ``text[start:end]``: the first object that looks like an answer, else the first
+    object, else the earliest of the first list and the first salvaged partial (after a broken object, a later one
+    only if it looks like an answer: else it is probably one of its items)."""
     first_obj: _Found | None = None
     first_list: _Found | None = None
     partial: _Found | None = None

@@ -28,8 +28,7 @@ def read_pair_records(path: str) -> Iterable[dict[str, Any]]:
 
 
 def chunk_lookup(chunks_dir: str, chunk_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
-    """``chunk_id -> {text, paper_id, chunk_index, start}`` for the given ids, read with a filter (only matching
-    rows are materialised, so the chunk table may be much larger than memory)."""
+    """``chunk_id -> {text, paper_id, chunk_index, start}`` for the given ids, only matching rows read."""
     ids = sorted({c for c in chunk_ids if c})
     if not ids:
         return {}
@@ -136,8 +135,7 @@ def _is_id(value: Any) -> bool:
 def pairs_from_retrieval(retrieval: pa.Table, queries: Mapping[str, str],
                          chunks: Mapping[str, Mapping[str, Any]], method: str = "hybrid",
                          top_k: int = 5) -> pa.Table:
-    """Retrieval rows of ``method`` with ``rank <= top_k``, joined with their queries and chunks -> ``PAIR_INPUT``
-    (by query, then rank; a chunk missing from the chunk table is an error row)."""
+    """Retrieval rows of ``method`` with ``rank <= top_k`` joined with queries and chunks -> ``PAIR_INPUT``."""
     methods = set(retrieval.column("method").to_pylist())
     if method not in methods:
         raise ValueError(f"retrieval table has no {method!r} rows (methods: {sorted(methods)})")

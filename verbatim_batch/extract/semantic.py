@@ -1,20 +1,15 @@
 """The offline default extractor: sentence units scored against the query, in their paragraph.
 
-Each chunk is cut into units (``sentences.units``: sentences, table rows, list items, captions, code blocks) and
-the units into paragraphs (no blank line between them). Non-body units (``sentences.NON_BODY``: references, TOC,
-front matter, bare headings) are left out unless ``keep_non_body``; a run-in heading goes with the sentence it
-opens, never alone. A unit's score mixes four signals: ``unit`` (its cosine similarity to the query under the
-sentence embedder), ``lexical`` (the share of the query's content words in it, compared on five-letter stems),
-``paragraph`` (its paragraph's similarity) and ``context`` (its and its neighbours' similarity, which a long
-paragraph's vector dilutes), weighted by ``lexical_weight``, ``paragraph_weight`` and ``context_weight`` (the rest
-to ``unit``). A table row is evidence only when the query names something in its cells, and scores at least as its
-caption.
+Each chunk is cut into units (``sentences.units``) and paragraphs; non-body units (``sentences.NON_BODY``) are left
+out unless ``keep_non_body``, and a run-in heading goes with the sentence it opens. A unit's score mixes its cosine
+similarity to the query (``unit``), the share of the query's content words in it (``lexical``), its paragraph's
+similarity (``paragraph``) and its and its neighbours' (``context``, which a long paragraph's vector dilutes). A
+table row is evidence only when the query names something in its cells, and scores at least as its caption.
 
-A pair whose best unit is under ``threshold`` abstains (its ``relevance`` is that best either way); else units
-scoring at least ``max(threshold - unit_slack, best - margin)`` are evidence, a paragraph is taken whole when they
-fill ``paragraph_fill`` of it or its own similarity reaches ``paragraph_select``, units of a paragraph merge within
-``merge_gap`` characters (never across a blank line), and ``max_spans`` / ``max_share`` bound a pair. The defaults
-were set on hand-labelled real papers (docs/extraction.md#semantic-the-default-offline-cpu); no GPU, no download.
+A pair whose best unit is under ``threshold`` abstains (its ``relevance`` is that best); else units from
+``max(threshold - unit_slack, best - margin)`` are evidence, whole paragraphs by ``paragraph_fill`` or
+``paragraph_select``, merged within ``merge_gap`` (never across a blank line), bounded by ``max_spans`` and
+``max_share``. Defaults set on hand-labelled papers (docs/extraction.md#semantic-the-default-offline-cpu).
 """
 
 from __future__ import annotations
@@ -68,8 +63,7 @@ def lexical_overlap(query: str, units: Sequence[str]) -> np.ndarray:
 
 
 def paragraph_ids(chunk: str, segments: Sequence[tuple[int, int]], kinds: Sequence[str] | None = None) -> np.ndarray:
-    """Paragraph number of each unit: a new paragraph starts after a blank line (or a skipped heading line); a
-    heading unit (``kinds``) is a paragraph of its own."""
+    """Paragraph number of each unit: new after a blank or heading line; a heading unit is a paragraph of its own."""
     out = np.zeros(len(segments), dtype=np.int64)
     current = 0
     for i in range(1, len(segments)):
@@ -222,8 +216,7 @@ def _bounded(selected: np.ndarray, score: np.ndarray, lengths: np.ndarray, budge
 
 
 def _unit_evidence(scores: UnitScores, config: SemanticConfig) -> tuple[np.ndarray, np.ndarray]:
-    """Each unit's combined score (a table row the query names raised to its caption's) and whether it may be
-    evidence."""
+    """Each unit's combined score (a named table row raised to its caption's) and whether it may be evidence."""
     score = scores.combined(config)
     eligible = np.ones(len(score), dtype=bool)
     if config.row_gate and scores.eligible is not None:
@@ -249,11 +242,9 @@ def judges_queries(config: SemanticConfig) -> bool:
 
 def select_query(scores: Sequence[UnitScores], chunks: Sequence[str], ranks: Sequence[int],
                  config: SemanticConfig, threshold: float | None = None) -> list[PairResult]:
-    """The spans of one query's retrieved pairs, judged together (``query_margin`` < 1; else each pair alone).
-
-    A pair answers when its best (less ``rank_weight`` per rank below 1) reaches ``query_threshold`` and is within
-    ``query_margin`` of the query's best; its units are then selected as ``select_spans`` does. ``threshold``
-    (a sweep) moves both cuts alike."""
+    """One query's retrieved pairs judged together (``query_margin`` < 1, else each alone): a pair answers when its
+    best (less ``rank_weight`` per rank below 1) reaches ``query_threshold`` and is within ``query_margin`` of the
+    query's best, then selects as ``select_spans``; ``threshold`` (a sweep) moves both cuts alike."""
     if config.query_margin >= 1.0:
         return _query_bound([select_spans(s, c, config, threshold) for s, c in zip(scores, chunks, strict=True)],
                             config.query_max_spans)
@@ -319,6 +310,10 @@ def select_spans(scores: UnitScores, chunk: str, config: SemanticConfig, thresho
     return PairResult(spans, best)
 
 
+_DESCRIBED = ("threshold", "margin", "lexical_weight", "paragraph_weight", "context_weight", "unit_slack",
+              "paragraph_fill", "paragraph_select", "max_spans", "max_share", "keep_non_body")
+
+
 class SemanticExtractor:
     """Sentence-level extraction with a sentence embedder (see the module docs)."""
 
@@ -339,13 +334,9 @@ class SemanticExtractor:
 
     def describe(self) -> dict[str, Any]:
         info = self.embedder.describe()
-        c = self.config
         return {"extractor": self.name, "model_id": info["model_id"], "model_revision": info["model_revision"],
-                "config_hash": c.hash, "device": info["device"], "threshold": c.threshold, "margin": c.margin,
-                "lexical_weight": c.lexical_weight, "paragraph_weight": c.paragraph_weight,
-                "context_weight": c.context_weight, "unit_slack": c.unit_slack, "paragraph_fill": c.paragraph_fill,
-                "paragraph_select": c.paragraph_select, "max_spans": c.max_spans, "max_share": c.max_share,
-                "keep_non_body": c.keep_non_body}
+                "config_hash": self.config.hash, "device": info["device"],
+                **{k: getattr(self.config, k) for k in _DESCRIBED}}
 
     def unit_scores(self, queries: Sequence[str], chunks: Sequence[str]) -> list[UnitScores | str]:
         """Per pair, the chunk's units and their signals (or an error string); each distinct text embedded once."""
@@ -408,8 +399,7 @@ class SemanticExtractor:
     def select(self, scored: Sequence[UnitScores | str], chunks: Sequence[str], threshold: float | None = None,
                query_ids: Sequence[str] | None = None,
                ranks: Sequence[int | None] | None = None) -> list[PairResult]:
-        """Each pair's result from its unit signals: pairs with a retrieval rank (``ranks``) judged with the other
-        pairs of their query (``select_query``), the others alone (``select_spans``)."""
+        """Each pair's result: pairs with a rank judged with their query's (``select_query``), the others alone."""
         out: list[PairResult | None] = [PairResult([], None, s) if isinstance(s, str) else None for s in scored]
         groups: dict[str, list[int]] = {}
         for i, s in enumerate(scored):
@@ -428,8 +418,7 @@ class SemanticExtractor:
 
     def extract(self, queries: Sequence[str], chunks: Sequence[str], query_ids: Sequence[str] | None = None,
                 ranks: Sequence[int | None] | None = None) -> list[PairResult]:
-        """One result per pair; with ``query_ids`` and ``ranks`` (pairs from retrieval), each query's pairs are
-        judged together (``query_margin``)."""
+        """One result per pair; with ``query_ids`` and ``ranks``, each query's pairs are judged together."""
         return self.select(self.unit_scores(queries, chunks), chunks, None, query_ids, ranks)
 
 

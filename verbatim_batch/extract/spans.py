@@ -82,12 +82,8 @@ def runs_above(segments: Sequence[tuple[int, int]], scores: Sequence[float], thr
 
 
 def postprocess(spans: Iterable[Span], min_chars: int, merge_gap: int, chunk: str | None = None) -> list[Span]:
-    """Merge spans at most ``merge_gap`` characters apart, then drop those shorter than ``min_chars``.
-
-    The released students' order (``process()``): sorted runs merge into the previous span (larger end, highest
-    score), and only then are short ones dropped, so two short runs close together are one long span. With
-    ``chunk``, survivors are trimmed of edge whitespace (``trim``), after the length test.
-    """
+    """Merge spans at most ``merge_gap`` characters apart, then drop those under ``min_chars`` (the released students'
+    order: two short runs close together are one long span); with ``chunk``, survivors are trimmed (``trim``)."""
     ordered = sorted(spans, key=lambda s: (s.start, s.end, s.score))
     merged: list[Span] = []
     for sp in ordered:
@@ -109,11 +105,8 @@ def postprocess(spans: Iterable[Span], min_chars: int, merge_gap: int, chunk: st
 
 def flat_runs(offsets: np.ndarray, probs: np.ndarray, window_first: np.ndarray,
               threshold: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``runs_above`` of many windows at once: ``(first token, char start, char end, score)`` of every run.
-
-    ``window_first[i]`` is True where token ``i`` opens a window (a run never crosses it). Compared in float64,
-    as ``runs_above`` does with Python floats, so the threshold is never rounded to float32.
-    """
+    """``runs_above`` of many windows at once: ``(first token, char start, char end, score)`` of every run; a run
+    never crosses a ``window_first`` token, and scores compare in float64 (the threshold never rounded to float32)."""
     offsets = np.asarray(offsets).reshape(-1, 2)
     p = np.asarray(probs).astype(np.float64)
     pos = (offsets[:, 1] > offsets[:, 0]) & (p >= threshold)
@@ -133,9 +126,8 @@ def flat_runs(offsets: np.ndarray, probs: np.ndarray, window_first: np.ndarray,
 
 def merge_runs(group: np.ndarray, start: np.ndarray, end: np.ndarray, score: np.ndarray, min_chars: int,
                merge_gap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``postprocess`` (without trimming) of the runs of many pairs at once; runs of different ``group``
-    values never merge. Returns ``(group, start, end, score)`` of the kept spans, sorted by group then start.
-    """
+    """``postprocess`` (without trimming) of many pairs' runs at once, ``group``s never merged: ``(group, start, end,
+    score)`` of the kept spans, by group then start."""
     group, start, end = (np.asarray(a, dtype=np.int64) for a in (group, start, end))
     score = np.asarray(score, dtype=np.float64)
     order = np.lexsort((score, end, start, group))
