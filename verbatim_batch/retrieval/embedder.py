@@ -1,12 +1,10 @@
 """The embed stage: chunk table in, embeddings table out, with token-budget batching.
 
-``Embedder`` (no Ray) loads one model (safetensors only) and turns chunk rows into rows of
-``tables.embeddings_schema(dim, float32|float16)``, in input order: the text ``context + "\\n\\n" + text`` (the
-document prompt in front) is tokenized once without padding by a private copy of the Rust tokenizer, in windows of
-``max_length`` for a long chunk; rows are sorted by length and packed into forward passes under ``token_budget``,
-each padded only to its longest row; the hidden states are pooled in float32 (as ``1_Pooling/config.json`` says),
-checked for NaN/inf, L2-normalised and put back in input order. On CUDA, long calls go in waves, the next tokenized
-in a thread while the GPU runs. ``Embedder.stats`` counts rows, tokens, padding, passes and time.
+``Embedder`` (no Ray) loads one model (safetensors only) and turns chunk rows into
+``tables.embeddings_schema(dim, float32|float16)`` rows, in input order: ``context + "\\n\\n" + text`` tokenized once
+by a private copy of the Rust tokenizer (in windows for a long chunk), packed by length under ``token_budget``,
+pooled in float32 as ``1_Pooling/config.json`` says, checked for NaN/inf and L2-normalised. On CUDA, long calls go
+in waves, the next tokenized while the GPU runs. ``Embedder.stats`` counts rows, tokens, padding, passes and time.
 """
 
 from __future__ import annotations
@@ -69,8 +67,7 @@ def _is_bundled(model: str) -> bool:
 
 
 def model_config_hash(config: Any, **version: str) -> str:
-    """The hash of a model config: its settings (``options.settings``: runtime fields left out) with the model as
-    its portable id, and the code's version (``embedder_version="1"``)."""
+    """The hash of a model config: its settings, the model as its portable id, and the code's ``version``."""
     return tables.config_hash({**version, **settings(config), "model": portable_model_id(config.model)})
 
 
@@ -186,7 +183,6 @@ class Embedder:
         self.pooling = st_conf["pooling"] if config.pooling == "auto" else config.pooling
         self.query_prompt, self.document_prompt = self.host.query_prompt, self.host.document_prompt
         self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        self._backend = self.host.backend
         self.output_type = _OUTPUT_DTYPES[config.output_dtype]
         self.schema = tables.embeddings_schema(self.dim, self.output_type)
         self._cuda = self.device.type == "cuda"
@@ -214,8 +210,7 @@ class Embedder:
         }
 
     def embed(self, texts: Sequence[str], *, is_query: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Embed texts (prompt prepended): ``(vectors float32 (n, dim), n_tokens int32 (n,), truncated bool (n,))``;
-        ``NonFiniteEmbeddingError`` on NaN/inf."""
+        """Embed texts (prompt prepended): ``(vectors (n, dim), n_tokens (n,), truncated (n,))``; raises on NaN/inf."""
         prompt = self.query_prompt if is_query else self.document_prompt
         texts = [t if t is not None else "" for t in texts]
         if prompt:
@@ -328,7 +323,7 @@ class Embedder:
         return vectors, n_tokens, truncated
 
     def _tokenize(self, texts: list[str]) -> _Tokenized:
-        return tokenize_texts(self._backend, self.tokenizer, self.max_length, texts)
+        return self.host.tokenize(texts)
 
     def _forward(self, tok: _Tokenized) -> tuple[np.ndarray, np.ndarray, int, int, float]:
         torch = self._torch
@@ -379,8 +374,7 @@ TOKEN_COLUMN = "_emb_ids"  # a batch's token ids (list<int32> per row), with _em
 
 
 class EmbedTokenizer:
-    """An embedder's tokenizer, max length and prompts, no model: a CPU stage loads this alone and hands
-    ``Embedder`` the batches it tokenized (``tokenize_table``); ``Embedder`` holds one too."""
+    """An embedder's tokenizer, max length and prompts, no model (a CPU stage's ``tokenize_table``)."""
 
     def __init__(self, config: EmbedderConfig, model_dir: Path | None = None, model_config: Any = None,
                  tokenizer: Any = None) -> None:
@@ -408,8 +402,8 @@ class EmbedTokenizer:
         return tokenize_texts(self.backend, self.tokenizer, self.max_length, texts)
 
     def one_window(self, batch: pa.Table) -> np.ndarray | None:
-        """The chunks of a batch that keep their first window only: those under a reference-list heading
-        (``heading_path``, when the batch has it), unless ``reference_windows``."""
+        """The chunks that keep their first window only: under a reference-list heading, unless
+        ``reference_windows``."""
         if self.config.reference_windows or "heading_path" not in batch.column_names:
             return None
         from verbatim_batch.corpus.chunker import is_reference_heading
@@ -483,8 +477,7 @@ def _word_start(words: list[int | None], i: int) -> int:
 
 @dataclass
 class Windows:
-    """The windows of a batch of chunks: their tokens (one row per window), the chunk each belongs to
-    (``owner``; a chunk's windows in order), and per chunk whether tokens were left over after the last."""
+    """A batch's windows: their tokens, the chunk each belongs to (``owner``), per chunk whether text was left."""
 
     tok: _Tokenized
     owner: np.ndarray  # int64 (windows,)
@@ -543,8 +536,7 @@ def tokenize_texts(backend, tokenizer, max_length: int, texts: list[str]) -> _To
 
 
 def embedding_texts(batch: pa.Table, prompt: str | None = None) -> tuple[list[str], np.ndarray]:
-    """The text embedded for each chunk row (its first window, before truncation), and which rows had blank text
-    (``embedding_parts`` joined)."""
+    """Each chunk row's embedded text (``embedding_parts`` joined) and which rows had blank text."""
     prefixes, bodies, empty = embedding_parts(batch, prompt)
     return [p + b for p, b in zip(prefixes, bodies, strict=True)], empty
 
@@ -569,8 +561,7 @@ def embedding_parts(batch: pa.Table, prompt: str | None = None) -> tuple[list[st
 
 
 def plan_batches(lengths: np.ndarray, token_budget: int, max_batch_rows: int) -> list[np.ndarray]:
-    """Row indices of each forward pass: sorted longest first (stable), packed greedily with
-    ``rows * longest <= token_budget``; a row over the budget gets a pass of its own."""
+    """Row indices of each forward pass: longest first, packed greedily with ``rows * longest <= token_budget``."""
     lengths = np.asarray(lengths)
     order = np.argsort(-lengths, kind="stable")
     batches, i, n = [], 0, len(order)
@@ -596,8 +587,7 @@ def _pool(torch, hidden, mask, lengths, mode: str):
 
 
 def _splitting_backend(backend):
-    """A copy of the truncating backend that neither truncates nor pads (windows need every token's offsets);
-    None for a slow tokenizer."""
+    """A copy of the truncating backend that neither truncates nor pads (None for a slow tokenizer)."""
     if backend is None:
         return None
     from tokenizers import Tokenizer

@@ -16,15 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from verbatim_batch.core import limits, tables
-from verbatim_batch.core.models import (
-    fingerprint,
-    load_model,
-    resolve_device,
-    resolve_dtype,
-    resolve_model_dir,
-    safetensors_files,
-)
+from verbatim_batch.core import limits, models, tables
 from verbatim_batch.core.options import Declared, option, runtime
 
 RERANK_VERSION = 1
@@ -66,7 +58,8 @@ class RerankerConfig(Declared):
 
 def weights_fingerprint(config: RerankerConfig) -> str:
     """The weights' hash, without loading the model (a run records it, and carries only on a match)."""
-    return fingerprint(safetensors_files(resolve_model_dir(config.model, config.revision, "reranker model")))
+    model_dir = models.resolve_model_dir(config.model, config.revision, "reranker model")
+    return models.fingerprint(models.safetensors_files(model_dir))
 
 
 class Reranker:
@@ -79,16 +72,16 @@ class Reranker:
         from verbatim_batch.retrieval.embedder import portable_model_id
 
         self.config = config
-        self.device = resolve_device(config.device)
-        self.torch_dtype = resolve_dtype(config.dtype, self.device)
-        model_dir = resolve_model_dir(config.model, config.revision, "reranker model")
+        self.device = models.resolve_device(config.device)
+        self.torch_dtype = models.resolve_dtype(config.dtype, self.device)
+        model_dir = models.resolve_model_dir(config.model, config.revision, "reranker model")
         self.model_id = portable_model_id(config.model)
-        self.model_revision = fingerprint(safetensors_files(model_dir))
+        self.model_revision = models.fingerprint(models.safetensors_files(model_dir))
         mconf = AutoConfig.from_pretrained(str(model_dir), trust_remote_code=config.trust_remote_code)
         if mconf.num_labels not in (1, 2):
             raise ValueError(f"{config.model}: a cross-encoder has 1 or 2 output labels, this one has "
                              f"{mconf.num_labels}")
-        self.model, self.attn_implementation = load_model(
+        self.model, self.attn_implementation = models.load_model(
             AutoModelForSequenceClassification, model_dir, device=self.device, torch_dtype=self.torch_dtype,
             config=mconf, trust_remote_code=config.trust_remote_code)
         self.model.eval().requires_grad_(False)

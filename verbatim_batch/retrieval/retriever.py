@@ -1,12 +1,10 @@
 """Batch retrieval: dense, BM25 and hybrid (weighted RRF) top-k for a table of queries.
 
-``Retriever``, a callable over Arrow batches of ``(query_id, query)``, loads an index folder once (FAISS, BM25, the
-row -> chunk map, the embedding model its manifest records) and returns ``tables.RETRIEVAL`` rows. Dense scores a
-chunk by its best window. Hybrid is weighted RRF (``index.fusion.rrf``) over ``depth`` candidates per method (never
-fewer than ``k``), so each method's top hits are ranked by the other too, and a candidate outside a method's pool
-counts at the rank just past it (``fill_missing``). The defaults were set on the seed papers' hand-labelled queries
-(benchmarks/history/retrieval.md), where plain RRF ranked below BM25 alone; with another embedder, measure again
-(``verbatim-batch evaluate-retrieval``).
+``Retriever`` loads an index folder once and maps ``(query_id, query)`` batches to ``tables.RETRIEVAL`` rows; dense
+scores a chunk by its best window. Hybrid is weighted RRF over ``depth`` candidates per method, so each method's top
+hits are ranked by the other too (``fill_missing``: one outside a pool counts just past it). The defaults were set on
+the seed papers' labelled queries (benchmarks/history/retrieval.md), where plain RRF ranked below BM25 alone; with
+another embedder, measure again (``verbatim-batch evaluate-retrieval``).
 """
 
 from __future__ import annotations
@@ -53,8 +51,7 @@ def parse_weights(value: str) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class RetrieverConfig(Declared):
-    """How to retrieve from an index run: which run (``index_dir``), how many chunks per query and method, the
-    methods, and the hybrid fusion's settings."""
+    """How to retrieve from an index run: which run, chunks per query and method, methods and fusion settings."""
 
     index_dir: str = ""  # the retrieve job sets it to its --index
     k: int = option(10, "chunks retrieved per query and method", low=1, high=limits.PER_QUERY)

@@ -174,10 +174,8 @@ class Bm25Index:
         return [vocab[tok] for tok in tokenize(query) if tok in vocab]
 
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Top-``k`` per query: ``(scores float32 (q, k), rows int64 (q, k))``.
-
-        Rows are -1 (score 0) past the documents that match; equal scores go to the lower row.
-        """
+        """Top-``k`` per query: ``(scores float32 (q, k), rows int64 (q, k))``, rows -1 (score 0) past the matching
+        documents, equal scores to the lower row."""
         if isinstance(queries, str):
             raise ValueError("queries must be a list of strings, not one string")
         if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:

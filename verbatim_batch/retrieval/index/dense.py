@@ -177,8 +177,7 @@ def _checked(batches: Iterable[np.ndarray], n: int, dim: int, pass_name: str) ->
 
 
 def _shards(stream: Iterator[tuple[int, np.ndarray]], dim: int, shard_rows: int = SHARD_ROWS) -> Iterator[np.ndarray]:
-    """Regroup checked batches into arrays of ``shard_rows`` rows (the last one shorter), each valid only until
-    the next is requested (one buffer is reused)."""
+    """Checked batches regrouped into ``shard_rows`` rows, each valid until the next (one buffer is reused)."""
     buf = None
     fill = 0
     for _, arr in stream:
@@ -242,8 +241,7 @@ def build_dense(
     dim: int,
     spec: DenseSpec = DenseSpec(),  # noqa: B008 (frozen dataclass)
 ) -> tuple[faiss.Index, DenseSpec]:
-    """Build the index over the stream ``batches()`` (called once for flat, twice for IVF): a CPU index and the
-    resolved spec that built it."""
+    """Build the index over ``batches()`` (once for flat, twice for IVF): a CPU index and its resolved spec."""
     spec = resolve_spec(spec, n, dim)
     gpus = _num_gpus() if spec.use_gpu != "no" else 0
     if spec.use_gpu == "yes" and gpus == 0:
@@ -276,8 +274,7 @@ def _reserve_flat(index: faiss.Index, n: int) -> None:
 
 
 def _train_add_gpu(index: faiss.Index, spec: DenseSpec, batches, n: int, dim: int) -> None:
-    """IVF on GPU: only k-means and the coarse assignment move to the GPUs; the index stays in CPU memory, so
-    corpora larger than GPU memory work (as FAISS's ``bench_all_ivf.py`` does)."""
+    """IVF on GPU: only k-means and the coarse assignment move; the index stays in CPU memory (as FAISS's own bench)."""
     import faiss
 
     sample = _train_sample(batches, n, dim, spec)
@@ -325,8 +322,7 @@ def _mmap_flags(path: Path) -> int:
 
 
 def load_dense(folder: str | Path, mmap: bool | str = "auto", nprobe: int | None = None) -> faiss.Index:
-    """Read ``folder/dense.faiss``; ``mmap="auto"`` maps it when over 2 GiB (its file must then stay in place).
-    ``nprobe`` (IVF only) overrides the saved value."""
+    """Read ``folder/dense.faiss``, mapped when over 2 GiB (``mmap="auto"``); ``nprobe`` overrides the saved value."""
     import faiss
 
     path = Path(folder) / DENSE_FILE

@@ -145,10 +145,9 @@ def _write_ids_and_bm25(ids: pa.Table, chunks_dir: str, folder: str, bm25: bool)
 
 def update_index_files(previous: str, embeddings_dir: str, chunks_dir: str, folder: str, bm25: bool,
                        max_drift: float, since_rebuild: tuple[int, int]) -> dict[str, Any] | None:
-    """Update ``previous``'s index for an embed run that carried vectors from the one it indexed: the carried
-    chunks kept, the rest removed, the new ones added after. None when the drift since the last rebuild
-    (``since_rebuild``: vectors then, changed since) calls for a rebuild, or the old index cannot tell what it holds.
-    """
+    """Update ``previous``'s index for an embed run that carried vectors from it (carried chunks kept, the rest removed,
+    new ones after); None when the drift since the last rebuild (``since_rebuild``) calls for a rebuild, or the old
+    index cannot tell what it holds."""
     import numpy as np
 
     from verbatim_batch.retrieval.index import load_dense, plan_update, save_dense, update_dense

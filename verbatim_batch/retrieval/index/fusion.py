@@ -15,12 +15,9 @@ def rrf(
 ) -> list[list[tuple[int, float, dict[str, int | None]]]]:
     """Fuse per-method rankings; per query, the top ``k`` as ``(row, score, {method: rank or None})``.
 
-    ``ranked[method][q]`` lists candidate rows for query ``q`` best first (a repeated row counts at its first
-    rank). Score ``sum(weights[m] / (rrf_k + rank_m))`` (ranks 1-based), ordered by score, then best weighted-in
-    rank, then row id or ``tie_key(row)`` (e.g. the chunk id, independent of index order). Methods with weight 0
-    bring no candidates but report their ranks. With ``fill_missing``, a row a method did not list counts at
-    ``len(list) + 1`` for it (the method looked that deep) instead of nothing; reported ranks stay ``None``.
-    """
+    ``ranked[method][q]``: rows best first. Score ``sum(weights[m] / (rrf_k + rank_m))``, ties by best weighted-in rank,
+    then row or ``tie_key(row)``; weight-0 methods bring no candidates. ``fill_missing``: a row a method did not list
+    counts at ``len(list) + 1`` (it looked that deep)."""
     if not isinstance(ranked, dict) or not ranked:
         raise ValueError("ranked must be a non-empty dict: method -> per-query ranked rows")
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:

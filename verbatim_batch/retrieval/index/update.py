@@ -17,15 +17,10 @@ from verbatim_batch.retrieval.index.dense import _is_int
 
 
 def plan_update(n_old: int, n_removed: int, n_added: int, max_drift: float) -> tuple[str, float]:
-    """Choose between updating the index in place and rebuilding it: ``(action, drift)``.
-
-    ``drift = (n_removed + n_added) / max(n_old, 1)``; ``action`` is ``"unchanged"`` when nothing changes,
-    ``"rebuilt"`` when ``drift > max_drift`` or the old index is empty, else ``"added"`` (``update_dense``).
-    Why: new vectors are filed under the old centroids whatever they look like, so as the corpus drifts the lists
-    unbalance and recall at a fixed ``nprobe`` drops (and ``nlist`` no longer fits the size). To bound the drift
-    since training, pass ``n_old`` at the last rebuild and the changes since. A flat index is exact at any drift
-    (``max_drift=math.inf``).
-    """
+    """Update in place or rebuild: ``(action, drift)``, ``drift = (n_removed + n_added) / max(n_old, 1)``;
+    ``"unchanged"``, ``"rebuilt"`` past ``max_drift`` or from empty, else ``"added"``. New vectors go under the old
+    centroids whatever they look like, so with drift recall at a fixed ``nprobe`` drops; pass ``n_old`` at the last
+    rebuild and the changes since. A flat index is exact at any drift (``math.inf``)."""
     for name, value in (("n_old", n_old), ("n_removed", n_removed), ("n_added", n_added)):
         if not _is_int(value) or value < 0:
             raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
@@ -132,14 +127,9 @@ def _check_rows_contiguous(invlists, n_old: int) -> None:
 
 
 def update_dense(index: faiss.Index, removed_rows: np.ndarray, new_vectors: np.ndarray) -> faiss.Index:
-    """Remove ``removed_rows`` (unique rows, any order) from ``index`` and append ``new_vectors`` (finite
-    ``(m, d)`` floats), in place: afterwards the kept old rows come first in their order, then the new ones.
-
-    Flat: ``remove_ids`` (compacts in order) and ``add``. IVF: ``remove_ids``, the ids left in every list rewritten
-    in place to their new rows, then ``add_with_ids``; a direct map is dropped and rebuilt. Everything is checked
-    before anything changes, so on ``ValueError``/``TypeError`` the index is untouched (a memory-mapped one is
-    refused: load it with ``mmap=False``).
-    """
+    """Remove ``removed_rows`` (unique, any order) and append ``new_vectors`` (finite ``(m, d)``), in place: the kept
+    old rows first in order, then the new. IVF ids are rewritten in place to their new rows; a direct map is rebuilt.
+    All is checked first, so on ``ValueError``/``TypeError`` the index is untouched (a memory-mapped one is refused)."""
     is_flat = isinstance(index, faiss.IndexFlat)
     is_ivf = isinstance(index, faiss.IndexIVF)
     if not (is_flat or is_ivf):
