@@ -21,13 +21,9 @@ from verbatim_batch.engine.sink import TableCounter, TableSinkResult, no_counts,
 
 
 class StageTableSink(Datasink):
-    """Runs a stage's writer on each block and writes ``<staging>/<table>/part-<key>.parquet``.
-
-    The writer (e.g. ``IngestStage``) runs inside the write task, fused with the read, so its outputs stay out of
-    Ray's object store; the file key hashes the block's row keys, so the same input gives the same names. Every write
-    ends with a record ``_writes/part-<key>.json`` (its row keys, each file's rows, bytes, digest and counts), written
-    after its files: a write is done exactly when its record exists (``runs.completed_keys``); ``finish`` sums the
-    live files."""
+    """Runs a stage's writer on each block (fused with the read, so its outputs stay out of the object store) and writes
+    ``<staging>/<table>/part-<key>.parquet``, the key a hash of the block's row keys. Each write ends with a record
+    ``_writes/part-<key>.json`` after its files, so a write is done exactly when its record exists."""
 
     def __init__(self, writer: Callable[[pa.Table], dict[str, pa.Table]], staging: str,
                  schemas: dict[str, pa.Schema], key_columns: dict[str, str],

@@ -260,15 +260,11 @@ def arrow_schema(name: str) -> pa.Schema:
                       pa.field(ROW_HASH, pa.int64(), nullable=False)])
 
 
-def _old_names(name: str) -> list[str]:
-    return [NIGHT, *PUBLISHED[name].schema.names]
-
-
 def is_old_table(table: Table, name: str) -> bool:
     """Whether ``table`` is published table ``name`` as the previous release wrote it (a partition per night)."""
     from pyiceberg.io.pyarrow import schema_to_pyarrow
 
-    return schema_to_pyarrow(table.schema(), include_field_ids=False).names == _old_names(name)
+    return schema_to_pyarrow(table.schema(), include_field_ids=False).names == [NIGHT, *PUBLISHED[name].schema.names]
 
 
 def create_table(catalog: Catalog, ident: tuple[str, str], name: str) -> None:
@@ -276,14 +272,12 @@ def create_table(catalog: Catalog, ident: tuple[str, str], name: str) -> None:
     a table another publish created meanwhile is taken as it is."""
     from pyiceberg.exceptions import TableAlreadyExistsError
 
-    try:
+    with contextlib.suppress(TableAlreadyExistsError):
         with catalog.create_table_transaction(ident, schema=arrow_schema(name),
                                               properties={VERSION_PROP: tables.SCHEMA_VERSION,
                                                           "format-version": "2"}) as txn:
             with txn.update_schema() as schema:
                 schema.set_identifier_fields(*PUBLISHED[name].key)
-    except TableAlreadyExistsError:
-        pass
 
 
 def ensure_table(catalog: Catalog, namespace: str, name: str) -> Table:

@@ -33,8 +33,7 @@ TEMP_SUFFIX = "__converting"
 
 
 def old_nights(table: Table) -> list[tuple[str, str, int]]:
-    """``(night, fingerprint, snapshot id)`` of each night a previous-release table published (its last
-    publish), in publish order, the table's current night last."""
+    """``(night, fingerprint, snapshot id)`` of each night an old table published, in order, its current night last."""
     last: dict[str, tuple[str, int]] = {}
     for snap in sorted(table.snapshots(), key=lambda s: s.sequence_number or 0):
         summary = snap.summary.additional_properties if snap.summary is not None else {}

@@ -1,18 +1,15 @@
 """Current-state Iceberg tables: what a night changes, and the one snapshot that changes only that.
 
-A published table holds one row per key of the night published last, each with the ``night`` that last wrote it
-and a ``row_hash`` of its other columns. Publishing compares the night's row hashes with the table's live rows
-(``live_state``) as multisets: a live row whose hash the night lacks is deleted, a night row the table lacks is
-added, every other row stays unrewritten. ``commit_state`` commits that as one snapshot (Iceberg v2
-position-delete files, or a data file removed when none of it stays live, plus the added rows), with the tag.
-
-The row hashes of a night's Parquet file are cached by its digest (``HASHES_DIR``, content addressed, never
-stale), so a file carried by its bytes is not read again, nor one carried by rewriting an earlier file's rows
-(``carried_hashes``). The cache may be deleted at any time.
+Each row holds the ``night`` that last wrote it and a ``row_hash`` of its other columns. Publishing compares the
+night's row hashes with the table's live rows (``live_state``) as multisets: rows the night lacks are deleted, rows
+the table lacks added, the rest not rewritten; ``commit_state`` makes that one snapshot (v2 position deletes, the
+added files, the tag). A night file's hashes are cached by its digest (``HASHES_DIR``, never stale), so a carried
+file is not read again (``carried_hashes`` for one carried by rewriting rows); the cache may be deleted any time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -112,8 +109,7 @@ def _occurrence(values: np.ndarray) -> np.ndarray:
 
 
 def multiset_diff(old: np.ndarray, new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(gone, added)``: which of the ``old`` hashes the ``new`` ones lack, and which ``new`` hashes ``old``
-    lacks, counting repeats (two equal rows are two rows)."""
+    """``(gone, added)``: the ``old`` hashes ``new`` lacks and the ``new`` ones ``old`` lacks, repeats counted."""
     import pandas as pd
 
     old_keys = pd.MultiIndex.from_arrays([old, _occurrence(old)])
@@ -171,12 +167,10 @@ def carried_hashes(table: Table, provenance: Any, keys: pa.Table) -> np.ndarray 
 
 def store_hashes(table: Table, digest: str, hashes: np.ndarray, keys: pa.Table) -> None:
     """Cache a night file's row and key-column hashes under its digest (a failure to write is no error)."""
-    try:
+    with contextlib.suppress(OSError, pa.ArrowException):
         with table.io.new_output(_cache_path(table, digest)).create(overwrite=True) as fh:
             pq.write_table(pa.table({ROW_HASH: pa.array(hashes, pa.int64()),
                                      KEY_HASH: pa.array(row_hashes(keys), pa.int64())}), fh)
-    except (OSError, pa.ArrowException):
-        pass
 
 
 # --- the commit ------------------------------------------------------------------------------------------------

@@ -1,10 +1,8 @@
 """Live counts from a stage's model actors to the driver's progress line, before any row is written.
 
-A model stage writes a batch's rows only when the whole batch is done, so with one large batch the written count
-stays at 0 for minutes. The actors also report, fire-and-forget, to one small named actor of the driver's job
-(``LiveCounter``, no CPU): when a model is loaded, and the rows through it so far (the model's ``live_fraction`` of
-its current call, else the whole batch at its end). A lost report costs a stale line, never a row; a worker that
-finds no counter (a user's pipeline, ``VERBATIM_PROGRESS=off``) reports nothing.
+A model stage writes a batch's rows only when the whole batch is done, so the actors also report, fire-and-forget,
+to a small named actor of the driver's job (``LiveCounter``, no CPU): models loaded, and rows through them so far
+(the model's ``live_fraction``). A lost report costs a stale line, never a row; no counter, no report.
 """
 
 from __future__ import annotations

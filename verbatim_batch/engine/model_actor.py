@@ -24,8 +24,7 @@ _HOSTS: dict[tuple[Any, Any], Any] = {}
 
 
 def host(factory: Callable[[Any], Any], config: Any) -> Any:
-    """``factory(config)``, made once per worker process: a model's tokenizer that the CPU tasks in front of its
-    actors share (``embed_tokenize``, the highlighter's tokenize stage)."""
+    """``factory(config)`` once per worker process: a tokenizer the CPU tasks in front of the actors share."""
     key = (factory, config)
     if key not in _HOSTS:
         _HOSTS[key] = factory(config)

@@ -1,21 +1,12 @@
 """Extract's pairs from a retrieval run, planned in Ray tasks: the driver does O(files) work, not O(rows).
 
-``build_pairs`` (``stages.extract``) joins retrieval x queries x chunks on the driver (GBs of chunk text at a
-million pairs); ``PairPlanner`` does the same join in tasks, the driver holding only object references and one
-Arrow array of pair ids:
-
-1. **keys** (``work``): per retrieval file, its rows of the method with ``rank <= top_k``, their pair ids, and the
-   key rows (no text) split into ``P`` partitions by a hash of the query id (a query's pairs in one partition);
-   the driver gets refs, each file's pair ids (``Work.keys``), counts and methods.
-2. **chunks** (on first need): per chunk file, the rows of the chunk ids some pair wants, kept in the object store.
-3. **carry** (``unchanged``, with ``--previous``): per partition, each pair's ``tables.pair_input_hash`` and rank
-   compared with the previous run's pairs; only unchanged pair ids come back.
-4. **rows** (``dataset``): per partition, a streaming task drops skipped pairs, attaches the text, sorts by
-   (query_id, rank) and yields blocks of whole queries for an I/O extractor (``query_blocks``), else of whole
-   ``batch_rows`` batches, to ``ray.data.from_arrow_refs``.
-
-Rows equal ``build_pairs``'s row for row, errors included (tests/test_pair_plan.py). Below ``IN_DRIVER_ROWS``
-retrieval rows, with Ray not up, the same functions run in this process (no Ray start for a small run).
+``build_pairs`` (``stages.extract``) joins retrieval x queries x chunks on the driver (GBs of text at a million
+pairs); ``PairPlanner`` does it in tasks, the driver holding refs and one array of pair ids: **keys** (``work``: per
+retrieval file, the key rows split into ``P`` partitions by a hash of the query id), **chunks** (per chunk file, the
+wanted rows, in the object store), **carry** (``unchanged``: per partition, input hash and rank against the previous
+run's pairs) and **rows** (``dataset``: per partition, a streaming task yields the extractor's blocks, whole queries
+for an I/O extractor, to ``ray.data.from_arrow_refs``). Rows equal ``build_pairs``'s, errors included
+(tests/test_pair_plan.py); below ``IN_DRIVER_ROWS``, with Ray not up, the same functions run in this process.
 """
 
 from __future__ import annotations

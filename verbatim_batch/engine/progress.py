@@ -1,18 +1,15 @@
 """Progress a person can read: rows done of the rows to do, rows/s and an ETA, for every keyed stage.
 
-Ray Data's progress counts what passes each operator, so a stage fed a few large blocks reads ``0/?`` until the
-end; a stage job turns it off (``ray_env.quiet_ray_data``). ``Progress`` is a driver thread that polls the sink's
-write records in the staging folder (``_writes/part-*.json``, each read once), so it counts exactly the rows whose
-files are written, with no hook in the write path.
-
-On a terminal it redraws one bar every second; otherwise it writes a line every ``VERBATIM_PROGRESS_INTERVAL``
-seconds (5) when something changed, at least every six intervals, and a last one with the total time. The ETA is
-from the rate since the first rows, shown once it has held (``Eta``; a rate including start-up said 56 minutes of
-a 2-minute stage). ``VERBATIM_PROGRESS``: ``auto`` (default), ``bar``, ``log``, ``off`` or ``ray`` (Ray Data's own).
+Ray Data's own counts per operator (``0/?`` until the end for a few large blocks), so a stage job turns it off and
+``Progress``, a driver thread, polls the sink's write records (``_writes/part-*.json``): it counts exactly the rows
+whose files are written. A bar on a terminal, else a line every ``VERBATIM_PROGRESS_INTERVAL`` seconds (5) when
+something changed; the ETA waits for a settled rate (``Eta``: one with start-up in it said 56 minutes of a 2-minute
+stage). ``VERBATIM_PROGRESS``: ``auto`` (default), ``bar``, ``log``, ``off`` or ``ray`` (Ray Data's own).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -104,10 +101,9 @@ def status(done: int, total: int, elapsed: float, live: dict[str, int] | None = 
 
 
 class Progress:
-    """``with Progress("extract", staging, total, unique=True): <write the stage's rows>``.
-
-    ``total`` is the rows this run has to do. ``unique``: a write's keys are input keys, counted once each; else each
-    key is one input record (chunk), and records already in the folder at the start count against the total."""
+    """``with Progress("extract", staging, total, unique=True): <write the stage's rows>``: ``total`` rows to do;
+    ``unique``: a write's keys are input keys, counted once each, else records (chunk), those present at start
+    counted."""
 
     def __init__(self, what: str, staging: str, total: int, *, unique: bool = True, stream: TextIO | None = None,
                  how: str | None = None, every: float | None = None) -> None:
@@ -188,11 +184,9 @@ class Progress:
         return f"[{self.what}] |{'#' * filled}{'.' * (BAR_WIDTH - filled)}| {line}  "
 
     def _write(self, text: str, end: str = "\n") -> None:
-        try:
+        with contextlib.suppress(OSError, ValueError):
             self.stream.write(text + end)
             self.stream.flush()
-        except (OSError, ValueError):
-            pass
 
     def stop(self, failed: bool = False) -> None:
         if self._thread is None:

@@ -19,11 +19,9 @@ _STARTED_LOCAL = False  # this process started the Ray it runs on (``_start_loca
 
 def init_ray(address: str | None = None, num_cpus: int | None = None, log_to_driver: bool = True,
              oom_retries: int | None = None) -> None:
-    """The one place Ray is started: join the cluster at ``address`` (or ``RAY_ADDRESS``; ``auto`` finds one here),
-    else start a fresh local Ray listening on loopback only (``_start_local``; also ``address="local"``), never
-    silently joining what ``ray start`` left running. A no-op when Ray is up. ``oom_retries`` bounds a local Ray's
-    retries of tasks its memory monitor killed (default ``--worker-restarts``'s; a cluster sets
-    ``RAY_task_oom_retries``, docs/cluster.md)."""
+    """The one place Ray is started: join the cluster at ``address`` (or ``RAY_ADDRESS``; ``auto`` finds one here), else
+    start a fresh local Ray on loopback only (``_start_local``; also ``address="local"``), never silently joining what
+    ``ray start`` left. A no-op when Ray is up. ``oom_retries``: a local Ray's retries of tasks killed for memory."""
     import ray  # here, not at the top: the CLI parses its options without importing Ray
 
     if ray.is_initialized():
@@ -45,16 +43,10 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, log_to_dri
 
 
 def quiet_ray_data() -> None:
-    """Ray Data's progress and warnings in a stage job's driver, made readable (``engine.progress``).
-
-    - Its progress bars are off (they count per operator: ``0/?`` until the end); ``VERBATIM_PROGRESS=ray`` keeps them.
-    - "The Dataset job will hang unless more CPUs are freed up" is consumed (``log_once``) before any dataset runs:
-      stage pools always leave a CPU to the tasks around them, so it was never true here.
-    - Ray Data's INFO lines go to its log file only (``logs/ray-data/ray-data.log``); its console handler is WARNING.
-    - Ray's "Token authentication is enabled" warning of every local start is dropped (token auth stays on).
-    - transformers' model loading bars are off in every worker (``HF_HUB_DISABLE_PROGRESS_BARS``).
-    - Ray Data's stack traces of a lost worker stay in its log file: the command ends with one line
-      (``worker_faults``)."""
+    """Ray Data's progress and warnings in a stage job's driver, made readable (``engine.progress``): its progress bars
+    off (``VERBATIM_PROGRESS=ray`` keeps them); its never-true "Dataset job will hang unless more CPUs are freed up"
+    consumed (stage pools always leave a CPU); its INFO lines and lost-worker stack traces to its log file only (the
+    command ends with its own line, ``worker_faults``); Ray's token-auth notice and transformers' loading bars off."""
 
     from ray.data import DataContext
     from ray.util.debug import log_once
@@ -82,8 +74,7 @@ def quiet_ray_data() -> None:
 
 
 def check_reachable(address: str, timeout_s: float = 5.0) -> None:
-    """A cluster address with nothing listening is refused within ``timeout_s`` (``ray.init`` would retry
-    for minutes): one line, naming where the address came from."""
+    """A cluster address with nothing listening is refused in ``timeout_s`` (``ray.init`` retries for minutes)."""
     if address in ("auto", "local"):
         return
     host_port = address.split("://", 1)[-1].split("/", 1)[0]
@@ -100,10 +91,9 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
 
 
 def _private_token_file() -> None:
-    """Write the local Ray's auth token (``~/.ray/auth_token``) before Ray does, readable by this user only (Ray writes
-    it with the umask: 0644 under 022, readable by any local user). A token the user set up, or
-    ``RAY_AUTH_MODE=disabled``, is left alone; it is linked into place, so a Ray starting beside this one never reads
-    it half written."""
+    """Write the local Ray's auth token (``~/.ray/auth_token``) before Ray does, readable by this user only (Ray's
+    follows the umask: any local user could read it), linked into place so it is never read half written; a token the
+    user set up, or ``RAY_AUTH_MODE=disabled``, is left alone."""
     import secrets
     import tempfile
     from pathlib import Path
@@ -142,11 +132,9 @@ def _temp_dir_hint(exc: BaseException) -> str:
 
 
 def _start_local(num_cpus: int | None = None, log_to_driver: bool = True, oom_retries: int | None = None) -> None:
-    """A local Ray whose servers all bind 127.0.0.1 (through ``init_ray``).
-
-    Ray's servers bind loopback only when the node address is exactly 127.0.0.1, but ``ray.init`` swaps a loopback
-    address for the routable one first; that swap is off for the call (tests/test_exposure.py checks the sockets). A
-    reaper ends the local Ray's processes when this driver dies (``reaper``)."""
+    """A local Ray whose servers all bind 127.0.0.1: ``ray.init`` would swap a loopback node address for the routable
+    one, so that swap is off for the call (tests/test_exposure.py checks the sockets); a ``reaper`` ends its processes
+    when this driver dies."""
     if num_cpus is not None and num_cpus < 1:
         raise ValueError(f"--num-cpus must be at least 1, got {num_cpus}")
     import ray
@@ -195,10 +183,8 @@ def _start_local(num_cpus: int | None = None, log_to_driver: bool = True, oom_re
 
 @contextlib.contextmanager
 def keeping_sigterm():
-    """While Ray starts, this process's own SIGTERM handler (the CLI's: one line, exit 143) stays in place.
-
-    ``ray.init`` replaces it first thing with one that exits 15 with no line, so Ray's setter is a no-op for the call;
-    Ray's core worker later catches SIGTERM in C++ and hands it on, and ``AFTER_START`` puts the handler back."""
+    """While Ray starts, this process's SIGTERM handler (the CLI's: one line, exit 143) stays: ``ray.init`` would
+    replace it with one exiting 15 silently, so Ray's setter is a no-op for the call (``AFTER_START`` restores it)."""
     import signal
     import threading
 
@@ -229,8 +215,7 @@ def _abandon_start(started: float) -> None:
 
 
 def _end_children_since(started: float) -> None:
-    """End the processes a failed local start left behind (its GCS, raylet, agents): this driver's descendants
-    created since ``started``; never anything older, never anything else."""
+    """End what a failed local start left: this driver's descendants created since ``started``, nothing older."""
     import psutil
 
     try:
@@ -238,11 +223,9 @@ def _end_children_since(started: float) -> None:
     except psutil.Error:
         return
     for proc in children:
-        try:
+        with contextlib.suppress(psutil.Error):
             if proc.create_time() >= started - 1.0:
                 proc.kill()
-        except psutil.Error:
-            pass
 
 
 def started_locally() -> bool:

@@ -1,17 +1,13 @@
-"""Ends a local Ray's processes when the driver that started it dies, however it dies.
-
-On ``kill -9`` of the driver, the GCS and raylet go but the dashboard and runtime-env agents stay. The reaper, a
-small process in its own session, notes the driver's descendants every half second and, once the driver is gone,
-kills those still alive (matching pid and start time, so a reused pid is never hit).
+"""Ends a local Ray's processes when the driver that started it dies, however it dies (on ``kill -9`` the
+dashboard and runtime-env agents stay): a plain script in its own session that notes the driver's descendants every
+half second and, once the driver is gone, kills those still alive (by pid and start time, never a reused pid).
 
     python verbatim_batch/engine/reaper.py DRIVER_PID
-
-It runs as a plain script (only psutil), and ``start`` waits for its first look, so even a driver killed right
-after ``ray.init`` leaves nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -67,21 +63,17 @@ def watch(driver_pid: int) -> int:
             walked = time.monotonic()
         time.sleep(INTERVAL_S)
     for pid, created in list(seen.items()):  # what the driver's children started since the last walk
-        try:
+        with contextlib.suppress(psutil.Error):
             proc = psutil.Process(pid)
             if proc.create_time() == created:
                 seen.update(_descendants(proc))
-        except psutil.Error:
-            pass
     killed = 0
     for pid, created in seen.items():
-        try:
+        with contextlib.suppress(psutil.Error):
             proc = psutil.Process(pid)
             if proc.create_time() == created:
                 proc.kill()
                 killed += 1
-        except psutil.Error:
-            pass
     return killed
 
 

@@ -1,17 +1,11 @@
 """What a stage needs from Ray, declared once on the stage, and the one function that turns it into Ray arguments.
 
 A stage class declares its ``Resources`` (as NeMo Curator's ``ProcessingStage.resources``); the runner applies a
-job's options through ``with_job`` and hands the result to the stage (``ctx.resources``); ``ray_args`` alone turns
-it into ``map_batches`` (or Ray task) arguments for the cluster at hand:
-
-- **GPUs in the cluster**, a stage that declares ``gpus``: one actor per GPU (``actors`` if given);
-- **CPU only**: an actor pool (``ray_env.actor_pool``) that always leaves one CPU to the reads and writes around
-  it (a pool holding every CPU waits forever for its input);
-- **inside a user's pipeline** (``api``): actors claim no CPU, since pools that each hold one for the whole run can
-  take every CPU from the reads; Ray's CPU count is a scheduling figure, not a limit.
-
-A lost actor restarts, and a lost task is retried, ``restarts`` times (Ray Data would restart forever), then the
-stage stops with one line (``worker_faults``). Pool sizes go in ``compute=`` (Ray 2.51 deprecated ``concurrency=``).
+job's options (``with_job``) and hands the result to the stage; ``ray_args`` alone turns it into Ray arguments: one
+actor per GPU where there are GPUs and the stage declares them; on CPU, a pool (``ray_env.actor_pool``) that always
+leaves one CPU to the reads and writes around it; inside a user's pipeline (``api``), actors that claim no CPU (a
+scheduling figure, not a limit), so chained pools never take every CPU from the reads. Actors and tasks restart
+``restarts`` times (Ray Data: forever), then the stage stops with one line (``worker_faults``).
 """
 
 from __future__ import annotations
@@ -92,10 +86,9 @@ def task_bounds(restarts: int) -> dict[str, int]:
 
 
 def ray_args(res: Resources, fn: Any = None, cluster: Cluster | None = None, **kwargs: Any) -> dict[str, Any]:
-    """The Ray arguments of ``res`` on ``cluster`` (default ``Cluster.current()``), merged into ``kwargs``: for a class,
-    an actor pool's ``map_batches`` arguments (a model actor of a GPU-declaring stage also gets ``threads`` and
-    ``token_budget`` in ``fn_constructor_kwargs``); for a function, tasks' (``TaskPoolStrategy`` when ``actors`` caps
-    them); for None, a Ray task's options."""
+    """The Ray arguments of ``res`` on ``cluster`` (default ``Cluster.current()``), merged into ``kwargs``: an actor
+    pool's ``map_batches`` arguments for a class (a GPU model actor also gets ``threads`` and ``token_budget``), tasks'
+    for a function, a Ray task's options for None."""
     import ray
 
     _quiet_bounds_warning()

@@ -1,5 +1,4 @@
-"""The bound on a stage's lost workers, declared once: a run option of every stage job, applied to every actor pool
-and task (``resources.ray_args``) and to a local Ray's retries of tasks killed for memory (``ray_env``)."""
+"""The bound on a stage's lost workers: applied to every actor pool and task and to a local Ray's OOM retries."""
 
 from __future__ import annotations
 

@@ -44,8 +44,7 @@ def no_counts(name: str, table: pa.Table) -> dict[str, int]:
 
 @dataclass
 class TableSinkResult:
-    """Every live file of a staging folder (completed writes, carried and compacted files), summed: rows and
-    files per table, counts, keys covered, and each file's stats (``files.json`` of the committed run)."""
+    """Every live file of a staging folder, summed: rows and files per table, counts, keys, each file's stats."""
 
     rows: Counter = field(default_factory=Counter)
     files: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
@@ -174,12 +173,9 @@ def _wanted(keys: pa.Array, value_set: pa.Array) -> pa.Array:
 def carry_rows(previous: str, tables: dict[str, pa.Schema], key_column: str, keys: Iterable[str], staging: str,
                record_keys: str | None = None, table_counts: TableCounter = no_counts,
                rows_verified: bool = False) -> tuple[pa.Array, Counter]:
-    """Carry the rows of ``previous``'s ``tables`` whose ``key_column`` is in ``keys`` into ``staging``.
-
-    A file whose rows are all wanted is carried by reference (``storage.link_file``) once its bytes match the recorded
-    digest; a file with some wanted rows has those rewritten; a mismatching file is not carried. Each carried file is
-    one recorded write (row keys from ``record_keys``), so ``finish`` counts it and a resumed run does not carry it
-    twice. Returns the distinct keys found (Arrow) and, per table, rows carried and files linked or rewritten."""
+    """Carry the rows of ``previous``'s ``tables`` whose ``key_column`` is in ``keys`` into ``staging`` (``_carry_file``
+    per file, each one recorded write, so ``finish`` counts it and a resumed run does not carry it twice): the distinct
+    keys found (Arrow) and, per table, rows carried and files linked or rewritten."""
     if isinstance(keys, (pa.Array, pa.ChunkedArray)):  # many keys: kept in Arrow, no Python set of them
         value_set = pc.unique(keys.cast(pa.string()))
         value_set = value_set.combine_chunks() if isinstance(value_set, pa.ChunkedArray) else value_set
@@ -256,9 +252,8 @@ def _merge_files(staging: str, name: str, schema: pa.Schema, group: list[tuple[s
 
 
 def compact(staging: str, schemas: dict[str, pa.Schema], target_bytes: int, max_small_files: int) -> int:
-    """Merge a table's small files (under a quarter of ``target_bytes``) into files of about ``target_bytes`` once it
-    has more than ``max_small_files``, so incremental runs keep the file count bounded; returns the files merged
-    away."""
+    """Merge a table's small files (under a quarter of ``target_bytes``) into files of about ``target_bytes`` once there
+    are over ``max_small_files``; returns the files merged away."""
     live = live_files(read_writes(staging))
     calls = []
     for name, schema in schemas.items():

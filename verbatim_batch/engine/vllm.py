@@ -1,18 +1,11 @@
-"""The vLLM backend: generation inside the cluster through ``ray.data.llm``, then the HTTP backend's answer
-interpretation (``llm.interpret``) and stage tables. ``vllm_requests`` groups pairs into requests (invalid pairs
-become error rows first), ``vllm_dataset`` runs the engines, ``LLMInterpret`` maps answers to verbatim spans.
-
-How this lives with what ``ray.data.llm`` (Ray 2.60) does to rows:
-
-- the engine stage writes its own int ``request_id``, so ours travels as ``vb_request_id``;
-- a row whose generation fails skips the postprocess and comes out whole with ``__inference_error__``, so the
-  postprocess keeps only columns both kinds of row share, and ``LLMInterpret`` reads the error from that column;
-- a per-row JSON schema as a dict would become a struct merging every row's keys, so it travels as a JSON string
-  (``StructuredOutputsParams(json=...)`` takes it as is);
-- the engine reserves ``{'GPU': 1}`` per worker unless given a placement group: ``engine_placement`` always gives
-  one, so a CPU engine (``engine_gpus: 0``) asks for CPUs only;
-- the helper stages and ``LLMInterpret`` are actors too; each claiming a CPU deadlocked a 2-CPU Ray, so they get
-  what the engine and the reads/writes leave (``helper_cpus``).
+"""The vLLM backend: generation in the cluster through ``ray.data.llm``, then the HTTP backend's interpretation
+(``llm.interpret``) and stage tables (``vllm_requests`` groups pairs, ``vllm_dataset`` runs the engines,
+``LLMInterpret`` maps answers to spans). Living with ``ray.data.llm`` (Ray 2.60): our request id travels as
+``vb_request_id`` (it writes its own ``request_id``); a failed row skips the postprocess and comes out whole with
+``__inference_error__``, so the postprocess keeps only columns both kinds share; the per-row JSON schema travels as
+a string (a dict would become a struct merging every row's keys); ``engine_placement`` always gives a placement
+group (else it reserves a GPU per worker); the helper actors get only what the engines leave (``helper_cpus``: each
+claiming a CPU deadlocked a 2-CPU Ray).
 """
 
 from __future__ import annotations
@@ -217,10 +210,9 @@ def check_fits(config, resources: dict[str, float], local: bool) -> None:
 
 
 def bound_processor(processor: Any, restarts: int | None = None) -> Any:
-    """``processor`` (``ray.data.llm``) with every actor pool and task bounded as the project's stages are: Ray Data
-    restarts a dying actor forever (an engine the OOM killer ends at each start would loop without a word), so each
-    stage's ``map_batches`` gets ``max_restarts`` and ``max_task_retries``, the tasks ``max_retries``; past the bound
-    ``worker_faults`` gives one line."""
+    """``processor`` (``ray.data.llm``) with its actor pools and tasks bounded as the project's stages are (Ray Data
+    restarts a dying engine forever, looping silently): ``max_restarts`` and ``max_task_retries`` on each stage,
+    ``max_retries`` on the tasks."""
     import warnings
 
     from verbatim_batch.engine.resources import task_bounds

@@ -34,10 +34,6 @@ def _chain(exc: BaseException) -> list[BaseException]:
     return seen
 
 
-def _gb(value: str) -> float:
-    return int(value) / 1e9
-
-
 def _killed(text: str) -> list[tuple[str, float | None]]:
     """The workers Ray's memory monitor names as killed: (task name, GB it held), a stage's own workers first
     (Ray Data's ``MapWorker(...)``, or tasks), its bookkeeping actors (``ActorLocationTracker`` ...) last."""
@@ -55,7 +51,7 @@ def _memory_detail(text: str) -> str:
     parts = []
     m = re.search(r"Memory usage (\d+)B exceeded threshold of (\d+)B", text)
     if m:
-        used, limit = _gb(m.group(1)), _gb(m.group(2))
+        used, limit = int(m.group(1)) / 1e9, int(m.group(2)) / 1e9
         parts.append(f"the node used {used:.2f} GB against Ray's threshold of {limit:.2f} GB "
                      f"({used - limit:+.2f} GB)")
     killed = _killed(text)

@@ -1,10 +1,8 @@
 """A run's performance report: per stage, wall time, CPU-seconds of every process, rows/s and tokens/s, model actors'
 idle share, peak memory, and GPU-seconds and utilisation where the machine has an NVIDIA GPU.
 
-One sampler thread per process (``Sampler``), shared by every stage, reads this driver's process tree every
-``INTERVAL_S`` seconds (a local Ray's GCS, raylet and workers are in it; with ``--address`` the driver alone, as
-the scope says); each stage opens a ``Window`` on it and closes it at its commit. A process ending between two
-samples loses at most one interval of CPU time.
+One ``Sampler`` thread per process, shared by every stage, reads this driver's process tree every ``INTERVAL_S``
+(with ``--address``, the driver alone, as ``scope`` says); each stage opens a ``Window`` on it.
 """
 
 from __future__ import annotations
