@@ -22,6 +22,4 @@ def install_runner(runner: Runner) -> None:
 
 def run_each(fn: Callable[..., Any], calls: list[tuple]) -> list:
     """``fn(*call)`` for each call, in order: through the installed runner, else here."""
-    if _runner is None:
-        return [fn(*call) for call in calls]
-    return _runner(fn, calls)
+    return [fn(*call) for call in calls] if _runner is None else _runner(fn, calls)

@@ -14,6 +14,7 @@ read only when they are a committed chunk run and a regular file.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -325,10 +326,8 @@ def paper_units(run_dir: str) -> int:
         path = storage.join(papers_dir, name)
         if not storage.regular_file(path):  # never opened: verify_run reports it
             continue
-        try:
+        with contextlib.suppress(*READ_ERRORS):  # verify_run reports it
             n += storage.parquet_file(path).num_row_groups
-        except READ_ERRORS:  # verify_run reports it
-            continue
     return n
 
 

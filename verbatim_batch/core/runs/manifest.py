@@ -165,8 +165,11 @@ def holding(run_dir: str, tables: tuple[str, ...], manifest: dict[str, Any] | No
     manifest = manifest if manifest is not None else read_manifest(run_dir)
     stages = manifest.get("stages") if isinstance(manifest.get("stages"), dict) else {}
     held = manifest.get("tables") if isinstance(manifest.get("tables"), dict) else {}
-    if not stages and all(t in held or _has_table(run_dir, t) for t in tables):  # a chain's own list names its
-        return run_dir  # stages' tables; a run that does not list one (hand-made, or older) holds it as a folder
+    # a chain's own list names its stages' tables; a run that does not list one (hand-made, or older) holds it as
+    # files: a folder of Parquet, or one Parquet file (an index's ids)
+    if not stages and all(t in held or storage.isdir(storage.join(run_dir, t))
+                          or storage.isfile(storage.join(run_dir, t + ".parquet")) for t in tables):
+        return run_dir
     found = []
     for stage in stages:
         if not isinstance(stage, str) or not stage or "/" in stage or stage.startswith("."):
@@ -180,11 +183,6 @@ def holding(run_dir: str, tables: tuple[str, ...], manifest: dict[str, Any] | No
         if isinstance(sub_tables, dict) and all(t in sub_tables for t in tables):
             found.append((str(sub_manifest.get("created_at") or ""), stage, sub))
     return max(found)[2] if found else None  # the last committed: a chain commits its stages in order
-
-
-def _has_table(run_dir: str, table: str) -> bool:
-    """Whether ``run_dir`` holds ``table`` as files: a folder of Parquet, or one Parquet file (an index's ids)."""
-    return storage.isdir(storage.join(run_dir, table)) or storage.isfile(storage.join(run_dir, table + ".parquet"))
 
 
 def load_manifests(run_dirs: list[str]) -> pa.Table:
