@@ -2,23 +2,16 @@
 
     top_k: int = option(5, "retrieved chunks per query to extract from", low=1)
 
-A job's (or a config's) option fields are the single source of everything derived from them: the CLI flags and
-their ``--help`` with the real default (``cli.options``), the YAML keys and their checks (``config``), the
-Python API (the dataclasses themselves and ``cli.commands.build_job``) and the option reference
-(``cli.reference``). A field whose value is a nested config (``ChunkJob.chunker``) is a ``group``: its own option
-fields are the command's options too; a group may choose among several configs by a selector option (the
-extractor: ``--extractor semantic|highlighter|llm``).
+Everything else is derived from the fields: the CLI flags and their ``--help`` (``cli.options``), the YAML keys
+(``cli.config``), the Python API (the dataclasses, ``cli.commands.build_job``) and the option reference
+(``cli.reference``). A ``group`` field holds a nested config whose options are the command's too, possibly one
+of several chosen by a selector (``--extractor semantic|highlighter|llm``).
 
-Values are checked the same way whatever they come from (a flag's text, a YAML value, a Python argument):
-``check`` converts and bounds them and raises ``OptionError`` with a one-line message naming the option. A class
-that derives from ``Declared`` checks every declared bound and choice of its own fields when it is built
-(``validate``), so a config built in Python is refused as its flag would be; its ``__post_init__`` keeps only
-what a single declaration cannot say (one option against another).
-
-Every field has a role: by default a value decides the output (it is part of the run's settings, bound to its run
-id and compared by the nights); ``runtime=True`` (``option(..., runtime=True)``, or ``runtime(default)`` for a
-plain field) marks one that only decides how the run goes (workers, batch sizes that do not change results,
-retries, addresses, where metrics go). ``settings`` derives a job's or config's settings from the roles.
+``check`` converts and bounds a value whatever it comes from (a flag's text, a YAML value, a Python argument) and
+raises a one-line ``OptionError`` naming the option; a ``Declared`` config checks its own fields when built, and
+its ``__post_init__`` adds only rules across options. Every field has a role: by default it decides the output
+(``settings``: bound to the run id, compared by nights); ``runtime`` marks one that only decides how the run goes
+(workers, batch sizes that do not change results, retries, addresses).
 """
 
 from __future__ import annotations

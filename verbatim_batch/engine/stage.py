@@ -1,18 +1,10 @@
-"""The stage contract: what a stage declares and what the runner hands it (``engine.runner`` runs it).
+"""The stage contract: what a stage declares and what the runner (``engine.runner``) hands it.
 
-Light on purpose: the CLI parses every command's options by importing the stage modules, which import this and
-their declarations only; the run loop, the sinks and Ray load when a run starts.
-
-``TableStage`` (chunk, embed, retrieve, extract, querygen): rows keyed by one column, written through the
-generic sink. A stage declares its output ``tables``, its ``key_column``, a cheap ``plan`` (its settings and
-inputs, a frozen ``Plan``), the ``work`` (every input key and what its dataset needs), what it can carry from
-a previous run (``unchanged``), the ``dataset`` that produces the to-do rows, and its own ``counts``.
-``Stage`` (index, train, silver's last step) writes its own files (``execute``) into the staging folder.
-``CompositeStage`` (nightly, silver) is a run made of committed sub-runs in one folder.
-
-A stage that runs Ray actors or tasks declares its ``resources`` (``engine.resources.Resources``, or one per
-placement with a ``placement()`` that picks it); the runner applies the job's options to it (``batch_rows``,
-``concurrency``, ``threads``, ``worker_restarts``) and hands the result to the stage as ``ctx.resources``.
+``TableStage`` (chunk, embed, retrieve, extract, querygen): keyed rows through the generic sink; it declares its
+``tables`` and ``key_column``, a cheap ``plan``, the ``work``, what it can carry (``unchanged``), the ``dataset``
+of the rows to do and its ``counts``. ``Stage`` (index, train) writes its own files (``execute``);
+``CompositeStage`` (nightly, silver) is a run of committed sub-runs in one folder. Ray work declares its
+``resources``; the runner applies the job's options to them and hands the result over as ``ctx.resources``.
 """
 
 from __future__ import annotations
@@ -70,11 +62,9 @@ class Plan:
 
 
 def bound_settings(job: Any, **resolved: Any) -> dict[str, Any]:
-    """The settings a run id is bound to (``Plan.config``), derived, never listed: the job's output-deciding
-    options (``options.settings``: every field but the runtime ones, a nested config by its own settings), then
-    what the plan resolved (a model's revision and config hash, a vector width, a config left to its default),
-    which replaces the job's own value of the same name. A runtime option (a batch size, workers, retries,
-    addresses) is in neither, so a killed run resumed with another value of one resumes."""
+    """The settings a run id is bound to (``Plan.config``): the job's output-deciding options
+    (``options.settings``), then what the plan resolved (a model's revision, a vector width), which replaces the
+    job's value of the same name. No runtime option is in them, so a run resumes with another value of one."""
     return jsonable(settings(job)) | jsonable(resolved)
 
 
