@@ -275,8 +275,10 @@ def evaluate(
             "micro_f1": _f1(micro_p, micro_r),
             "macro_f1": sum(row_f1) / n_rows if n_rows else 0.0,
         },
-        "iou": {k: {m: s / n_rows if n_rows else 0.0 for m, s in zip(("p", "r", "f1"), v, strict=True)}
-                for k, v in iou_sums.items()},
+        "iou": {
+            k: {m: s / n_rows if n_rows else 0.0 for m, s in zip(("p", "r", "f1"), v, strict=True)}
+            for k, v in iou_sums.items()
+        },
         "containment": {k: (v / n_pred if n_pred else 0.0) for k, v in contained.items()},
         "containment_union": {k: (v / n_pred if n_pred else 0.0) for k, v in contained_union.items()},
         "coverage": {k: (v / n_gold if n_gold else 0.0) for k, v in covered.items()},
@@ -314,8 +316,11 @@ def format_table(result: dict[str, Any]) -> str:
     for t, v in result.get("iou", {}).items():
         line(f"  IoU >= {t}", v["p"], v["r"], v["f1"])
     lines.append("")
-    for label, key in (("containment (pred in gold)", "containment"), ("containment (pred in gold union)",
-                       "containment_union"), ("gold coverage (by pred)", "coverage")):
+    for label, key in (
+        ("containment (pred in gold)", "containment"),
+        ("containment (pred in gold union)", "containment_union"),
+        ("gold coverage (by pred)", "coverage"),
+    ):
         lines.append(label)
         for t, v in result.get(key, {}).items():
             line(f"  >= {t}", v)

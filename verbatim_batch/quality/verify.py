@@ -53,8 +53,7 @@ def _parquet_files(folder: str) -> list[str]:
 
 def _short(path: str) -> str:
     """``table/file`` of a file path, for a finding."""
-    parts = path.replace("\\", "/").rstrip("/").split("/")
-    return "/".join(parts[-2:])
+    return "/".join(path.replace("\\", "/").rstrip("/").split("/")[-2:])
 
 
 def check_folder(root: str, manifest: dict, errors: list[str], bad: set[str] | None = None) -> dict[str, int]:
@@ -184,9 +183,7 @@ def check_units(root: str, bad: set[str] | None = None) -> tuple[list[str], list
     before += unreadable
     paper_ids = pa.concat_arrays(ppids) if ppids else pa.array([], pa.string())
     unit_of = pa.concat_arrays(pus) if pus else pa.array([], pa.int32())
-    offsets = [0]
-    for ids in ppids:
-        offsets.append(offsets[-1] + len(ids))
+    offsets = np.cumsum([0, *map(len, ppids)]).tolist()  # each unit's first row in paper_ids
     repeats: dict[int, list[int]] = defaultdict(list)
     for i in _first_occurrences(paper_ids).to_pylist():  # rows that repeat a paper id: few, if any
         u = unit_of[i].as_py()
@@ -257,10 +254,8 @@ def check_unit(fs: pafs.FileSystem, papers_file: str, group: int, chunk_groups: 
                 problems, with_text, n_chunks = [f"{pid}: values of the wrong type ({_one_line(exc)})"], False, 0
         if lost and not problems and want_rejected:
             rejected.append(pid)
-        counts["papers"] += 1
-        counts["chunks"] += n_chunks
-        counts["papers_with_text" if with_text else "papers_without_text"] += 1
-        counts["chunks_with_text" if with_text else "chunks_without_text"] += n_chunks
+        text = "with_text" if with_text else "without_text"
+        counts.update({"papers": 1, "chunks": n_chunks, f"papers_{text}": 1, f"chunks_{text}": n_chunks})
         n_errors += len(problems)
         errors.extend(problems[: max(0, max_errors - len(errors))])
         if want_rejected and (problems or not with_text):
