@@ -14,18 +14,14 @@ manifest): these return lazy datasets and you decide where they go.
     pairs = chunks.map(lambda c: {"query": "training data size", "chunk": c["text"]})
     spans = api.extract(pairs)                     # one row per pair: its verbatim spans, relevance, error
 
-Every processor also takes ``preprocess`` / ``postprocess`` (a row -> row function, run with ``Dataset.map``
-before and after the stage, as in ``ray.data.llm.build_processor``), and ``build_processor(config, ...)`` makes
-the one a config describes, to apply later: ``processor = api.build_processor(api.SemanticConfig(),
-preprocess=...)``; ``spans = processor(pairs)``.
+Every processor also takes ``preprocess`` / ``postprocess`` (row -> row functions, run with ``Dataset.map``
+before and after the stage), and ``build_processor(config, ...)`` makes the one a config describes, to apply
+later: ``processor = api.build_processor(api.SemanticConfig(), preprocess=...)``; ``spans = processor(pairs)``.
 
-They compose in any pipeline without ``materialize()``, on any cluster size: chunking runs as tasks, and a
-model's actors claim no CPU (``engine.resources``: a stage's declared resources, applied inside a user's
-pipeline), so however many processors a pipeline chains, every CPU stays free for the reads, maps and writes
-around them (actors that each hold a CPU can take all of them on a small cluster, and then the read waits
-forever). Each processor runs the job's own path: the same actors (one model-actor base: threads, retries,
-``stage_failed`` error rows) and the same splits (embed: tokenize tasks -> forward actors; the highlighter:
-tokenize tasks -> forward actors -> span tasks).
+They compose in any pipeline without ``materialize()``, on any cluster size: chunking runs as tasks and a model's
+actors claim no CPU, so every CPU stays free for the reads, maps and writes around them (actors that each hold a
+CPU can take all of them on a small cluster, and then the read waits forever). Each processor runs the job's own
+actors and splits (embed: tokenize tasks -> forward actors; the highlighter: tokenize -> forward -> span tasks).
 
 Outputs have exactly these columns:
 
@@ -83,8 +79,7 @@ TEXT_COLUMNS = ("markdown", "context", "text", "query", "chunk")  # read as text
 
 
 def _check_config(name: str, config: Any) -> None:
-    """``config`` is one ``api.<name>`` takes, else a TypeError naming the function it configures (checked on
-    the driver, before any Ray work: an EmbedderConfig given to extract would run embedding and fail in a worker)."""
+    """A TypeError unless ``api.<name>`` takes ``config``, checked on the driver before any Ray work."""
     kinds = TAKES[name][0]
     if isinstance(config, kinds):
         return
@@ -94,8 +89,8 @@ def _check_config(name: str, config: Any) -> None:
 
 
 def _check_columns(name: str, ds: Any) -> None:
-    """The input's columns checked on the driver where its schema is known without running it (a dataset read
-    or made from rows; after a map it is known only once it runs, and the workers check it then)."""
+    """The input's columns, checked on the driver where its schema is known without running it (else the
+    workers check them)."""
     try:
         schema = ds.schema(fetch_if_missing=False)
     except Exception:  # noqa: BLE001 - not a Ray Dataset, or a schema Ray cannot tell cheaply
@@ -117,8 +112,7 @@ def _check_columns(name: str, ds: Any) -> None:
 
 @dataclass(frozen=True)
 class Processor:
-    """A stage as a function from a dataset to a dataset (lazy: nothing runs until the pipeline does):
-    ``preprocess`` (``Dataset.map``) -> the stage -> ``postprocess`` (``Dataset.map``)."""
+    """A stage as a lazy function from a dataset to a dataset: ``preprocess`` -> the stage -> ``postprocess``."""
 
     name: str
     stage: Callable[[ray.data.Dataset], ray.data.Dataset]
@@ -142,13 +136,11 @@ def build_processor(config: Any, *, preprocess: RowFn | None = None, postprocess
     """The processor a config describes: ``ChunkerConfig`` -> chunk, ``EmbedderConfig`` -> embed,
     ``RetrieverConfig`` -> retrieve, ``SemanticConfig``/``HighlighterConfig``/``LLMConfig`` -> extract.
     ``options`` are the stage function's own (``batch_rows``, ``concurrency``, ...)."""
-    stages: list[tuple[tuple[type, ...], Callable[..., ray.data.Dataset]]] = [
-        ((ChunkerConfig,), _chunk), ((EmbedderConfig,), _embed), ((RetrieverConfig,), _retrieve),
-        (EXTRACTOR_CONFIGS, _extract)]
-    for types, fn in stages:
+    for name, (types, _) in TAKES.items():
         if isinstance(config, types):
-            return Processor(fn.__name__.lstrip("_"), functools.partial(fn, config=config, **options), preprocess,
-                             postprocess, dict(map_kwargs or {}))
+            stage = {"chunk": _chunk, "embed": _embed, "retrieve": _retrieve, "extract": _extract}[name]
+            fn = functools.partial(stage, config=config, **options)
+            return Processor(name, fn, preprocess, postprocess, dict(map_kwargs or {}))
     raise TypeError(f"no processor for a {type(config).__name__} (one of ChunkerConfig, EmbedderConfig, "
                     "RetrieverConfig, SemanticConfig, HighlighterConfig, LLMConfig)")
 
@@ -180,8 +172,8 @@ def _chunk(papers: ray.data.Dataset, config: ChunkerConfig, *, store_text: bool 
 
 def chunk(papers: ray.data.Dataset, chunker: ChunkerConfig | None = None, *, store_text: bool = True,
           batch_size: int = 64, preprocess: RowFn | None = None, postprocess: RowFn | None = None) -> ray.data.Dataset:
-    """Papers (``paper_id``, ``markdown``) -> chunks (``tables.CHUNKS``). A paper that cannot be chunked
-    (empty, binary, missing text) yields no chunks; run ``verbatim-batch chunk`` for the quarantine table."""
+    """Papers (``paper_id``, ``markdown``) -> chunks (``tables.CHUNKS``). A paper that cannot be chunked yields
+    no chunks (``verbatim-batch chunk`` writes the quarantine table)."""
     _check_config("chunk", chunker := chunker or ChunkerConfig())
     return build_processor(chunker, preprocess=preprocess, postprocess=postprocess,
                            store_text=store_text, batch_size=batch_size)(papers)
@@ -206,17 +198,15 @@ def _embed(chunks: ray.data.Dataset, config: EmbedderConfig, *, batch_rows: int 
     from verbatim_batch.stages.embed import EmbedStage, embed_dataset
 
     res = EmbedStage.resources.with_(batch_rows=batch_rows, actors=concurrency)
-    ds = embed_dataset(chunks, config, res,  # embed_tokenize keeps the columns it reads
-                       cluster=_user_pipeline())
+    ds = embed_dataset(chunks, config, res, cluster=_user_pipeline())
     return ds.map_batches(strip_internal_batch, batch_format="pyarrow", batch_size=None, **_bounds())
 
 
 def embed(chunks: ray.data.Dataset, config: EmbedderConfig | None = None, *, batch_rows: int = EmbedJob.batch_rows,
           concurrency: int | None = None, preprocess: RowFn | None = None,
           postprocess: RowFn | None = None) -> ray.data.Dataset:
-    """Chunks (``chunk_id``, ``paper_id``, ``context``, ``text``) -> embeddings rows (``tables.embeddings_schema``),
-    one model per GPU (else CPU actors). ``config``: an ``EmbedderConfig`` (default: the bundled
-    all-MiniLM-L6-v2)."""
+    """Chunks (``chunk_id``, ``paper_id``, ``context``, ``text``) -> rows of ``tables.embeddings_schema``, one
+    model per GPU (else CPU actors). ``config``: an ``EmbedderConfig`` (default: the bundled all-MiniLM-L6-v2)."""
     _check_config("embed", config := config or EmbedderConfig())
     return build_processor(config, preprocess=preprocess, postprocess=postprocess,
                            batch_rows=batch_rows, concurrency=concurrency)(chunks)
@@ -236,11 +226,10 @@ def _retrieve(queries: ray.data.Dataset, config: RetrieverConfig, *, batch_rows:
 def retrieve(queries: ray.data.Dataset, index: str | RetrieverConfig, *, batch_rows: int = RetrieveJob.batch_rows,
              concurrency: int | None = None, with_text: bool = False, preprocess: RowFn | None = None,
              postprocess: RowFn | None = None) -> ray.data.Dataset:
-    """Queries (``query``, optional ``query_id``: else the id the jobs give that text) -> the top-k chunks of
-    an index run (``verbatim-batch index``), as rows of ``tables.RETRIEVAL``: ``k`` per query and method.
-    ``index``: the index run folder (default settings), or a ``RetrieverConfig`` naming it (methods, k,
-    weights). ``with_text``: each row also carries ``query`` and ``chunk`` (the chunk's text, from the index's
-    chunk run), so its rows go straight into ``extract``::
+    """Queries (``query``, optional ``query_id``) -> the top-k chunks of an index run, as rows of
+    ``tables.RETRIEVAL`` (``k`` per query and method). ``index``: the index run folder, or a ``RetrieverConfig``
+    naming it (methods, k, weights). ``with_text``: each row also carries ``query`` and ``chunk`` (the chunk's
+    text), so its rows go straight into ``extract``::
 
         from ray.data.expressions import col
 
@@ -260,8 +249,7 @@ PAIR_FIELDS = ("query", "chunk", "query_id", "paper_id", "chunk_id")  # the call
 
 
 def _pairs_of(batch: pa.Table) -> pa.Table:
-    """The caller's rows -> ``PAIR_INPUT`` rows (``pairs_from_records``, as a pairs file's rows), each carrying
-    the caller's own columns through the extract stages (``stages.extract.INPUT_PREFIX``)."""
+    """The caller's rows -> ``PAIR_INPUT`` rows, carrying the caller's columns through (``INPUT_PREFIX``)."""
     from verbatim_batch.extract.pairs import pairs_from_records
     from verbatim_batch.stages.extract import INPUT_PREFIX
 
@@ -272,8 +260,7 @@ def _pairs_of(batch: pa.Table) -> pa.Table:
 
 
 def _rows_of(packed: pa.Table) -> pa.Table:
-    """The extract stages' packed rows -> the caller's rows (its columns, in order) + ``spans`` (by start),
-    ``relevance`` and ``error``."""
+    """The extract stages' rows -> the caller's rows + ``spans`` (by start), ``relevance`` and ``error``."""
     from verbatim_batch.engine.batches import strip_internal
     from verbatim_batch.stages.extract import INPUT_PREFIX
 
@@ -292,8 +279,7 @@ def _rows_of(packed: pa.Table) -> pa.Table:
 
 def _extract(pairs: ray.data.Dataset, config: Any, *, batch_rows: int = ExtractJob.batch_rows,
              concurrency: int | None = None) -> ray.data.Dataset:
-    """The extract job's placements (``stages.extract.PLACEMENTS``) over the caller's rows: the same actors and,
-    for the highlighter, the same tokenize -> forward -> spans split."""
+    """The extract job's placements (``stages.extract.PLACEMENTS``) over the caller's rows."""
     from verbatim_batch.stages.extract import PLACEMENT_RESOURCES, PLACEMENTS, ExtractSetup
 
     where = registry.placement(config)

@@ -1,15 +1,9 @@
-"""The chain chunk -> embed -> index -> retrieve -> extract, defined once.
+"""The chain chunk -> embed -> index -> retrieve -> (rerank) -> extract, defined once (``run_chain``).
 
-The demo, nightly runs, benchmarks and tests all run it through ``run_chain``: each stage is its own
-committed run folder under one output folder (``chunks/``, ``embeddings/``, ``index/``, ``retrieval/``,
-``spans/``), optionally building on the same stages of an earlier chain (``previous``). With a ``reranker`` the
-chain reranks the retrieval into ``reranked/`` and extracts from that.
-
-The chain's steps are the registered stages that declare a chain ``folder`` (``stages.registry``, in its
-order; ``registry.add`` inserts a user's own). Its wiring is derived, not listed: each run a stage reads
-(``Stage.reads``: a job field and the tables it must hold) is the folder of the last step before it that writes
-those tables (``Stage.writes``), and the chain's own options (``input``, ``queries``, ...) go to the first step
-whose job has a field of that name.
+Each stage is its own committed run folder under one output folder, optionally building on an earlier chain's
+(``previous``). The steps are the registered stages with a chain ``folder``; the wiring is derived: each run a
+stage reads (``Stage.reads``) is the folder of the last step before it that writes those tables, and the chain's
+own options go to the first step whose job has a field of that name.
 """
 
 from __future__ import annotations
@@ -29,14 +23,13 @@ from verbatim_batch.corpus import readers as corpus
 from verbatim_batch.engine.runner import run_stage
 from verbatim_batch.engine.stage import Command, CompositeStage, Plan, RunOptions, StageContext, StageResult
 from verbatim_batch.report.summary import print_run
-from verbatim_batch.stages import registry, rerank
+from verbatim_batch.stages import registry
 
-RERANK_STAGE = rerank.COMMAND.folder  # between retrieval and spans, when the chain has a reranker
 RUNNERS: dict[str, Callable[[Any], tuple[str, dict[str, Any]]]] = {}  # a test may replace a step's runner here
 
 
 def steps() -> list[Command]:
-    """The chain's steps, in order: the registered stages with a chain folder (``registry.steps``)."""
+    """The chain's steps, in order (``registry.steps``)."""
     return registry.steps()
 
 
@@ -45,7 +38,7 @@ def step(folder: str) -> Command:
 
 
 def sections() -> tuple[str, ...]:
-    """The stage sections a chain takes (a config file's ``extract:``, ...): its steps' commands."""
+    """The stage sections a chain takes (a config file's ``extract:``, ...)."""
     return tuple(c.name for c in steps())
 
 
@@ -61,9 +54,8 @@ def stage_command(name: str) -> Command:
 
 @dataclass
 class Chain(Declared):
-    """What a chain run reads, and each stage's options by its command's name (``{"extract": {"threshold":
-    0.3}}``: a config file's sections; unset options keep the stage job's defaults). A ``rerank`` section with a
-    ``model`` adds the rerank stage between retrieval and extraction."""
+    """What a chain run reads, and each stage's options by command (``{"extract": {"threshold": 0.3}}``). A
+    ``rerank`` section with a ``model`` adds the rerank stage."""
 
     input: str = option(help="the corpus: a folder of .md or .txt files, or a Parquet/JSONL file or "
                        "folder", path=True)
@@ -77,10 +69,8 @@ class Chain(Declared):
         self.stages = {name: stage_options(name, values) for name, values in self.stages.items()}
 
     def check(self) -> None:
-        """Everything the chain reads, checked before its first stage (a missing query file found after hours
-        of chunking is hours lost): the corpus, metadata and query files, and every stage's options. Raises
-        with one line."""
-
+        """Everything the chain reads and every stage's options, checked before the first stage (a missing query
+        file found after hours of chunking is hours lost)."""
         for what, path in (("input", self.input), ("metadata", self.metadata)):
             if path and not storage.exists(path):
                 raise FileNotFoundError(f"{what} not found: {path}")
@@ -93,8 +83,7 @@ class Chain(Declared):
         return self.stages.get("rerank", {}).get("model") is not None
 
     def stage_jobs(self, output: str = "", **common: Any) -> dict[str, Any]:
-        """``{stage folder: job}`` of every stage this chain runs, built from its section over the defaults
-        (``output``: the chain's folder; ``common``: run options every stage shares)."""
+        """``{stage folder: job}`` of every stage this chain runs (``common``: run options every stage shares)."""
         from verbatim_batch.core.options import build
 
         out = storage.normalize(output) if output else ""
@@ -108,9 +97,7 @@ class Chain(Declared):
         return jobs
 
     def wiring(self) -> dict[str, dict[str, Any]]:
-        """``{stage folder: {job field: value}}``: each run a stage reads, the folder of the last step before it
-        that writes the tables it needs (``Stage.reads``, ``Stage.writes``); the chain's own options
-        (``input``, ``format``, ``metadata``, ``queries``), to the first step whose job has a field of that name."""
+        """``{stage folder: {job field: value}}``: the inputs each stage reads (see the module docstring)."""
         own = {of.field: getattr(self, of.field) for of in options_of(Chain)}
         written: dict[str, str] = {}
         out: dict[str, dict[str, Any]] = {}
@@ -128,8 +115,7 @@ class Chain(Declared):
 
 
 def stage_keys(command: str) -> tuple[str, ...]:
-    """The options of stage ``command`` a chain takes from its section: all but what the chain wires (inputs,
-    outputs and run options, which are the chain's own)."""
+    """The options of stage ``command`` a chain section takes: all but inputs, outputs and run options."""
     cls = stage_command(command).job
     own = {of.key for of in options_of(RunOptions)} | {of.key for of in options_of(Chain)}
     return tuple(of.key for of in options_of(cls) if of.key not in own and not of.option.path)
@@ -180,16 +166,13 @@ def run_chain(chain: Chain, output: str, *, previous: str | None = None, run_id:
 
 
 def chain_stages(chain: Chain) -> tuple[str, ...]:
-    """The chain's stages in order (``steps``; a step with ``when`` only when it says so: ``reranked`` before
-    ``spans`` when the chain reranks)."""
+    """The chain's stage folders in order (a step with a ``when`` only when it says so)."""
     return tuple(c.folder for c in steps() if c.when is None or c.when(chain))
 
 
 def chain_settings(chain: Chain) -> dict[str, Any]:
-    """What decides a chain's outputs: its inputs and every stage job's output-deciding options
-    (``options.settings``; a model's config by its hash, which holds the model as a portable id), so a runtime
-    option (workers, batch sizes, retries) given to a stage changes nothing here. The stages' paths are the
-    chain's wiring (its inputs are recorded once; the rest are its own folders)."""
+    """What decides a chain's outputs: its inputs and every stage job's output-deciding options (paths are the
+    chain's wiring, so they are left out)."""
     stages = {name: {f.name: _setting(getattr(job, f.name), f) for f in dataclasses.fields(job)
                      if not is_runtime(f) and not ("option" in f.metadata and f.metadata["option"].path)}
               for name, job in chain.stage_jobs().items()}
@@ -198,8 +181,8 @@ def chain_settings(chain: Chain) -> dict[str, Any]:
 
 
 def _setting(value: Any, f: dataclasses.Field) -> Any:
-    """A stage job's setting as a chain records it: a model config by its hash, a nested config by its settings;
-    a group left unset (None: the stage's own default config) as that default's."""
+    """A stage job's setting: a model config by its hash, a nested config by its settings, an unset group as
+    its default's."""
     if value is None and "group" in f.metadata:
         try:
             value = f.metadata["group"].kinds[0]()
@@ -212,20 +195,15 @@ def _setting(value: Any, f: dataclasses.Field) -> Any:
 
 def chain_result(results: dict[str, tuple[str, dict[str, Any]]], timings: dict[str, float],
                  table_prefix: bool, **manifest: Any) -> StageResult:
-    """A composite run's result (``run``, ``nightly``): every stage's tables and counts as ``<stage>.<count>``
+    """A composite run's result (``run``, ``nightly``): every stage's tables, and counts as ``<stage>.<count>``
     (time spent is in each stage's own manifest)."""
     manifests = {name: m for name, (_, m) in results.items()}
     return StageResult(
         tables={(f"{stage}/{name}" if table_prefix else name): info for stage, m in manifests.items()
                 for name, info in m["tables"].items()},
-        counts=stage_counts(manifests), timings_s=timings,
-        manifest={"stages": {name: name for name in manifests}} | manifest)
-
-
-def stage_counts(manifests: dict[str, dict[str, Any]]) -> dict[str, int]:
-    """Every stage's counts as ``<stage>.<count>`` (time spent is in each stage's own manifest)."""
-    return {f"{stage}.{key}": int(value) for stage, m in manifests.items() for key, value in m["counts"].items()
-            if not key.startswith("time_ms.")}
+        counts={f"{stage}.{key}": int(value) for stage, m in manifests.items()
+                for key, value in m["counts"].items() if not key.startswith("time_ms.")},
+        timings_s=timings, manifest={"stages": {name: name for name in manifests}} | manifest)
 
 
 @dataclass(kw_only=True)
@@ -236,17 +214,15 @@ class ChainJob(RunOptions):
 
 
 class ChainStage(CompositeStage):
-    """The chain as one run: one Ray start for every stage, each stage its usual committed run folder under
-    ``output`` (all under one run id, so a rerun after a kill skips committed stages and resumes the one that
-    was interrupted), and a manifest and report for the whole."""
+    """The chain as one run: one Ray start, each stage its committed run folder under ``output``, all under one
+    run id (a rerun after a kill skips committed stages), and a manifest and report for the whole."""
 
     command = "run"
 
     def plan(self) -> Plan:
         c: Chain = self.job.chain
         c.check()
-        config = chain_settings(c)
-        return Plan(config=config, inputs=(c.input, c.queries, *([c.metadata] if c.metadata else [])))
+        return Plan(config=chain_settings(c), inputs=(c.input, c.queries, *([c.metadata] if c.metadata else [])))
 
     def execute(self, plan: Plan, ctx: StageContext) -> StageResult:
         job: ChainJob = self.job

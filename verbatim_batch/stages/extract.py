@@ -1,11 +1,9 @@
 """The extract stage: (query, chunk) pairs -> spans, pairs and rejects tables.
 
-Pairs come from a pairs file (``extract.pairs``, read on the driver: a file the user wrote) or a retrieval run
-(``pipeline.pair_plan``: joined with the queries and chunks in Ray tasks, so the driver holds only the pair
-ids, whatever the number of pairs). Model extractors (highlighter, semantic) run as one actor per GPU (else
-CPU actors), the HTTP LLM backend as I/O-bound actors, the vLLM backend through ``ray.data.llm``
-(``extract.vllm``). With ``previous``, pairs whose input and extractor are unchanged keep that run's rows;
-with a ``run_id``, a rerun after a crash extracts only the pairs no completed write covers.
+Pairs come from a pairs file (read on the driver) or a retrieval run (``engine.pair_plan``: joined in Ray
+tasks, so the driver holds only the pair ids). Model extractors run as one actor per GPU (else CPU actors), the
+HTTP LLM backend as I/O-bound actors, the vLLM backend through ``ray.data.llm``. With ``previous``, pairs whose
+input and extractor are unchanged keep that run's rows.
 """
 
 from __future__ import annotations
@@ -44,9 +42,6 @@ from verbatim_batch.extract.semantic import SemanticConfig
 if TYPE_CHECKING:
     import ray  # imported where a stage runs: the CLI parses its options without importing Ray
 
-EXTRACT_TABLES = {"spans": SPANS, "pairs": PAIRS, "rejects": REJECTS}
-
-
 INPUT_PREFIX = "_input."  # columns that ride through the extract stages untouched (``api``: the caller's own)
 
 
@@ -70,8 +65,7 @@ def failed_pairs(stage, batch: pa.Table, error: str) -> pa.Table:
 
 
 class ExtractActor(ModelActor):
-    """One extractor (one model) per actor; batches of pairs in, packed pairs+spans out. A batch whose retries are
-    spent becomes one ``stage_failed`` error row per pair, and the job goes on."""
+    """One extractor per actor: pairs in, packed pairs+spans out (a batch whose retries are spent: error rows)."""
 
     what = "extract"
 
@@ -105,9 +99,8 @@ class ExtractActor(ModelActor):
         return failed_pairs(self.model, batch, error)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        """Pairs -> packed rows. With ``query_block_rows``, a block of the planner (whole queries, larger than a
-        batch: ``pair_plan``) is done as the ``query_blocks`` it holds, each with its own retries and error
-        rows, as if each had come as a block of its own."""
+        """Pairs -> packed rows. With ``query_block_rows``, a block of whole queries is done as the
+        ``query_blocks`` it holds, each with its own retries and error rows."""
         blocks = query_blocks(batch, self.query_block_rows) if self.query_block_rows else [batch]
         if len(blocks) == 1:
             return self._call(batch)
@@ -150,8 +143,8 @@ class ExtractJob(RunOptions):
 
 
 def pair_sources(job: ExtractJob) -> dict[str, Any]:
-    """Where the job's pairs come from, read off manifests only (cheap): the pairs file or the retrieval run,
-    its queries and its chunk run."""
+    """Where the job's pairs come from (the pairs file, or the retrieval run, its queries and chunk run), read
+    off manifests only."""
     if (job.pairs is None) == (job.retrieval is None):
         raise ValueError("give exactly one of --pairs FILE or --retrieval RUN_DIR")
     if job.chunks:
@@ -172,8 +165,7 @@ def pair_sources(job: ExtractJob) -> dict[str, Any]:
 
 
 def pair_method(job: ExtractJob) -> str:
-    """The retrieval method whose rows become pairs: the job's, else ``rerank`` for a rerank run and ``hybrid``
-    for a retrieval run."""
+    """The job's method, else ``rerank`` for a rerank run and ``hybrid`` for a retrieval run."""
     if job.method:
         return job.method
     if job.retrieval is not None and read_manifest(job.retrieval)["command"] == "rerank":
@@ -182,8 +174,7 @@ def pair_method(job: ExtractJob) -> str:
 
 
 def build_pairs(job: ExtractJob, sources: dict[str, Any] | None = None) -> pa.Table:
-    """The job's ``PAIR_INPUT`` table, built on the driver (the extract stage plans a retrieval run's pairs in
-    Ray tasks instead: ``pair_planner``; this is the reference it is tested against)."""
+    """The job's ``PAIR_INPUT`` table, built on the driver (the reference ``pair_planner`` is tested against)."""
     from verbatim_batch.extract.pairs import chunk_lookup, pairs_from_records, pairs_from_retrieval, read_pair_records
 
     sources = sources or pair_sources(job)
@@ -202,8 +193,8 @@ def build_pairs(job: ExtractJob, sources: dict[str, Any] | None = None) -> pa.Ta
 
 
 def pair_planner(job: ExtractJob, sources: dict[str, Any], start_ray) -> Any:
-    """The pairs of ``job``: a ``PAIR_INPUT`` table for a pairs file (read here), else a ``PairPlanner`` over
-    the retrieval run (planned in Ray tasks; ``start_ray`` is called when the run is too large to plan here)."""
+    """A ``PAIR_INPUT`` table for a pairs file, else a ``PairPlanner`` over the retrieval run (``start_ray``: called
+    when the run is too large to plan here)."""
     if job.pairs is not None:
         return build_pairs(job, sources)
     from verbatim_batch.engine.pair_plan import PairPlanner
@@ -244,8 +235,7 @@ def _highlight_tokenize(batch: pa.Table, config, max_chunk_chars: int) -> pa.Tab
 
 
 class HighlightForwardActor(ModelActor):
-    """The model stage of the split highlighter: one model per actor (per GPU), the forward pass alone. A batch
-    whose retries are spent goes on with every row failed (the span stage writes the error rows)."""
+    """The split highlighter's forward pass, one model per actor (failed rows: the span stage writes their errors)."""
 
     what = "extract"
 
@@ -309,8 +299,8 @@ class ExtractSetup:
 
 
 def _highlighter_stages(setup: ExtractSetup, pairs: ray.data.Dataset) -> ray.data.Dataset:
-    """Tokenize (CPU tasks) -> forward pass (one model actor per GPU, else CPU actors) -> spans and the verbatim
-    gate (CPU tasks), as ``ray.data.llm`` splits its stages: the model's process does nothing but the model."""
+    """Tokenize (CPU tasks) -> forward pass (model actors) -> spans and the verbatim gate (CPU tasks), so the
+    model's process does nothing but the model."""
     from verbatim_batch.extract.highlighter import host_describe
 
     cfg = setup.extractor
@@ -327,8 +317,8 @@ def _highlighter_stages(setup: ExtractSetup, pairs: ray.data.Dataset) -> ray.dat
 
 
 def pairs_dataset(pairs: pa.Table | ray.data.Dataset, batch_rows: int, query_grouped: bool) -> ray.data.Dataset:
-    """The pairs as the extractor's blocks: a dataset the planner built (``pair_plan``) as it is, a table as
-    blocks of ``batch_rows`` pairs, or of whole queries (``query_blocks``) for an extractor that groups them."""
+    """The pairs as the extractor's blocks: the planner's dataset as it is, a table as blocks of ``batch_rows``
+    pairs (or of whole queries, ``query_grouped``)."""
     import ray
 
     if isinstance(pairs, ray.data.Dataset):
@@ -339,45 +329,38 @@ def pairs_dataset(pairs: pa.Table | ray.data.Dataset, batch_rows: int, query_gro
 
 
 def judges_queries(config: Any) -> bool:
-    """Whether an extractor judges a query's retrieved pairs together (the semantic extractor with a
-    ``query_margin`` below 1 or a ``query_max_spans``): then its batches hold whole queries."""
+    """Whether an extractor judges a query's pairs together (then its batches hold whole queries)."""
     from verbatim_batch.extract.semantic import judges_queries as semantic_judges
 
     return isinstance(config, SemanticConfig) and semantic_judges(config)
 
 
 def _model_actors(setup: ExtractSetup, pairs: pa.Table | ray.data.Dataset) -> ray.data.Dataset:
-    """One extractor (model) per GPU, else CPU actors; the highlighter's host work runs in CPU stages around its
-    model actors (``_highlighter_stages``). An extractor that judges a query's pairs together gets blocks of
-    whole queries (the planner's, or a table's ``query_blocks``), each call its ``query_blocks`` of about
-    ``batch_rows`` pairs, so a query's pairs are never split between calls."""
-
+    """One extractor per GPU, else CPU actors (the highlighter: CPU stages around its model actors). An extractor
+    that judges a query's pairs together gets blocks of whole queries, so a query is never split between calls."""
     grouped = judges_queries(setup.extractor)
     res = setup.resources.with_(whole_blocks=True) if grouped else setup.resources
     ds = pairs_dataset(pairs, res.batch_rows, query_grouped=grouped)
     if isinstance(setup.extractor, HighlighterConfig):
         return _highlighter_stages(setup, ds)
-    kwargs = {"config": setup.extractor, "run_id": setup.run_id, "max_chunk_chars": setup.max_chunk_chars,
-              "retries": setup.retries, "query_block_rows": res.batch_rows if grouped else None}
-    return ds.map_batches(ExtractActor, **ray_args(res, ExtractActor, setup.cluster,
-                                                   batch_format="pyarrow", fn_constructor_kwargs=kwargs))
+    return _extract_actors(setup, res, ds)
 
 
 def _io_actors(setup: ExtractSetup, pairs: pa.Table | ray.data.Dataset) -> ray.data.Dataset:
     """I/O-bound actors, no GPU (an HTTP endpoint); blocks keep a query's pairs together for its requests."""
-    res = setup.resources
+    return _extract_actors(setup, setup.resources, pairs_dataset(pairs, setup.resources.batch_rows, True))
+
+
+def _extract_actors(setup: ExtractSetup, res: Resources, ds: ray.data.Dataset) -> ray.data.Dataset:
     kwargs = {"config": setup.extractor, "run_id": setup.run_id, "max_chunk_chars": setup.max_chunk_chars,
               "retries": setup.retries, "query_block_rows": res.batch_rows if res.whole_blocks else None}
-    return pairs_dataset(pairs, res.batch_rows, query_grouped=True).map_batches(
-        ExtractActor, **ray_args(res, ExtractActor, setup.cluster, batch_format="pyarrow",
-                                 fn_constructor_kwargs=kwargs))
+    return ds.map_batches(ExtractActor, **ray_args(res, ExtractActor, setup.cluster, batch_format="pyarrow",
+                                                   fn_constructor_kwargs=kwargs))
 
 
 def _vllm(setup: ExtractSetup, pairs: pa.Table | ray.data.Dataset) -> ray.data.Dataset:
-    """In-cluster vLLM engines through ``ray.data.llm``; the interpretation actors take only the CPUs the
-    engines leave (``extract.vllm.helper_cpus``), block by block (engine output blocks mix success and error
-    rows, whose columns differ). Requests are formed block by block in tasks, from blocks that hold whole
-    queries (the planner's, or a table's ``query_blocks``): no pair passes through the driver."""
+    """In-cluster vLLM engines through ``ray.data.llm``; the interpretation actors take only the CPUs the engines
+    leave. Requests are formed in tasks from blocks of whole queries: no pair passes through the driver."""
     from verbatim_batch.engine.pair_plan import IO_BLOCK_PAIRS
     from verbatim_batch.engine.vllm import LLMInterpret, helper_cpus, invalid_pairs, request_rows, vllm_dataset
 
@@ -409,9 +392,8 @@ PLACEMENT_RESOURCES = {
 
 def extract_dataset(job: ExtractJob, pairs: pa.Table | ray.data.Dataset, run_id: str,
                     resources: Resources) -> ray.data.Dataset:
-    """Packed pairs+spans+rejects blocks for the job's extractor, run the way its registration says, with
-    ``resources`` (its placement's, the job's options applied: the runner's ``ctx.resources``). ``pairs``: a
-    table, or (model and I/O placements) the planner's dataset of blocks (``pairs_dataset``)."""
+    """Packed pairs+spans+rejects blocks for the job's extractor, in its placement, with ``resources`` (the
+    runner's ``ctx.resources``); ``pairs``: a table or the planner's dataset."""
     setup = ExtractSetup(job.extractor, resources, run_id, job.max_chunk_chars, job.batch_retries)
     return PLACEMENTS[registry.placement(job.extractor)](setup, pairs)
 
@@ -419,23 +401,15 @@ def extract_dataset(job: ExtractJob, pairs: pa.Table | ray.data.Dataset, run_id:
 _NOT_OWN = ("extractor", "pairs", "retrieval", "chunks", "queries")  # by hash, and resolved (``pair_sources``)
 
 
-def output_settings(job: ExtractJob) -> dict[str, Any]:
-    """The job's own output-deciding options (``options.settings``): the extractor (its hash stands for it)
-    and the pairs' sources (recorded resolved, ``pair_sources``) left out."""
-    return {k: jsonable(v) for k, v in settings(job).items() if k not in _NOT_OWN}
-
-
 def _pair_settings() -> tuple[str, ...]:
-    """The job's output-deciding options that decide what a pair gives (all but the inputs and the pair choice,
-    ``options.carried_across``; the extractor by its hash)."""
+    """The job's output-deciding options that decide what a pair gives (not the inputs nor the pair choice)."""
     across = {*carried_across(ExtractJob), *_NOT_OWN}
     return tuple(f.name for f in fields(ExtractJob) if not is_runtime(f) and f.name not in across)
 
 
 def same_extractor(previous: str, config: dict[str, Any]) -> bool:
-    """Whether ``previous`` ran the extractor of ``config`` (config hash and weights) under the same job settings
-    that decide a pair's rows (every output-deciding option but those a pair carries across; one that a run of an
-    earlier release did not record counts as unchanged): else nothing carries."""
+    """Whether ``previous`` ran the extractor of ``config`` (hash and weights) under the same settings that decide
+    a pair's rows (one an earlier release did not record counts as unchanged): else nothing carries."""
     prev = manifest_config(previous)
     same_job = all(prev.get(k, config.get(k)) == config.get(k) for k in _pair_settings())
     return same_job and prev.get("extractor_hash") == config["extractor_hash"] and not (
@@ -443,11 +417,8 @@ def same_extractor(previous: str, config: dict[str, Any]) -> bool:
 
 
 def unchanged_pairs(previous: str, pairs: pa.Table, config: dict[str, Any]) -> set[str]:
-    """Pair ids whose result ``previous`` holds for the same input (query, chunk text, paper, offset), the same
-    retrieval rank and the same extractor (config hash and weights); failed pairs are extracted again.
-
-    The rank is a column of the pair row: a pair the retrieval now ranks elsewhere (another paper added or
-    removed moves ranks) is done again, so a carried row never keeps a stale rank."""
+    """Pair ids whose result ``previous`` holds for the same input, retrieval rank (a carried row never keeps a
+    stale rank) and extractor; failed pairs are extracted again."""
     if not same_extractor(previous, config):
         return set()
     wanted = dict(zip(pairs["pair_id"].to_pylist(),
@@ -476,7 +447,7 @@ class ExtractStage(TableStage):
     command = "extract"
     reads = {"chunks": ("chunks",), "retrieval": ("retrieval",)}
     outcomes = {"failed": ("pairs_failed",), "withheld": ("verbatim_violations",), "rejected": ("rejects",)}
-    tables = EXTRACT_TABLES
+    tables = {"spans": SPANS, "pairs": PAIRS, "rejects": REJECTS}
     key_column = "pair_id"
     key_tables = ("pairs",)
     table_counts = staticmethod(extract_table_counts)
@@ -489,22 +460,20 @@ class ExtractStage(TableStage):
         job: ExtractJob = self.job
         sources = pair_sources(job)
         cfg = job.extractor
+        own = {k: jsonable(v) for k, v in settings(job).items() if k not in _NOT_OWN}  # the extractor by its hash
         config = {"extractor": registry.kind_of(cfg), "extractor_config": jsonable(settings(cfg)),
-                  "extractor_hash": cfg.hash, **output_settings(job), "method": pair_method(job), **sources}
+                  "extractor_hash": cfg.hash, **own, "method": pair_method(job), **sources}
         if weights := registry.weights_fingerprint(cfg):
             config["model_revision"] = weights
         runtime = {"extractor": {k: v for k, v in cfg.to_dict().items() if k in runtime_fields(type(cfg))}}
         return Plan(config=config, inputs=tuple(v for v in sources.values() if v), facts=sources, runtime=runtime)
 
     def work(self, plan: Plan, ctx: StageContext) -> Work:
-        """A pairs file's pairs (a table), or a retrieval run's planned in Ray tasks (``pair_plan``): then the
-        work holds the pair ids (an Arrow array) and object refs, no text."""
+        """A pairs file's pairs (a table), or a retrieval run's planner (pair ids and object refs, no text)."""
         t0 = time.perf_counter()
         data = pair_planner(self.job, plan.facts, ctx.ray)
-        if isinstance(data, pa.Table):
-            return Work(keys=data["pair_id"], n_in=data.num_rows, data=data,
-                        timings_s={"pairs": time.perf_counter() - t0})
-        return Work(keys=data.keys, n_in=data.n, data=data, timings_s={"pairs": time.perf_counter() - t0})
+        keys, n = (data["pair_id"], data.num_rows) if isinstance(data, pa.Table) else (data.keys, data.n)
+        return Work(keys=keys, n_in=n, data=data, timings_s={"pairs": time.perf_counter() - t0})
 
     def unchanged(self, plan: Plan, work: Work, previous: str, staging: str) -> set[str] | pa.Array:
         if isinstance(work.data, pa.Table):

@@ -12,16 +12,11 @@ Layout of a nightly root::
       CURRENT                   id of the newest committed run
       current -> runs/<run_id>  the same, as a symlink
 
-Each stage takes the stage of the base run as ``previous`` and does only what changed: papers are
-chunked when their text or metadata changed, chunks embedded when their text or context changed, the
-FAISS index updated (or rebuilt past ``max_drift``), retrieval reused when index and queries are the
-same, and pairs extracted when their query, chunk or the extractor changed. Every stage is committed
-under the run's id, so rerunning with ``--run-id`` after a crash skips the stages already committed
-and the completed writes of the one that was interrupted.
+Each stage takes the base run's stage as ``previous`` and does only what changed. Every stage is committed under
+the run's id, so rerunning with ``--run-id`` after a crash skips what was already done.
 
-Readers load the current span table with one call, which reads ``CURRENT`` once and then the immutable run
-folder it names (reading through the ``current`` link lists and opens through it separately, so a commit
-between the two would mix nights)::
+Readers load the current span table with one call, which reads ``CURRENT`` once and then the run folder it names
+(reading through the ``current`` link could mix nights across a commit)::
 
     verbatim_batch.core.runs.current_table("ROOT", "spans")
 """
@@ -87,9 +82,8 @@ class NightlyStage(CompositeStage):
         job: NightlyJob = self.job
         c = job.chain
         c.check()
-        root = storage.normalize(job.root)
         # the base is part of the settings: a resumed night builds on the run it started from
-        config = job.config() | {"base": current_run(root)}
+        config = job.config() | {"base": current_run(storage.normalize(job.root))}
         return Plan(config=config, inputs=(c.input, c.queries, *([c.metadata] if c.metadata else [])))
 
     def execute(self, plan: Plan, ctx: StageContext) -> StageResult:
@@ -119,10 +113,8 @@ class NightlyStage(CompositeStage):
 def run_nightly(job: NightlyJob) -> tuple[str, dict[str, Any]]:
     """One incremental run under ``job.root``; moves ``current`` to it once it is committed.
 
-    One night at a time per root: a night holds the root's lock (``ROOT/.runs.lock``, naming its run id and
-    base) from before it plans until it has published, so a second night on the same root (a cron overlap)
-    stops at once with one line, before it reads or writes anything, and no night's retention can remove
-    the base another night reads (``runs.prune_runs`` also keeps the base a live lock names)."""
+    A night holds the root's lock (naming its run id and base) from before it plans until it has published, so a
+    second night on the same root stops at once, and no night's retention removes the base another reads."""
     root = storage.normalize(job.root)
     expect_nightly_root(root)  # a chain or run folder as --root: refused before anything is written in it
     run_id = safe_run_id(job.run_id or new_run_id("nightly", {"root": root}))
