@@ -44,10 +44,6 @@ from verbatim_batch.quality.verify import check_papers
 
 log = logging.getLogger(__name__)
 
-INGEST_TABLES = {"papers": PAPERS, "chunks": CHUNKS, "quarantine": QUARANTINE}
-
-
-
 @dataclass
 class ChunkJob(RunOptions):
     """Settings of the chunk job (the CLI and jobs/chunk.py build one of these)."""
@@ -59,12 +55,10 @@ class ChunkJob(RunOptions):
     metadata: str | None = option(None, "metadata table (.parquet/.jsonl/.csv) joined by paper id", path=True)
     chunker: ChunkerConfig = group(ChunkerConfig, default_factory=ChunkerConfig)
     max_paper_mb: float = option(DEFAULT_MAX_PAPER_MB, "quarantine papers larger than this (MB)", low=0,
-                                 high=limits.SIZE_MB,
-                                 low_open=True)
+                                 high=limits.SIZE_MB, low_open=True)
     store_text: bool = option(True, "do not keep paper text in the papers table", name="no_store_text", invert=True)
-    concurrency: int | None = option(None, "parallel ingest tasks", low=1,
-                                     high=limits.WORKERS, default_help="as many as Ray schedules",
-                                     runtime=True)
+    concurrency: int | None = option(None, "parallel ingest tasks", low=1, high=limits.WORKERS,
+                                     default_help="as many as Ray schedules", runtime=True)
 
     @property
     def max_paper_bytes(self) -> int:
@@ -79,8 +73,7 @@ class ChunkJob(RunOptions):
 
 @dataclass(frozen=True)
 class PreviousPaper:
-    """What a night needs to know of a previous paper: its fingerprint (text and metadata), and where its
-    text came from (source path and the sha256 of the source's bytes, when that run recorded them)."""
+    """A previous paper: its fingerprint (text and metadata), source path and source bytes' sha256 (if recorded)."""
 
     fingerprint: str
     sha256: str
@@ -91,30 +84,21 @@ class PreviousPaper:
 def unchanged_map(job: ChunkJob) -> tuple[dict[str, PreviousPaper], int]:
     """``({paper_id: PreviousPaper}, n_rejected)`` for the papers of ``job.previous`` whose rows may be carried.
 
-    Empty when the chunker or ``store_text`` changed, when the previous run stored no text, and when its
-    papers table has other columns than this version writes (its files could not sit beside new ones).
-    Carried rows are trusted only when they verify. Every chunk was checked against its paper's text when it
-    was written, so when every papers and chunks file of the previous run is byte for byte what it committed (digests in
-    its ``files.json``: bytes hashed, nothing decoded, in Ray tasks) its papers are trusted as they are.
-    Otherwise (a file damaged or edited, or a run from before ``files.json``) each paper is checked
-    (``verify.check_papers``: the stored text hashes to the paper's sha256, every chunk is that text at
-    its offsets; one task per papers row group when Ray is up, as on a cluster, else in this process); a
-    paper that does not verify is not carried but chunked again from the source, and ``n_rejected`` counts them.
+    Empty when a setting changed, the previous run stored no text, or its papers table has other columns. Its
+    papers are trusted as they are when every papers and chunks file is what the run committed (``files.json``);
+    else each is checked (``verify.check_papers``), and one that does not verify is chunked again (counted).
     """
     if not job.previous:
         return {}, 0
     prev, now = manifest_config(job.previous), job.config()
-    # a paper carries across the inputs (it carries by its own fingerprint), never across another setting; one a
-    # run of an earlier release did not record counts as unchanged
-    # (the chunker is compared by its hash, chunker_config_hash, which the config holds beside it)
+    # a paper carries across the inputs (by its own fingerprint), never another setting (the chunker by its hash)
     across = (*carried_across(ChunkJob), "chunker")
     if not job.store_text or changed_setting(prev, now, across=across, missing_same=True):
         return {}, 0
     papers_dir = committed_table_dir(job.previous, "papers")
     if set(_table_columns(papers_dir)) != set(PAPERS.names):
         return {}, 0
-    # a papers file that cannot be read (damaged, or not a plain file) carries nothing: its papers are chunked
-    # again, and carry_rows counts the file (carried_files.unreadable)
+    # an unreadable papers file carries nothing: its papers are chunked again
     table, unreadable = read_readable(papers_dir, columns=["paper_id", "sha256", "source", "source_sha256",
                                                           *METADATA_FIELDS])
     n_lost = _footer_rows(papers_dir, unreadable)  # counted with the rejected papers, when their footers read
@@ -162,12 +146,9 @@ def _table_columns(table_dir: str) -> list[str]:
 def unchanged_sources(fs, files: list[corpus.SourceFile], duplicates: dict[str, str],
                       previous: dict[str, PreviousPaper], metadata: dict[str, tuple],
                       max_paper_bytes: int) -> dict[str, str]:
-    """``{path: paper_id}`` of the md files a night need not read: the source of a previous paper at the same
-    path, whose bytes hash to the sha256 that run recorded, with the same metadata. Equal bytes decode and
-    normalise to the same text (the chunker is unchanged, ``unchanged_map`` checked), so the paper's rows are
-    carried without the file being decoded. Files are hashed in Ray tasks when Ray is up (a cluster), else in
-    this process's threads (``source.file_digests``). A paper whose title comes from its text (no title in
-    the metadata) is left to the ingest, which reads the text."""
+    """``{path: paper_id}`` of the md files a night need not read: a previous paper's source at the same path,
+    with the bytes and metadata that run recorded (equal bytes give the same text, so its rows carry undecoded).
+    A paper whose title comes from its text is left to the ingest, which reads the text."""
     wanted: dict[str, tuple[str, str]] = {}
     for f in files:
         if f.problem or f.size > max_paper_bytes:
@@ -224,7 +205,7 @@ class ChunkStage(TableStage):
     command = "chunk"
     outcomes = {"rejected": ("quarantined",)}
     resumable = False
-    tables = INGEST_TABLES | {"unchanged": UNCHANGED}
+    tables = {"papers": PAPERS, "chunks": CHUNKS, "quarantine": QUARANTINE, "unchanged": UNCHANGED}
     key_column = "paper_id"
     key_tables = ("papers", "quarantine")
     scratch_tables = ("unchanged",)  # papers the ingest found unchanged: replaced by their carried rows
@@ -255,11 +236,8 @@ class ChunkStage(TableStage):
         # named in the manifest and the committed run's summary (report.summary.print_run), never silently
         n_skipped, first = corpus.skipped_files(job.input, fmt, ignore=(meta_path,) if meta_path else ())
         if fmt != "md" or job.address or os.environ.get("RAY_ADDRESS"):
-            # Ray first: duplicates of Parquet/JSONL corpora are a Ray read; on a cluster the checks below run as
-            # Ray tasks (every node hashes its share). On this machine they run in this process's threads, as
-            # fast as a local Ray's tasks, so a night whose files' bytes are unchanged (touched files included:
-            # their listing looked changed, and a local Ray was started for nothing) never starts Ray; the runner
-            # starts it for the papers left to read.
+            # Parquet/JSONL duplicates are a Ray read, and on a cluster the checks below are Ray tasks; locally they
+            # run in threads, so a night whose files are unchanged never starts Ray
             ctx.ray()
         if fmt == "md":
             from verbatim_batch.engine.listing import md_duplicates

@@ -43,9 +43,8 @@ def embed_tokenize(batch: pa.Table, config) -> pa.Table:
 
 
 class EmbedActor(ModelActor):
-    """One Embedder per actor (per GPU); torch threads sized to the node on CPU. Batches tokenized by
-    ``embed_tokenize`` go straight to the model; others are tokenized here. A batch that still fails after its
-    retries fails the job (a vector cannot be an error row)."""
+    """One Embedder per actor (per GPU); batches not tokenized by ``embed_tokenize`` are tokenized here. A batch
+    that still fails after its retries fails the job (a vector cannot be an error row)."""
 
     what = "embed"
 
@@ -92,10 +91,8 @@ class EmbedJob(RunOptions):
 
 
 def unchanged_chunks(previous: str, chunks_dir: str, config: dict[str, Any]) -> tuple[pa.Array, str | None]:
-    """Chunk ids whose vectors ``previous`` holds and may be carried (same id, same context, and every setting
-    the same but the input, which a vector carries across: the embedder's config and weights), and why none
-    may be, if so. The embedder is compared by its hash (``embedder_hash``: the model by its portable id, so a
-    bundled model at another path is the same)."""
+    """Chunk ids whose vectors ``previous`` holds and may be carried (same id, context and settings, the
+    embedder by its hash and weights), and why none may be, if so."""
     prev = manifest_config(previous)
     if key := changed_setting(prev, config, across=(*carried_across(EmbedJob), "embedder")):
         return pa.array([], pa.string()), f"embedder changed ({key})"

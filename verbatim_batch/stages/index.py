@@ -108,12 +108,8 @@ class IndexStage(Stage):
 
 
 def run_index(job: IndexJob) -> tuple[str, dict[str, Any]]:
-    """Build the dense and full-text indexes of an embed run.
-
-    With ``previous`` (the index of the embed run that ``job.embeddings`` carried vectors from), the old index
-    is updated in place (removed chunks out, new ones in, trained structure kept) unless the drift is over
-    ``max_drift``; the manifest says which (``update``: unchanged, added or rebuilt).
-    """
+    """Build the dense and full-text indexes of an embed run. With ``previous``, the old index is updated in
+    place unless the drift is over ``max_drift``; the manifest's ``update`` says which."""
     return run_stage(IndexStage(job))
 
 

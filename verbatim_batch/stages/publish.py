@@ -2,18 +2,15 @@
 
     verbatim-batch publish nightly/ --warehouse lake/
 
-For each published table (``lake.PUBLISHED``): the night's Parquet files are checked against the digests the run
-recorded at its commit (what ``verify`` checks; a file changed since is refused before anything is written), the
-night's rows are compared with the table's current rows by their row hashes (``lake_state``), and one
-pyiceberg transaction commits what changed as one snapshot tagged ``night-<run id>``: position deletes for the
-rows that left or changed, data files for the new ones. A night whose files are those of the current state
-(the same digests) is not read at all: it only tags the current snapshot. The added rows are written by Ray's
-own Iceberg datasink, the ``write()`` that ``Dataset.write_iceberg`` runs in each write task, on a cluster or
-from ``LOCAL_RAY_MIN_BYTES`` of Parquet; a smaller local publish writes them in this process.
+For each published table (``lake.PUBLISHED``): the night's Parquet files are checked against the digests its run
+recorded (a file changed since is refused before anything is written), its rows are compared with the table's
+current rows by row hash (``lake_state``), and one transaction commits what changed as one snapshot tagged
+``night-<run id>``: position deletes for the rows that left or changed, data files for the new ones (written by
+Ray tasks on a cluster or from ``LOCAL_RAY_MIN_BYTES`` of Parquet, else in this process). A night whose files are
+the current state's only tags the current snapshot.
 
-Publishes to one local warehouse take turns (``lake.publish_lock``); a commit that still loses a race (another
-catalog client) compares the night again with the table's new state. A publish killed before a table's commit
-leaves files no snapshot refers to, and the table as it was.
+Publishes to one local warehouse take turns (``lake.publish_lock``); a commit that loses a race compares the
+night again with the table's new state. A publish killed before a commit leaves the table as it was.
 """
 
 from __future__ import annotations
@@ -69,8 +66,7 @@ from verbatim_batch.engine.stage import Command
 from verbatim_batch.engine.telemetry.options import MetricsOptions
 
 log = logging.getLogger(__name__)
-# a local publish of less Parquet than this writes in this process: through a local Ray it cost 36-53 tree CPU-s
-# against 4.5-5.5 in process for a 20-paper night (benchmarks/history/publish.md)
+# below this much Parquet a local publish writes in process (benchmarks/history/publish.md)
 LOCAL_RAY_MIN_BYTES = 256 << 20
 COMMIT_ATTEMPTS = 5  # a commit that lost a race with another writer is compared and tried again on the new state
 # the tables a single stage run publishes, by its command
@@ -134,9 +130,8 @@ def _conform_kept(batch: Any, name: str, night: str, keep: np.ndarray) -> Any:
 
 def write_added(table: Any, name: str, night: str, nights: NightFiles, added: dict[int, np.ndarray],
                 job: PublishJob | None = None) -> list[Any]:
-    """The added rows (``added``: row numbers per index into the night's files) written as data files of
-    ``table`` (not committed): by Ray write tasks (the files with added rows read again, the rows kept by their
-    hash), or with no ``job`` in this process. Returns their pyiceberg ``DataFile`` records."""
+    """The added rows (row numbers per index into the night's files) written as uncommitted data files of
+    ``table``, by Ray write tasks (with no ``job``: in this process). Returns their ``DataFile`` records."""
     if not added:
         return []
     if job is None:
@@ -171,8 +166,7 @@ def table_files(night: Night, name: str) -> list[str]:
 
 @dataclass
 class NightFiles:
-    """A night's table as files: their paths, their digests (checked against the run's ``files.json``), and
-    their row hashes once read (``night_hashes``)."""
+    """A night's table as files: their paths, checked digests, and row hashes once read (``night_hashes``)."""
 
     files: list[str]
     digests: list[str]
@@ -186,9 +180,8 @@ class NightFiles:
 
 
 def checked_files(night: Night, name: str) -> NightFiles:
-    """The night's Parquet files of table ``name`` with their digests, each checked against what the run recorded
-    at its commit (``files.json``, what ``verify`` checks): a file that changed since, or one the run never
-    recorded, is refused in one line naming ``verify`` before anything is written."""
+    """The night's Parquet files of table ``name`` with their digests, each checked against the run's
+    ``files.json``: a changed or unrecorded file is refused in one line naming ``verify``."""
     files = table_files(night, name)
     stage_dir = night.stages[name]
     index, problems = read_files_index(stage_dir)
@@ -216,10 +209,8 @@ def checked_files(night: Night, name: str) -> NightFiles:
 
 
 def night_hashes(table: Any, name: str, night: str, nights: NightFiles) -> None:
-    """Each night file's row hashes: recorded for its digest by an earlier publish, or, for a file its run
-    carried from an earlier one, the recorded hashes of the rows its ``files.json`` says it took from that file
-    (``carried_hashes``: checked against the file's own key columns); else read and hashed. Recorded for the
-    file's digest, with its keys, either way."""
+    """Each night file's row hashes: recorded for its digest by an earlier publish, else (a carried file) those of
+    the rows it took from an earlier one (``carried_hashes``), else read and hashed; then recorded."""
     key = list(PUBLISHED[name].key)
     nights.hashes = []
     for i, (path, digest) in enumerate(zip(nights.files, nights.digests, strict=True)):
@@ -242,8 +233,7 @@ def night_hashes(table: Any, name: str, night: str, nights: NightFiles) -> None:
 
 def night_change(table: Any, job: PublishJob, name: str, night: str, nights: NightFiles,
                  ray_writes: bool) -> Change:
-    """What ``night`` changes in ``table``: its row hashes against the table's live rows, the rows that left or
-    changed as deletes, the new ones written as data files (not committed)."""
+    """What ``night`` changes in ``table``: deletes for the rows that left or changed, data files for new ones."""
     live = live_state(table)
     night_hashes(table, name, night, nights)
     old = np.concatenate([f.hashes[f.live] for f in live]) if live else np.zeros(0, np.int64)
@@ -262,10 +252,8 @@ def night_change(table: Any, job: PublishJob, name: str, night: str, nights: Nig
 
 
 def with_ray(job: PublishJob, night: Night) -> bool:
-    """Whether the data files are written by Ray tasks: on a cluster (``--address``, ``RAY_ADDRESS``, or this
-    process joined to one), or when the night's tables hold ``LOCAL_RAY_MIN_BYTES`` of Parquet or more. A smaller
-    local publish writes them in this process, also where the night's own local Ray is up: a local Ray's start,
-    and even one Ray Data execution per table, cost more than writing them."""
+    """Whether the data files are written by Ray tasks: on a cluster, or from ``LOCAL_RAY_MIN_BYTES`` of Parquet
+    (for less, even one Ray Data execution per table costs more than writing them here)."""
     import ray
 
     from verbatim_batch.engine.ray_env import started_locally
@@ -292,9 +280,8 @@ def _done(table: Any, namespace: str, name: str, night: Night, **facts: Any) -> 
 
 def publish_table(catalog: Any, job: PublishJob, night: Night, name: str, nights: NightFiles,
                   ray_writes: bool = True) -> dict[str, Any]:
-    """One table of the night (``nights``: its checked files): nothing when it was published with the same
-    contents; else compared with the table's rows, and what changed committed as one snapshot tagged with the
-    night (a tag alone when nothing changed). Returns what was done."""
+    """One table of the night: nothing when published with the same contents, else what changed committed as one
+    snapshot tagged with the night. Returns what was done."""
     from pyiceberg.exceptions import CommitFailedException
 
     namespace = job.target.namespace_name
@@ -333,9 +320,8 @@ def publish_table(catalog: Any, job: PublishJob, night: Night, name: str, nights
 
 
 def run_publish(job: PublishJob) -> dict[str, Any]:
-    """Publish ``job.source``'s night to ``job.target``: one commit per table (chunks, retrieval, pairs, spans,
-    in that order), none for a table that already holds this night (``--convert`` first converts tables of the
-    previous release). Returns ``{"night", "source", "tables": [...]}``."""
+    """Publish ``job.source``'s night to ``job.target``, one commit per table not holding it yet. Returns
+    ``{"night", "source", "tables", "converted"}``."""
     job.target.check()
     night = find_night(job.source)
     catalog = open_catalog(job.target)

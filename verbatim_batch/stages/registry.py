@@ -1,10 +1,8 @@
 """The stage registry: every stage module, listed once, in chain order.
 
-Each stage module declares its ``COMMAND`` (``engine.stage.Command``): its job (the options), its stage, how it
-runs and reports, and, with a ``folder``, its step in the chain. Everything else is derived from this list:
-the CLI's commands, flags, handlers and ``--help`` (``cli.options``), the YAML sections (``cli.config``), the
-chain's steps and wiring (``chains``), ``build_job`` for Python, and the option reference (``cli.reference``).
-A new stage is its own module and one line here; a stage of a user's own (outside the package) joins with
+Each stage module declares its ``COMMAND`` (``engine.stage.Command``): its job, its stage, how it runs and
+reports, and, with a ``folder``, its chain step. The CLI, the YAML sections, the chain, ``build_job`` and the
+option reference derive from this list. A new stage is its own module and one line here; a user's joins with
 ``add``.
 """
 

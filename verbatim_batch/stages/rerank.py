@@ -1,12 +1,8 @@
-"""The rerank stage (optional, between retrieve and extract): a retrieval run -> the same queries' top
-candidates reordered by a cross-encoder.
+"""The rerank stage (optional): a retrieval run -> its queries' top candidates reordered by a cross-encoder.
 
-Its table is named ``retrieval`` (schema ``tables.RERANKED``: the retrieval columns, method ``rerank``, and each
-candidate's first rank and score), and its manifest records the query file, index and chunk run it used, so
-``extract --retrieval RERANK_RUN`` and ``evaluate-retrieval --retrieval RERANK_RUN`` read it like a retrieval
-run. One model per GPU, else CPU actors; a query's candidates always travel in one batch. Keyed by query id:
-a killed run resumed with its run id reranks only the queries no completed write covers, and with ``previous``
-a run with the same input, settings and weights is carried as is.
+Its table is named ``retrieval`` (``tables.RERANKED``, method ``rerank``) and its manifest records the queries,
+index and chunk run it used, so ``extract`` and ``evaluate-retrieval`` read it like a retrieval run. One model per
+GPU, else CPU actors; a query's candidates always travel in one batch. Keyed by query id.
 """
 
 from __future__ import annotations

@@ -144,10 +144,7 @@ class RetrieveStage(TableStage):
 
 
 def run_retrieve(job: RetrieveJob) -> tuple[str, dict[str, Any]]:
-    """Top-k chunks per query for dense, BM25 and hybrid search.
-
-    With ``previous``, a run whose key (index fingerprint, queries, settings) matches is carried as is.
-    """
+    """Top-k chunks per query for dense, BM25 and hybrid search (with ``previous``: carried when unchanged)."""
     return run_stage(RetrieveStage(job))
 
 

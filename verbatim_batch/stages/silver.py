@@ -1,8 +1,7 @@
 """The silver job: sample -> queries -> retrieve -> teacher extraction -> filter -> split -> write.
 
-Each step is its own committed run under the job's output folder (``querygen/``, ``retrieval/``,
-``teacher/``, ``data/``), all under one run id, so a rerun with ``--run-id`` after a kill skips the steps
-already committed and resumes the one that was interrupted.
+Each step is its own committed run under the output folder, all under one run id, so a rerun with ``--run-id``
+after a kill skips the steps already committed.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``run_train``: silver (or any pairs file) -> a trained highlighter in a run folder.
 
-The run folder (written to its staging folder, committed atomically like every run):
+The run folder:
 
     RUN_DIR/
       manifest.json     config, data hashes, counts, timings, per-epoch metrics, the best epoch
@@ -11,8 +11,7 @@ The run folder (written to its staging folder, committed atomically like every r
       train_pairs/ eval_pairs/   the pairs trained and evaluated on (``data.TRAIN_PAIRS_SCHEMA``)
       training.json, training.html   per-epoch metrics and the loss / F1 curves
 
-With ``run_id`` the staging folder keeps its checkpoints when the job dies, and a rerun with the same id
-continues from the latest one (Ray Train restores it from ``checkpoints/``).
+With ``run_id``, a rerun after the job dies continues from the latest checkpoint.
 """
 
 from __future__ import annotations
