@@ -7,6 +7,7 @@ into jobs. A ``--config FILE`` (YAML) supplies defaults that flags override (``v
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -15,8 +16,7 @@ import time
 
 
 def _while_starting(signum: int, frame: object) -> None:
-    """A SIGTERM or Ctrl-C while the CLI's own modules load (a second or more on a busy machine, before ``main``
-    puts its handlers in place): the one line and 143 or 130, not Python's silent death or a traceback."""
+    """A SIGTERM or Ctrl-C while the CLI's modules load (before ``main``'s handlers): one line and 143 or 130."""
     what = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted"
     os.write(2, f"verbatim-batch: {what} while starting; nothing was run\n".encode())
     os._exit(128 + signum)
@@ -41,8 +41,7 @@ __all__ = ["EXAMPLES", "build_parser", "main", "parse_args"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The CLI's parser; ``parser.commands`` maps each command to its sub-parser and ``parser.required`` each
-    command to its required option keys (checked by ``parse_args`` once a config file is applied)."""
+    """The CLI's parser, with ``parser.commands`` (sub-parsers) and ``parser.required`` (required keys) by command."""
     parser = Parser(prog="verbatim-batch", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     parser.commands, parser.required = {}, {}
@@ -153,8 +152,7 @@ def _run(args: argparse.Namespace) -> tuple[int, str]:
 
 
 def _ended(command: str, what: str, code: int, resume: bool = True) -> int:
-    """A command ended by a fault, a limit or a signal: Ray shut down first (its own lines come before ours),
-    then one line, then ``code``."""
+    """A command ended by a fault, a limit or a signal: Ray shut down first (its lines before ours), one line."""
     from verbatim_batch.engine.runner import outer_run_id
     from verbatim_batch.engine.worker_faults import RESUME
 
@@ -186,9 +184,8 @@ def restore_signals() -> None:
 
 
 def watch_ctrl_c() -> None:
-    """Remember a Ctrl-C (SIGINT) as well as raising KeyboardInterrupt, where Python's own handler is in place;
-    a SIGTERM (at its default) ends the command the same way, so that its lock and an unnamed run's staging go
-    (Python's default would end it at once, with neither)."""
+    """Remember a Ctrl-C as well as raising KeyboardInterrupt; a SIGTERM (at its default) ends the command the
+    same way, so its lock and an unnamed run's staging go (Python's default would leave both)."""
     _CTRL_C.clear()
     _TERM.clear()
     if threading.current_thread() is not threading.main_thread():
@@ -206,8 +203,8 @@ def watch_ctrl_c() -> None:
     from verbatim_batch.engine import ray_env
 
     def again() -> None:
-        """Once Ray is up: the SIGTERM handler back (Ray's core worker installs its own when it starts), and a
-        signal that came while Ray started ends the command now, should Ray have caught its KeyboardInterrupt."""
+        """Once Ray is up: our SIGTERM handler back (Ray installs its own), and a signal that came meanwhile ends
+        the command now."""
         if ours and threading.current_thread() is threading.main_thread() and signal.SIGTERM in _SAVED:
             signal.signal(signal.SIGTERM, on_sigterm)
         if _CTRL_C.is_set():
@@ -245,20 +242,18 @@ JOIN_S = 30.0
 
 
 def stop_ray_quietly() -> None:
-    """Ray, if this process started or joined it, shut down now, ignoring a second Ctrl-C or Ray's errors;
-    first Ray Data's stopping threads are given up to ``JOIN_S`` to end (see ``RAY_DATA_THREADS``)."""
+    """Ray, if this process started or joined it, shut down now (after up to ``JOIN_S`` for Ray Data's stopping
+    threads), ignoring a second Ctrl-C or Ray's errors: the user asked to stop; the message matters more."""
     ray = sys.modules.get("ray")
     if ray is None:
         return
-    try:
+    with contextlib.suppress(BaseException):
         deadline = time.monotonic() + JOIN_S
         for thread in threading.enumerate():
             if thread is not threading.current_thread() and thread.name.startswith(RAY_DATA_THREADS):
                 thread.join(max(0.0, deadline - time.monotonic()))
         if ray.is_initialized():
             ray.shutdown()
-    except BaseException:  # noqa: BLE001 - the user asked to stop; the message matters more
-        pass
 
 
 if __name__ == "__main__":

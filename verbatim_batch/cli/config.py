@@ -1,12 +1,9 @@
 """YAML job configs: every command's options, from a file, with command-line overrides.
 
-A config file maps option names (the long flag without dashes; ``-`` or ``_``) to values.
-Top-level keys apply to every command that has that option; a section named after a
-command (``extract:``, ``embed:`` ...) applies to that command only and wins over the
-top level (``nightly`` also takes the ``publish:`` section, between the two); flags given
-on the command line win over both. Keys are checked: an unknown
-key, a value of the wrong type or outside the allowed choices is an error that names
-the file, the key and what was expected.
+A config file maps option names (the long flag without dashes; ``-`` or ``_``) to values. Top-level keys apply to
+every command that has that option; a section named after a command (``extract:``, ...) applies to that command
+only and wins over the top level (``nightly`` also takes the ``publish:`` section, between the two); flags win over
+both. An unknown key or a bad value is an error naming the file, the key and what was expected.
 
     # conf.yaml
     address: auto
@@ -41,8 +38,7 @@ MAX_CONFIG_BYTES = 1 << 20
 
 
 class _NoAliasLoader(yaml.SafeLoader):
-    """Safe YAML without anchors and aliases: a config never needs them, and nested aliases expand
-    exponentially (a few hundred bytes can ask for gigabytes)."""
+    """Safe YAML without aliases: a config never needs them, and nested aliases expand exponentially."""
 
     def compose_node(self, parent, index):  # noqa: ANN001 - PyYAML's signature
         if self.check_event(yaml.AliasEvent):
@@ -82,16 +78,13 @@ def _key(name: Any) -> str:
 
 
 def load_config(path: str, command: str, ignored: list[str] | None = None) -> dict[str, Any]:
-    """The option values a YAML config gives ``command`` (``{key: value}``, checked and converted as the flags
-    would be): its top-level keys the command takes, then its own section; for a chain (``run``, ``nightly``)
-    also each stage's section, as ``<stage>.<option>`` keys. Usable from Python: ``cli.commands.build_job`` takes
-    these values by name.
+    """The option values a YAML config gives ``command`` (``{key: value}``, checked as the flags would be); for a
+    chain also each stage's section, as ``<stage>.<option>`` keys (``cli.commands.build_job`` takes them by name).
 
-    One file may hold several commands' sections. Every section's every value is checked, whichever command
-    runs (a typo or a bad value in another command's section is an error here too); what ``command`` does not
-    use (other commands' sections, top-level keys only other commands take) is named in ``ignored`` when a list
-    is given (the CLI prints it as one line)."""
+    Every section is checked, whichever command runs; what ``command`` does not use is named in ``ignored`` when a
+    list is given."""
     from verbatim_batch.cli.options import COMMANDS, command_flags
+    from verbatim_batch.cli.options import convert as convert_option
     from verbatim_batch.core.options import OptionError
 
     data = load(path)
@@ -108,7 +101,7 @@ def load_config(path: str, command: str, ignored: list[str] | None = None) -> di
         if value is None:  # `key:` with no value keeps the option's default
             return flag.default
         try:
-            return _checked(flag, value)
+            return convert_option(flag, value)
         except OptionError as exc:
             raise ConfigError(f"{path}: {where} {exc}") from None
 
@@ -130,7 +123,8 @@ def load_config(path: str, command: str, ignored: list[str] | None = None) -> di
                 elif name in groups and key in flags:  # nightly's `publish:` section: its publish options
                     values[key] = checked
                 elif name != command and ignored is not None:
-                    ignored.append(f"{name}.{key}" if _is_stage(name, flags) else f"section {name!r}")
+                    is_stage = any(k.startswith(name + ".") for k in flags)
+                    ignored.append(f"{name}.{key}" if is_stage else f"section {name!r}")
             continue
         key = _key(name)
         if key not in every:
@@ -148,24 +142,13 @@ def load_config(path: str, command: str, ignored: list[str] | None = None) -> di
 
 
 def group_sections(command: str) -> set[str]:
-    """The commands whose section also applies to ``command``: those named like a group field of its job whose
-    options it takes (``nightly``'s ``publish``), below its own section and above top-level keys."""
+    """The commands whose section also applies to ``command``: its job's group fields (``nightly``'s ``publish``)."""
     import dataclasses
 
     from verbatim_batch.cli.options import COMMANDS
 
     return {f.name for f in dataclasses.fields(COMMANDS[command].job)
             if "group" in f.metadata and f.name in COMMANDS and f.name != command}
-
-
-def _is_stage(name: str, flags: dict[str, Any]) -> bool:
-    return any(k.startswith(name + ".") for k in flags)
-
-
-def _checked(flag: Any, value: Any) -> Any:
-    from verbatim_batch.cli.options import convert
-
-    return convert(flag, value)
 
 
 def _section(path: str, command: str, section: Any) -> dict[str, Any]:
@@ -181,8 +164,7 @@ def _section(path: str, command: str, section: Any) -> dict[str, Any]:
 
 
 def apply(parser: argparse.ArgumentParser, command: str, path: str) -> dict[str, Any]:
-    """Set ``command``'s defaults on the CLI parser from the config file (flags still override); returns the
-    values applied."""
+    """Set ``command``'s defaults on the CLI parser from the config file; returns the values applied."""
     values = load_config(path, command)
     parser.commands[command].set_defaults(**values)
     return values

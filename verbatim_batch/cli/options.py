@@ -1,10 +1,8 @@
 """The commands and their options, derived from the jobs' option fields (``verbatim_batch.core.options``).
 
-A command names the dataclass whose options it takes (a stage's job, or the small option classes below for the
-commands that run no job); its flags, ``--help`` text, YAML keys and checks all come from those fields. A chain
-(``run``, ``nightly``) also takes every stage's options: in a config section named after the stage's command
-(``extract:``, ``embed:`` ...) or as ``--<stage>-<option>`` on the command line (the extract stage's also
-without the prefix: ``--threshold``). The key of a stage option is ``<stage>.<option>``.
+A command names the dataclass whose options it takes; its flags, ``--help``, YAML keys and checks come from its
+fields. A chain (``run``, ``nightly``) also takes every stage's options, keyed ``<stage>.<option>``: in a config
+section (``extract:``) or as ``--<stage>-<option>`` (the extract stage's also without the prefix: ``--threshold``).
 """
 
 from __future__ import annotations
@@ -48,8 +46,7 @@ def _cutoffs(value: str) -> tuple[int, ...]:
 class EvaluateOptions(MetricsOptions):
     """``evaluate``: gold pairs against predictions, or an extractor swept over thresholds."""
 
-    gold: str = option(help="pairs file with relevant and gold_spans",
-                       path=True)
+    gold: str = option(help="pairs file with relevant and gold_spans", path=True)
     predictions: str | None = option(None, "a span table / extract run folder, or JSONL rows with spans", path=True)
     chunks: str | None = option(None, "a chunk run: gold rows may name their chunk (chunk_id, or paper_id and "
                                 "chunk_index) instead of giving its text", path=True)
@@ -88,9 +85,7 @@ class RayOptions(MetricsOptions):
 class DemoOptions(RayOptions):
     output: str = option("verbatim-demo", "folder for the demo's runs", path=True)
     n_papers: int | None = option(None, "only the first N bundled papers that have labelled queries, and those "
-                                  "queries (a quicker look)", low=1,
-                                  high=limits.ROWS,
-                                  default_help="all")
+                                  "queries (a quicker look)", low=1, high=limits.ROWS, default_help="all")
 
 
 @dataclass(kw_only=True)
@@ -107,8 +102,7 @@ class VerifyOptions(RayOptions):
                                       "groups, else in this process"))
 
 
-# The CLI's own commands (no stage, no run folder of their own); every other command is a registered stage's or
-# a chain's (``stages.registry``, ``chains.COMMAND``, ``nightly.COMMAND``). Their handlers: ``cli.commands``.
+# the CLI's own commands (no run folder; handlers in ``cli.commands``); the rest are the stages' and chains'
 CLI_COMMANDS = (
     Command("evaluate", "score predicted spans against a gold pairs file (paper metrics)", EvaluateOptions),
     Command("evaluate-retrieval", "nDCG@10, MRR@10 and Recall@k per method of a retrieval (or rerank) run on "
@@ -122,8 +116,8 @@ CLI_COMMANDS = (
 
 
 class CommandTable(MutableMapping):
-    """Every command by name, derived when asked: the registered stages (a stage added with ``registry.add``
-    included), the two chains, the CLI's own. A test may replace one (``monkeypatch.setitem``)."""
+    """Every command by name, derived when asked (a stage added with ``registry.add`` included); a test may
+    replace one (``monkeypatch.setitem``)."""
 
     def __init__(self) -> None:
         self.replaced: dict[str, Command] = {}
@@ -185,10 +179,7 @@ command_flags.cache_clear = lambda: _command_flags.cache_clear()  # type: ignore
 
 @cache
 def _command_flags(spec: Command, steps: tuple[Command, ...]) -> dict[str, Flag]:
-    out: dict[str, Flag] = {}
-    for of in options_of(spec.job):
-        if of.key not in spec.omit:
-            out[of.key] = Flag(of.key, of, (of.flag,))
+    out = {of.key: Flag(of.key, of, (of.flag,)) for of in options_of(spec.job) if of.key not in spec.omit}
     if spec.chain:
         for step in steps:
             stage, fields = step.name, {of.key: of for of in options_of(step.job)}
@@ -222,8 +213,8 @@ class Parser(argparse.ArgumentParser):
 
 
 def add_options(parser: argparse.ArgumentParser, command: str) -> set[str]:
-    """Add ``command``'s options to its parser; returns the keys that are required. They are checked after
-    a config file's values are in (``cli.parse_args``), so a required option may come from the file."""
+    """Add ``command``'s options to its parser; returns the required keys (checked by ``cli.parse_args`` once a
+    config file's values are in)."""
     spec = COMMANDS[command]
     for name, text in spec.positional:
         parser.add_argument(name, help=text)
