@@ -171,6 +171,10 @@ class Declared:
     def __post_init__(self) -> None:
         validate(self)
 
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, nested configs as dicts (``dataclasses.asdict``)."""
+        return dataclasses.asdict(self)
+
 
 def group(*kinds: type, default: Any = None, default_factory: Any = MISSING, required: bool = False,
           select: str | None = None, select_default: str | None = None, select_help: str = "",

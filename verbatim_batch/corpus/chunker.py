@@ -1,26 +1,22 @@
 """Markdown chunker for docling-style research papers.
 
-``chunk_markdown`` is a pure function from a paper's text to its chunks. It keeps
-three promises, checked by property tests:
+``chunk_markdown`` is a pure function from a paper's text to its chunks. It keeps three promises, checked by
+property tests:
 
 * ``text[chunk.start:chunk.end] == chunk.text`` for every chunk;
 * every non-whitespace character of the paper lies in exactly one chunk;
-* pipe tables (with their ``Table N:`` caption) and fenced code blocks are never
-  split; one that is larger than ``max_chars`` stays whole and is flagged.
+* pipe tables (with their ``Table N:`` caption) and fenced code blocks are never split; one that is larger than
+  ``max_chars`` stays whole and is flagged.
 
-How it works: ``corpus.markdown.scan`` cuts the text into lines and classifies
-them (see there: line ends, headings, fences; a leading byte-order mark stays in
-the first chunk; a fence line that never closes is text, and its chunk is flagged
-``unclosed_fence``). Lines become *units*: a heading line, a paragraph (a run of
-non-blank text lines), a pipe table (plus an adjacent caption paragraph) or a
-fenced code block. Units are grouped into
-sections at ATX headings whose level is in ``heading_levels``; deeper headings
-stay inside their section as text. Sections longer than ``max_chars`` are cut
-between units (that is, at blank lines outside protected blocks); a single text
-unit that is still too long is cut at a line break, else a sentence end, else a
-space, and flagged ``forced_split``. Finally, chunks shorter than ``min_chars``
-merge into the next chunk (or the previous one) when the result fits
-``max_chars``.
+How it works: ``corpus.markdown.scan`` cuts the text into lines and classifies them (see there: line ends,
+headings, fences; a leading byte-order mark stays in the first chunk; a fence line that never closes is text, and
+its chunk is flagged ``unclosed_fence``). Lines become *units*: a heading line, a paragraph (a run of non-blank
+text lines), a pipe table (plus an adjacent caption paragraph) or a fenced code block. Units are grouped into
+sections at ATX headings whose level is in ``heading_levels``; deeper headings stay inside their section as text.
+Sections longer than ``max_chars`` are cut between units (at blank lines outside protected blocks); a single text
+unit that is still too long is cut at a line break, else a sentence end, else a space, and flagged
+``forced_split``. Finally, chunks shorter than ``min_chars`` merge into the next chunk (or the previous one) when
+the result fits ``max_chars``.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import itertools
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -66,9 +66,6 @@ class HighlighterConfig(Declared):
             raise ValueError(problem)
         if self.max_query_tokens is None:
             object.__setattr__(self, "max_query_tokens", default_query_tokens(self.max_length))
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     @property
     def hash(self) -> str:

@@ -22,7 +22,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from verbatim_batch.core import limits, tables
@@ -103,9 +103,6 @@ class LLMConfig(Declared):
                 raise ValueError(f"OPENAI_BASE_URL: {exc}") from None
         if self.backend == "http":
             api_key(self.api_key_env)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     @property
     def hash(self) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -159,9 +159,6 @@ class SemanticConfig(Declared):
         weights = (self.lexical_weight, self.paragraph_weight, self.context_weight)
         if min(weights) < 0 or sum(weights) > 1 + 1e-9:
             raise ValueError("lexical_weight, paragraph_weight and context_weight must be >= 0 and sum to at most 1")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     def embedder_config(self):
         from verbatim_batch.retrieval.embedder import EmbedderConfig

@@ -1,33 +1,29 @@
 """Units of a markdown chunk (sentences, table rows, list items, ...), as character offsets and kinds.
 
-Prose lines are split at sentence ends (``.``, ``!``, ``?``, possibly followed by closing
-quotes or brackets and by citation markers such as ``[12]`` or ``<sup>3</sup>``, then space and
-an upper-case letter, digit or opening bracket), except after common abbreviations of
-scientific writing (``e.g.``, ``et al.``, ``Fig.``, initials ...); a period between digits
-(``0.923``) is never an end, as no space follows it. Markdown structure (``corpus.markdown.scan``:
-lines, fences, table rows, as the chunker reads them) decides the rest: each
-heading line, each table row (pipe rows; lines with two or more tabs, and runs of lines with a tab,
-as PDF conversions write tables), each list item and each caption paragraph (``Table 3: ...``,
-``**Figure 2.** ...``, one unit however many sentences it has) is a unit of its own; fenced code is
-one unit per block. Segments never include surrounding whitespace, so ``text[start:end]`` is the
-unit itself.
+Prose lines are split at sentence ends (``.``, ``!``, ``?``, possibly followed by closing quotes or brackets and
+by citation markers such as ``[12]`` or ``<sup>3</sup>``, then space and an upper-case letter, digit or opening
+bracket), except after common abbreviations of scientific writing (``e.g.``, ``et al.``, ``Fig.``, initials ...);
+a period between digits (``0.923``) is never an end, as no space follows it. Markdown structure
+(``corpus.markdown.scan``: lines, fences, table rows, as the chunker reads them) decides the rest: each heading
+line, each table row (pipe rows; lines with two or more tabs, and runs of lines with a tab, as PDF conversions
+write tables), each list item and each caption paragraph (``Table 3: ...``, ``**Figure 2.** ...``, one unit
+however many sentences it has) is a unit of its own; fenced code is one unit per block. Segments never include
+surrounding whitespace, so ``text[start:end]`` is the unit itself.
 
 Every unit has a kind (``units``): ``prose``, ``heading``, ``list_item``, ``table_row``, ``caption``,
 ``code``, or one of the parts of a paper that are not its body:
 
-* ``reference``: an entry of a reference list: a paragraph or list item under a References /
-  Bibliography heading of the chunk, or one that reads like an entry anywhere (an author list, a
-  year and a venue, page or DOI cue; a ``[12]`` marker and a year or cue; ``Cited by:``);
-* ``toc``: a table-of-contents line (a title, dot leaders and a page number, or any line under a
-  Contents heading);
-* ``front_matter``: author, affiliation and e-mail lines, metadata lines of web dumps (``Title:``,
-  ``URL Source:``, ``DOI:`` ...), the title line just above an author block, lines under a
-  committee heading. A paragraph is front matter when one of its lines clearly is (an e-mail,
-  an affiliation, a list of names with affiliation marks) and none of them reads like prose;
-  a bare name line next to such a paragraph is too.
+* ``reference``: an entry of a reference list: a paragraph or list item under a References / Bibliography heading
+  of the chunk, or one that reads like an entry anywhere (an author list, a year and a venue, page or DOI cue; a
+  ``[12]`` marker and a year or cue; ``Cited by:``);
+* ``toc``: a table-of-contents line (a title, dot leaders and a page number, or any line under a Contents heading);
+* ``front_matter``: author, affiliation and e-mail lines, metadata lines of web dumps (``Title:``, ``URL Source:``,
+  ``DOI:`` ...), the title line just above an author block, lines under a committee heading. A paragraph is front
+  matter when one of its lines clearly is (an e-mail, an affiliation, a list of names with affiliation marks) and
+  none of them reads like prose; a bare name line next to such a paragraph is too.
 
-The extractors take no evidence from ``NON_BODY`` kinds by default. ``sentence_segments`` keeps
-its older meaning: every unit but ``#`` heading lines, without kinds.
+The extractors take no evidence from ``NON_BODY`` kinds by default. ``sentence_segments`` keeps its older meaning:
+every unit but ``#`` heading lines, without kinds.
 """
 
 from __future__ import annotations

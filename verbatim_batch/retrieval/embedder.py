@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -116,9 +116,6 @@ class EmbedderConfig(Declared):
             raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
         if self.pooling not in ("auto", *POOLING_MODES):
             raise ValueError(f"pooling must be auto or one of {POOLING_MODES}, got {self.pooling!r}")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
     @property
     def hash(self) -> str:

@@ -10,7 +10,7 @@ by score, ties by the earlier rank. No weights ship offline: the tests build a t
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -45,9 +45,6 @@ class RerankerConfig(Declared):
         super().__post_init__()
         if not self.model:
             raise ValueError("a reranker needs a model (hub id or local path)")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     @property
     def hash(self) -> str:

@@ -1,14 +1,11 @@
 """Synthetic search queries for chunks, in three LLM steps (after the ScIRGen method).
 
-1. **Types.** The model picks the 3 question types, out of an 18-type taxonomy, that
-   the chunk can answer.
+1. **Types.** The model picks the 3 question types, out of an 18-type taxonomy, that the chunk can answer.
 2. **Questions.** For each type it writes one question the chunk answers.
-3. **Queries.** Each question is rewritten as the short query a researcher would type
-   into a search engine.
+3. **Queries.** Each question is rewritten as the short query a researcher would type into a search engine.
 
-Papers are sampled with a seed (English papers with at least one author, when the
-metadata says so); one chunk per paper is picked, also seeded. Every step's failure is
-recorded on the row (``error``), never raised.
+Papers are sampled with a seed (English papers with at least one author, when the metadata says so); one chunk per
+paper is picked, also seeded. Every step's failure is recorded on the row (``error``), never raised.
 """
 
 from __future__ import annotations

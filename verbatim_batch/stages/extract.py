@@ -81,10 +81,6 @@ class ExtractActor(ModelActor):
         from verbatim_batch.extract.gate import PairExtractor
         return PairExtractor(registry.build_extractor(config), self.run_id, self.max_chunk_chars)
 
-    @property
-    def stage(self):
-        return self.model
-
     def run(self, batch: pa.Table) -> tuple[pa.Table, dict[str, int]]:
         from verbatim_batch.extract.gate import pack
 

@@ -50,10 +50,6 @@ class RerankActor(ModelActor):
 
         return Reranker(config)
 
-    @property
-    def reranker(self):
-        return self.model
-
     def run(self, batch: pa.Table) -> tuple[pa.Table, dict[str, int]]:
         return self.model(batch), {}
 
